@@ -1,0 +1,31 @@
+"""In-process planning: footers and Petastorm predicates evaluated in threads of this process.
+
+The engine for datasets that fit one machine's patience, and the reference the Spark engine must agree with (G8).
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import fs as fsutil
+from ..catalog import Catalog, full_catalog, match_from_mask
+from ..predicates import check_fields, row_group_mask
+from ..scan import load_unischema, scan
+
+
+def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None) -> Catalog:
+    listing = scan(url, progress=progress)
+    if predicate is None:
+        return full_catalog(listing.files, listing.kind, listing.partition_columns)
+    fields = check_fields(predicate, list(listing.schema.names) + list(listing.partition_columns), url)
+    unischema = load_unischema(url) if listing.kind == "petastorm" else None
+    filesystem, root = fsutil.resolve(url)
+
+    def evaluate(file):
+        with filesystem.open_input_file(f"{root}/{file.path}") as handle:
+            return [match_from_mask(file.path, i, row_group_mask(handle, file.path, i, predicate, fields,
+                                                                 unischema=unischema))
+                    for i, n in enumerate(file.row_group_rows) if n > 0]
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        matches = [m for per_file in pool.map(evaluate, listing.files) for m in per_file if m is not None]
+    return Catalog(listing.files, tuple(matches), listing.kind, listing.partition_columns)

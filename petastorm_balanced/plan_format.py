@@ -1,0 +1,230 @@
+"""Plan format version 1: the one module that reads and writes plans (spec: docs/plan-format.md).
+
+A plan is a directory holding ``catalog.parquet``, ``assignment.parquet`` and ``plan.json``. ``plan.json`` is
+written last and records the sha256 of the other two, so its presence commits the plan and a plan cut short by a
+crash, a truncated copy or an edited file is refused rather than read as valid.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import uuid
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from . import __version__, balance
+from . import fs as fsutil
+from .catalog import Catalog, FileInfo, RowGroupMatch
+from .errors import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
+from .plan import PredicateInfo, ShardPlan
+
+FORMAT_NAME = "petastorm-balanced-plan"
+FORMAT_VERSION = 1
+PLAN_JSON = "plan.json"
+CATALOG = "catalog.parquet"
+ASSIGNMENT = "assignment.parquet"
+
+_CATALOG_SCHEMA = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("total_rows", pa.int64()),
+                             ("matching_rows", pa.int64()), ("selection", pa.binary())])
+
+
+def dataset_fingerprint(files) -> str:
+    """sha256 over every data file's path, size and row group sizes."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        digest.update(json.dumps([f.path, f.size, list(f.row_group_rows)]).encode())
+    return digest.hexdigest()
+
+
+def content_checksum(plan: ShardPlan) -> str:
+    """sha256 over everything that decides what rows go where; not over file bytes, which writers may vary."""
+    digest = hashlib.sha256(json.dumps(_header(plan), sort_keys=True).encode())
+    for r in plan.catalog.row_groups:
+        digest.update(json.dumps([r.path, r.row_group, r.total_rows, r.matching_rows]).encode())
+        digest.update(hashlib.sha256(r.selection).digest())
+    return digest.hexdigest()
+
+
+def write_plan(plan: ShardPlan, output_url: str) -> str:
+    """Write ``plan`` under ``output_url``; returns the normalized URL. Overwrites an older plan there."""
+    url = fsutil.normalize_url(output_url)
+    filesystem, root = fsutil.resolve(url)
+    filesystem.create_dir(root, recursive=True)
+    if filesystem.get_file_info(f"{root}/{PLAN_JSON}").type != pafs.FileType.NotFound:
+        filesystem.delete_file(f"{root}/{PLAN_JSON}")  # uncommit first: a crash below leaves no valid plan
+    digests = {CATALOG: _put(filesystem, f"{root}/{CATALOG}", _parquet_bytes(_catalog_table(plan.catalog))),
+               ASSIGNMENT: _put(filesystem, f"{root}/{ASSIGNMENT}", _parquet_bytes(_assignment_table(plan)))}
+    document = plan_document(plan, digests)
+    _put(filesystem, f"{root}/{PLAN_JSON}", json.dumps(document, indent=1, sort_keys=True).encode(), atomic=True)
+    return url
+
+
+def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
+    """The content of ``plan.json``."""
+    pieces = plan.pieces(batch_size=plan.batch_size or 1)
+    delivered = int(pieces.num_rows[~pieces.padding].sum())
+    splits = split_row_groups(pieces)
+    return {
+        **_header(plan),
+        "package_version": __version__,
+        "checksum": content_checksum(plan),
+        "dataset_files": [[f.path, f.size, list(f.row_group_rows)] for f in plan.catalog.files],
+        "totals": {"scanned_rows": plan.catalog.scanned_rows, "matching_rows": plan.total_rows,
+                   "row_groups": len(plan.catalog.row_groups), "rows_per_rank": pieces.steps_per_rank *
+                   pieces.batch_size, "steps_per_epoch": pieces.steps_per_rank,
+                   "padded_rows": int(pieces.num_rows[pieces.padding].sum()),
+                   "dropped_rows": plan.total_rows - delivered, "split_row_groups": splits},
+        "files": digests or {},
+    }
+
+
+def split_row_groups(pieces: balance.Pieces) -> int:
+    """Row groups whose non-padding rows go to more than one slot."""
+    real = ~pieces.padding
+    slot = pieces.rank[real] * pieces.num_workers + pieces.worker[real]
+    pairs = np.unique(np.stack([pieces.catalog_row[real], slot]), axis=1)
+    return int(len(pairs[0]) - len(np.unique(pairs[0])))
+
+
+def read_plan(plan_url: str) -> ShardPlan:
+    """Load and fully check a plan; every defect raises a ``PlanError`` subclass."""
+    url = fsutil.normalize_url(plan_url)
+    filesystem, root = fsutil.resolve(url)
+    raw = _get(filesystem, f"{root}/{PLAN_JSON}", url)
+    try:
+        document = json.loads(raw)
+        if not isinstance(document, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlanIntegrityError(f"{url}/{PLAN_JSON} is not valid JSON ({exc}); re-run planning") from None
+    if document.get("format") != FORMAT_NAME:
+        raise PlanError(f"{url} is not a petastorm-balanced plan (format={document.get('format')!r})")
+    version = document.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PlanVersionError(f"{url} has plan format version {version!r}; this petastorm-balanced "
+                               f"{__version__} reads version {FORMAT_VERSION}; upgrade the package or re-plan")
+    try:
+        return _plan_from(document, filesystem, root, url)
+    except PlanError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, pa.ArrowException) as exc:
+        raise PlanIntegrityError(f"{url} is malformed ({type(exc).__name__}: {exc}); re-run planning") from None
+
+
+def check_dataset(plan: ShardPlan, *, footers: bool = False) -> None:
+    """Raise ``StalePlanError`` naming the first difference between the plan's files and the dataset's.
+
+    Listing compares paths and sizes; ``footers=True`` also reads every footer to compare row group sizes (the
+    reader compares those anyway for the row groups it reads).
+    """
+    from .scan import list_data_files, scan
+    if footers:
+        current = {f.path: f for f in scan(plan.dataset_url).files}
+    else:
+        try:
+            _, root, entries = list_data_files(plan.dataset_url)
+        except ValueError as exc:
+            raise StalePlanError(f"the plan's dataset is gone: {exc}") from None
+        current = {e.path[len(root):].lstrip("/"): FileInfo(e.path[len(root):].lstrip("/"), e.size, ())
+                   for e in entries}
+    planned = {f.path: f for f in plan.catalog.files}
+    for path in sorted(set(planned) | set(current)):
+        if path not in current:
+            raise StalePlanError(f"{path!r} was removed from {plan.dataset_url} since planning; re-run planning")
+        if path not in planned:
+            raise StalePlanError(f"{path!r} was added to {plan.dataset_url} since planning; re-run planning")
+        if current[path].size != planned[path].size:
+            raise StalePlanError(f"{path!r} changed size ({planned[path].size} -> {current[path].size} bytes) "
+                                 "since planning; re-run planning")
+        if footers and current[path].row_group_rows != planned[path].row_group_rows:
+            raise StalePlanError(f"{path!r} changed row groups ({list(planned[path].row_group_rows)} -> "
+                                 f"{list(current[path].row_group_rows)} rows) since planning; re-run planning")
+
+
+def _header(plan: ShardPlan) -> dict:
+    return {
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+        "dataset": {"url": plan.dataset_url, "fingerprint": plan.dataset_fingerprint, "kind": plan.catalog.kind,
+                    "partition_columns": list(plan.catalog.partition_columns)},
+        "predicate": {"kind": plan.predicate.kind, "text": plan.predicate.text,
+                      "fingerprint": plan.predicate.fingerprint},
+        "parameters": {"world_size": plan.world_size, "batch_size": plan.batch_size, "policy": plan.policy,
+                       "seed": plan.seed, "algorithm": balance.ALGORITHM,
+                       "algorithm_version": balance.ALGORITHM_VERSION},
+    }
+
+
+def _plan_from(document, filesystem, root, url) -> ShardPlan:
+    digests = document["files"]
+    tables = {}
+    for name in (CATALOG, ASSIGNMENT):
+        data = _get(filesystem, f"{root}/{name}", url)
+        if hashlib.sha256(data).hexdigest() != digests[name]:
+            raise PlanIntegrityError(f"{url}/{name} does not match the sha256 in plan.json (truncated, edited or "
+                                     "from another plan); re-run planning")
+        tables[name] = pq.read_table(io.BytesIO(data))
+    params, dataset, predicate = document["parameters"], document["dataset"], document["predicate"]
+    if (params["algorithm"], params["algorithm_version"]) != (balance.ALGORITHM, balance.ALGORITHM_VERSION):
+        raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "
+                               f"package has {balance.ALGORITHM} v{balance.ALGORITHM_VERSION}; re-plan")
+    files = tuple(FileInfo(p, int(s), tuple(int(n) for n in rows)) for p, s, rows in document["dataset_files"])
+    cat = tables[CATALOG].to_pydict()
+    row_groups = tuple(RowGroupMatch(*r) for r in zip(cat["file"], cat["row_group"], cat["total_rows"],
+                                                        cat["matching_rows"], cat["selection"]))
+    catalog = Catalog(files, row_groups, dataset["kind"], tuple(dataset["partition_columns"]))
+    plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
+                     params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
+    if content_checksum(plan) != document["checksum"] or dataset_fingerprint(files) != dataset["fingerprint"]:
+        raise PlanIntegrityError(f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning")
+    if not _assignment_table(plan).equals(tables[ASSIGNMENT]):
+        raise PlanIntegrityError(f"{url}/{ASSIGNMENT} disagrees with the catalog and parameters; re-run planning")
+    return plan
+
+
+def _catalog_table(catalog: Catalog) -> pa.Table:
+    rows = catalog.row_groups
+    return pa.table([[r.path for r in rows], [r.row_group for r in rows], [r.total_rows for r in rows],
+                     [r.matching_rows for r in rows], [r.selection for r in rows]], schema=_CATALOG_SCHEMA)
+
+
+def _assignment_table(plan: ShardPlan) -> pa.Table:
+    """Epoch 0 for the planned world size and one worker per rank; a batch-less plan is balanced per row."""
+    p = plan.pieces(batch_size=plan.batch_size or 1)
+    sequence = np.arange(len(p.rank)) - np.searchsorted(p.rank, p.rank)  # position inside the rank
+    return pa.table({"rank": p.rank.astype(np.int32), "worker": p.worker.astype(np.int32),
+                     "sequence": sequence.astype(np.int64), "catalog_row": p.catalog_row, "start": p.start,
+                     "stop": p.stop, "padding": p.padding})
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def _put(filesystem, path: str, data: bytes, atomic: bool = False) -> str:
+    """Write bytes; on local disk via a temporary name and rename, object stores publish a PUT atomically."""
+    target = path
+    if atomic and isinstance(filesystem, pafs.LocalFileSystem):
+        target = f"{path}.{uuid.uuid4().hex}.tmp"
+    with filesystem.open_output_stream(target) as out:
+        out.write(data)
+    if target != path:
+        os.replace(target, path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _get(filesystem, path: str, url: str) -> bytes:
+    try:
+        with filesystem.open_input_stream(path) as handle:
+            return handle.read()
+    except (FileNotFoundError, pa.ArrowIOError, OSError):
+        name = path.rsplit("/", 1)[-1]
+        hint = "not a plan, or its writing was cut short" if name == PLAN_JSON else "the plan is incomplete"
+        raise PlanIntegrityError(f"{url} has no readable {name}: {hint}; re-run planning") from None

@@ -1,0 +1,70 @@
+"""``plan_shards``: normalize the inputs once, let an engine build the catalog, balance, save."""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import balance
+from . import fs as fsutil
+from .catalog import Catalog
+from .plan import PredicateInfo, ShardPlan
+from .plan_format import dataset_fingerprint
+from . import predicates
+
+ENGINES = ("spark", "local")
+
+
+def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, predicate=None,
+                batch_size: Optional[int] = None, policy: str = "drop", seed: int = 0, engine: str = "spark",
+                spark=None, output_url=None) -> ShardPlan:
+    """Scan ``dataset_url``, keep the rows that match ``where`` (Spark SQL) or ``predicate`` (Petastorm), and
+    balance them over ``world_size`` ranks; saves the plan when ``output_url`` is given.
+
+    ``batch_size`` may be left out and given to the loader instead; the plan then balances rows, not batches.
+    """
+    balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
+                                                                {"batch_size": batch_size}))
+    balance.check_policy(policy)
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
+    if where is not None and predicate is not None:
+        raise ValueError("pass where= (Spark SQL) or predicate= (Petastorm), not both")
+    if where is not None and (not isinstance(where, str) or not where.strip()):
+        raise ValueError(f"where={where!r} must be a non-empty Spark SQL boolean expression")
+    url = fsutil.normalize_url(dataset_url)
+    if engine == "local":
+        if where is not None:
+            raise ValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
+                             "predicate= instead")
+        from .engines.local import build_catalog
+        catalog = build_catalog(url, predicate=predicate)
+    else:
+        from .engines.spark import build_catalog
+        catalog = build_catalog(url, where=where, predicate=predicate, spark=spark)
+    plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
+                     predicate=predicate_info(where, predicate))
+    if output_url is not None:
+        plan.save(output_url)
+    return plan
+
+
+def predicate_info(where: Optional[str], predicate) -> PredicateInfo:
+    if where is not None:
+        import hashlib
+        return PredicateInfo("sql", where, hashlib.sha256(where.strip().encode()).hexdigest())
+    if predicate is not None:
+        return PredicateInfo("petastorm", predicates.describe(predicate)[:2000], predicates.fingerprint(predicate))
+    return PredicateInfo()
+
+
+def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Optional[int], policy: str, seed: int,
+              predicate: PredicateInfo) -> ShardPlan:
+    """The plan for a catalog, refusing parameters that would give zero steps."""
+    if catalog.total_rows == 0:
+        what = f"the predicate {predicate.text!r}" if predicate.kind != "none" else "the dataset"
+        raise ValueError(f"{what} matches no row of {url}; nothing to balance")
+    needed = world_size * (batch_size or 1)
+    if catalog.total_rows < needed:
+        raise ValueError(f"{catalog.total_rows} matching rows cannot give one step to world_size={world_size} x "
+                         f"batch_size={batch_size or 1}; lower batch_size or world_size")
+    return ShardPlan(url, catalog, world_size, batch_size, policy, seed, predicate,
+                     dataset_fingerprint(catalog.files))

@@ -1,0 +1,96 @@
+"""Petastorm predicates evaluated one row group at a time, with Petastorm's own semantics.
+
+Petastorm calls ``do_include`` differently by dataset kind, and we follow it so a predicate keeps the meaning it
+has in ``make_reader``/``make_batch_reader``:
+
+- Petastorm (Unischema) datasets: once per row, with a dict of *decoded* values (``make_reader``).
+- plain Parquet: once per row group with a pandas DataFrame, expecting a boolean mask (``make_batch_reader``).
+  Predicates written for single values (``in_set``, most ``in_lambda``) fail on a DataFrame inside Petastorm; we
+  fall back to calling them once per row instead of failing, since the intent is unambiguous.
+
+Only the predicate's ``get_fields()`` columns are read; hive partition columns come from the file's path.
+"""
+from __future__ import annotations
+
+import hashlib
+import types
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from .scan import partition_values
+
+
+def check_fields(predicate, columns: Iterable[str], url: str) -> list:
+    """The predicate's fields, after making sure each one is a column of the dataset."""
+    if not hasattr(predicate, "get_fields") or not hasattr(predicate, "do_include"):
+        raise TypeError(f"predicate={predicate!r} is not a petastorm.predicates.PredicateBase; use where= for SQL")
+    fields = sorted(set(predicate.get_fields()))
+    if not fields:
+        raise ValueError(f"predicate={predicate!r} names no field in get_fields(); it must name the columns it reads")
+    missing = [f for f in fields if f not in set(columns)]
+    if missing:
+        raise ValueError(f"predicate reads column(s) {missing} that dataset_url={url!r} does not have; "
+                         f"its columns are {sorted(set(columns))}")
+    return fields
+
+
+def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unischema=None) -> np.ndarray:
+    """Boolean match mask (rows,) of one row group of an open Parquet file."""
+    partitions = partition_values(path)
+    stored = [f for f in fields if f not in partitions]
+    parquet = pq.ParquetFile(handle)
+    if stored:
+        frame = parquet.read_row_group(row_group, columns=stored).to_pandas(integer_object_nulls=True)
+    else:
+        frame = pd.DataFrame(index=range(parquet.metadata.row_group(row_group).num_rows))
+    for name in fields:
+        if name in partitions:
+            frame[name] = partitions[name]
+    if unischema is not None:
+        return _per_row(frame, predicate, unischema)
+    try:
+        mask = predicate.do_include(frame)
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape == (len(frame),):
+            return mask
+    except Exception:  # noqa: BLE001 - a row-wise predicate handed a DataFrame; evaluate it row by row instead
+        pass
+    return _per_row(frame, predicate, None)
+
+
+def _per_row(frame: pd.DataFrame, predicate, unischema) -> np.ndarray:
+    records = frame.to_dict("records")
+    if unischema is not None:
+        from petastorm.utils import decode_row
+        records = [decode_row(r, unischema) for r in records]
+    return np.fromiter((bool(predicate.do_include(r)) for r in records), dtype=bool, count=len(records))
+
+
+def fingerprint(predicate) -> str:
+    """A stable digest of what a predicate does, so a plan can refuse a different one later."""
+    return hashlib.sha256(describe(predicate).encode()).hexdigest()
+
+
+def describe(obj) -> str:
+    """A canonical text for a predicate: class, fields, values and, for lambdas, the function's code."""
+    if isinstance(obj, (types.FunctionType, types.LambdaType)):
+        code = obj.__code__
+        cells = [describe(c.cell_contents) for c in (obj.__closure__ or ())]
+        return (f"fn({code.co_code.hex()},{[describe(c) for c in code.co_consts]},{code.co_names},"
+                f"{cells})")
+    if isinstance(obj, types.CodeType):
+        return f"code({obj.co_code.hex()},{obj.co_names})"
+    if isinstance(obj, (set, frozenset)):
+        return "{" + ",".join(sorted(describe(v) for v in obj)) + "}"
+    if isinstance(obj, (list, tuple)):
+        return "[" + ",".join(describe(v) for v in obj) + "]"
+    if isinstance(obj, dict):
+        return "{" + ",".join(f"{k}:{describe(v)}" for k, v in sorted(obj.items())) + "}"
+    if hasattr(obj, "__dict__") and hasattr(obj, "do_include"):
+        return f"{type(obj).__qualname__}({describe(vars(obj))})"
+    if obj in (all, any, sum, min, max):
+        return obj.__name__
+    return repr(obj)

@@ -1,0 +1,90 @@
+"""Who we are in the job: rank and world size as a value, with environment detection kept apart.
+
+Detection never guesses: a partially set or malformed environment is an error, because a silent rank 0 makes
+every rank read the same data.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+# (rank variable, size variable, launcher), in the order they are trusted.
+_ENV_PAIRS = (
+    ("RANK", "WORLD_SIZE", "torchrun"),
+    ("HOROVOD_RANK", "HOROVOD_SIZE", "Horovod"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"),
+    ("PMI_RANK", "PMI_SIZE", "MPICH"),
+)
+
+
+@dataclass(frozen=True)
+class World:
+    """A rank inside a world of ``size`` ranks."""
+
+    rank: int
+    size: int
+
+    def __post_init__(self):
+        check_rank_world(self.rank, self.size)
+
+    @classmethod
+    def detect(cls, environ: Optional[Mapping[str, str]] = None) -> "World":
+        """An initialized ``torch.distributed`` wins, then torchrun, Horovod and MPI variables.
+
+        Raises ``RuntimeError`` when nothing names the world: pass ``rank``/``world`` explicitly in that case.
+        """
+        if environ is None:
+            environ = os.environ
+            dist = _initialized_torch_distributed()
+            if dist is not None:
+                return cls(dist.get_rank(), dist.get_world_size())
+        for rank_var, size_var, launcher in _ENV_PAIRS:
+            if rank_var in environ or size_var in environ:
+                if rank_var not in environ or size_var not in environ:
+                    missing = size_var if rank_var in environ else rank_var
+                    raise RuntimeError(f"{launcher} environment is incomplete: {missing} is not set "
+                                       f"(set both {rank_var} and {size_var}, or pass rank= and world=)")
+                return cls(_parse_env_int(environ, rank_var), _parse_env_int(environ, size_var))
+        raise RuntimeError("cannot detect rank and world size: torch.distributed is not initialized and none of "
+                           + ", ".join(f"{r}/{s}" for r, s, _ in _ENV_PAIRS)
+                           + " is set; pass rank= and world= explicitly")
+
+
+def resolve_world(rank, world) -> World:
+    """Explicit ``rank``/``world`` win; both missing means detect; one missing is an error."""
+    if rank is None and world is None:
+        return World.detect()
+    if rank is None or world is None:
+        missing = "rank" if rank is None else "world"
+        raise ValueError(f"{missing}=None while the other is given; pass both rank and world, or neither to "
+                         "detect them from the environment")
+    return World(rank, world)
+
+
+def check_rank_world(rank, size) -> None:
+    for name, value in (("rank", rank), ("world_size", size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if size < 1:
+        raise ValueError(f"world_size={size} must be >= 1")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={size}); ranks count from 0")
+
+
+def _parse_env_int(environ, name) -> int:
+    text = environ[name]
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise RuntimeError(f"environment variable {name}={text!r} is not an integer") from None
+
+
+def _initialized_torch_distributed():
+    if "torch" not in sys.modules:  # never import torch just to ask
+        return None
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    return None
