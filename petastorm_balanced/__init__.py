@@ -15,3 +15,16 @@ __all__ = sorted([
     "Fragment", "PlanError", "PlanIntegrityError", "PlanVersionError", "ShardPlan", "StalePlanError", "World",
     "load_plan", "plan_shards",
 ])
+
+# Names that need torch or Petastorm's reader machinery are imported on first use, so the planning side of the
+# package (and the Spark executors that run it) never pays for torch.
+_LAZY = {"BalancedIterableDataset": "loader", "BalancedLoader": "loader", "make_loader": "loader",
+         "make_reader": "reader"}
+__all__ = sorted(__all__ + list(_LAZY))
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,50 @@
+"""Shared fixtures: one SparkSession per test run, and skewed datasets generated once per run."""
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from petastorm_balanced import datagen
+
+settings.register_profile("ci", max_examples=300, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A real local SparkSession, started once (about 5 s) and shared by every test that asks for it."""
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    import sys
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    session = (pyspark_sql.SparkSession.builder.master("local[2]").appName("petastorm-balanced-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.driver.host", "127.0.0.1").config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_dataset(tmp_path_factory):
+    """Plain Parquet: 12 uneven files, uneven row groups, one empty file, lang mix varying by file."""
+    return datagen.make_plain_dataset(tmp_path_factory.mktemp("plain") / "ds", num_files=12, total_rows=20_000,
+                                      seed=1, empty_files=1)
+
+
+@pytest.fixture(scope="session")
+def hive_dataset(tmp_path_factory):
+    return datagen.make_plain_dataset(tmp_path_factory.mktemp("hive") / "ds", num_files=9, total_rows=8_000,
+                                      seed=2, hive=True)
+
+
+@pytest.fixture(scope="session")
+def petastorm_dataset(tmp_path_factory):
+    """A Petastorm (Unischema) dataset with codec-encoded array fields."""
+    return datagen.make_petastorm_dataset(tmp_path_factory.mktemp("petastorm") / "ds", num_files=6,
+                                          total_rows=3_000, seed=3)
