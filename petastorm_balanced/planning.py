@@ -15,11 +15,12 @@ ENGINES = ("spark", "local")
 
 def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, predicate=None,
                 batch_size: Optional[int] = None, policy: str = "drop", seed: int = 0, engine: str = "spark",
-                spark=None, output_url=None) -> ShardPlan:
+                spark=None, output_url=None, progress=None) -> ShardPlan:
     """Scan ``dataset_url``, keep the rows that match ``where`` (Spark SQL) or ``predicate`` (Petastorm), and
     balance them over ``world_size`` ranks; saves the plan when ``output_url`` is given.
 
     ``batch_size`` may be left out and given to the loader instead; the plan then balances rows, not batches.
+    ``progress``, a callable taking a count, hears of each footer the local engine reads (the CLI's progress line).
     """
     balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
                                                                 {"batch_size": batch_size}))
@@ -36,7 +37,7 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
             raise ValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
                              "predicate= instead")
         from .engines.local import build_catalog
-        catalog = build_catalog(url, predicate=predicate)
+        catalog = build_catalog(url, predicate=predicate, progress=progress)
     else:
         from .engines.spark import build_catalog
         catalog = build_catalog(url, where=where, predicate=predicate, spark=spark)

@@ -1,0 +1,219 @@
+"""``petastorm-balanced``: plan, inspect, verify and compare balanced shard plans (docs/cli.md).
+
+Exit codes: 0 ok, 1 a check failed (``verify``), 2 bad usage or input. Input errors (a missing plan, a bad
+parameter, a stale or corrupt plan given to ``inspect``) print one line on stderr, never a traceback: the message
+already names the parameter and the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from . import fs as fsutil
+from .errors import PlanError
+from .plan_format import PLAN_JSON
+from .progress import Progress
+
+PROG = "petastorm-balanced"
+OK, CHECK_FAILED, BAD_INPUT = 0, 1, 2
+
+
+class InputError(Exception):
+    """Bad input found by the CLI itself (exit 2)."""
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (InputError, PlanError, ValueError, TypeError, FileNotFoundError, ImportError) as exc:
+        print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - Spark's errors (bad SQL, missing column) are bad input too
+        if type(exc).__module__.split(".")[0] in ("pyspark", "py4j"):
+            print(f"{PROG} {args.command}: error: Spark refused the input: {_one_line(exc)}", file=sys.stderr)
+            return BAD_INPUT
+        raise
+
+
+def cmd_plan(args) -> int:
+    from .planning import plan_shards
+    with Progress("reading footers") as bar, _spark(args) as spark:
+        plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
+                           policy=args.policy, seed=args.seed, engine=args.engine, spark=spark,
+                           output_url=args.output, progress=bar)
+    from .report import compare_report
+    r = compare_report(plan)
+    print(f"planned {r['matching_rows']} matching rows of {r['scanned_rows']} ({r['row_groups']} row groups) for "
+          f"world_size {plan.world_size}, batch_size {plan.batch_size}: {r['steps_per_epoch']} steps per rank, "
+          f"dropped {r['dropped_rows']}, padded {r['padded_rows']}; Petastorm would give "
+          f"{r['petastorm']['min_steps']}..{r['petastorm']['max_steps']} steps -> "
+          f"{fsutil.normalize_url(args.output)} (checksum {plan.checksum[:12]})")
+    return OK
+
+
+def cmd_inspect(args) -> int:
+    from .report import format_inspect, inspect_report
+    plan = _load(args.plan_url)
+    report = inspect_report(plan, plan_url=fsutil.normalize_url(args.plan_url), world_size=args.world_size,
+                            epoch=args.epoch, num_workers=args.workers, batch_size=args.batch_size)
+    if args.plot:
+        from .plot import plot_report
+        report["plot"] = plot_report(report, args.plot)
+    print(json.dumps(report, indent=2) if args.json else format_inspect(report))
+    return OK
+
+
+def cmd_verify(args) -> int:
+    from .verify import Check, plan_checks, read_checks
+    url = fsutil.normalize_url(args.plan_url)
+    _require_plan(url)
+    try:
+        plan = _load(url)
+    except PlanError as exc:  # a plan that is there but broken is a failed check, not bad usage
+        print(Check("plan integrity", False, _one_line(exc)).line())
+        return CHECK_FAILED
+    checks = [Check("plan integrity", True, f"checksum {plan.checksum[:12]}, files match plan.json")]
+    checks += plan_checks(plan, epochs=args.epochs, batch_size=args.batch_size)
+    stale = not checks[1].ok
+    for c in checks:
+        print(c.line())
+    if args.read and stale:
+        print("skipped --read: the dataset changed since planning")
+    elif args.read:
+        with Progress(f"reading {plan.world_size} ranks x {args.epochs} epoch(s)",
+                      plan.world_size * args.epochs) as bar:
+            try:
+                read = read_checks(plan, epochs=args.epochs, batch_size=args.batch_size, progress=bar)
+            except (PlanError, OSError) as exc:
+                read = [Check("rows readable as planned", False, _one_line(exc))]
+        for c in read:
+            print(c.line())
+        checks += read
+    failed = [c for c in checks if not c.ok]
+    print(f"{len(checks) - len(failed)} of {len(checks)} checks passed" + (": FAILED" if failed else ""))
+    return CHECK_FAILED if failed else OK
+
+
+def cmd_compare(args) -> int:
+    from .planning import plan_shards
+    from .report import compare_report, format_compare
+    engine = args.engine or ("spark" if args.where else "local")
+    with Progress("reading footers") as bar, _spark(args, engine) as spark:
+        plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
+                           policy=args.policy, seed=args.seed, engine=engine, spark=spark, progress=bar)
+    report = compare_report(plan)
+    print(json.dumps(report, indent=2) if args.json else format_compare(report))
+    return OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Equal steps on every rank over Parquet: plan shards, "
+                                     "inspect and verify plans, compare with Petastorm's own sharding.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="scan a dataset and write a balanced plan")
+    p.add_argument("dataset_url", metavar="DATASET_URL")
+    p.add_argument("--output", required=True, metavar="PLAN_URL", help="plan directory to write")
+    _planning_args(p, default_engine="spark")
+    p.set_defaults(run=cmd_plan)
+
+    p = sub.add_parser("inspect", help="per-rank rows, steps, padding and read cost of a plan")
+    p.add_argument("plan_url", metavar="PLAN_URL")
+    p.add_argument("--world-size", type=_positive, metavar="W", help="ranks (default: the planned world size)")
+    p.add_argument("--epoch", type=_non_negative, default=0, metavar="E")
+    p.add_argument("--workers", type=_positive, default=1, metavar="K", help="DataLoader workers per rank")
+    p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
+    p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw rows and steps per rank beside Petastorm's sharding")
+    p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser("verify", help="check a plan against its dataset (exit 1 if a check fails)")
+    p.add_argument("plan_url", metavar="PLAN_URL")
+    p.add_argument("--read", action="store_true", help="read every rank's rows and check G1 and G2 on them")
+    p.add_argument("--epochs", type=_positive, default=1, metavar="N", help="epochs to check (default 1)")
+    p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
+    p.set_defaults(run=cmd_verify)
+
+    p = sub.add_parser("compare", help="Petastorm's cur_shard/shard_count per-rank counts beside a balanced plan")
+    p.add_argument("dataset_url", metavar="DATASET_URL")
+    _planning_args(p, default_engine=None)
+    p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
+    p.set_defaults(run=cmd_compare)
+    return parser
+
+
+def _planning_args(p, default_engine) -> None:
+    p.add_argument("--world-size", type=_positive, required=True, metavar="W")
+    p.add_argument("--where", metavar="SQL", help="Spark SQL filter on the rows (needs --engine spark)")
+    p.add_argument("--batch-size", type=_positive, metavar="B")
+    p.add_argument("--policy", choices=("drop", "pad"), default="drop")
+    p.add_argument("--seed", type=_non_negative, default=0, metavar="S")
+    p.add_argument("--engine", choices=("spark", "local"), default=default_engine,
+                   help="default: spark" if default_engine else "default: spark with --where, else local")
+    p.add_argument("--master", default="local[*]", help="Spark master for --engine spark (default local[*])")
+
+
+def _positive(text: str) -> int:
+    return _int(text, 1)
+
+
+def _non_negative(text: str) -> int:
+    return _int(text, 0)
+
+
+def _int(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+    return value
+
+
+def _require_plan(url: str) -> None:
+    filesystem, root = fsutil.resolve(url)
+    if filesystem.get_file_info(f"{root}/{PLAN_JSON}").type.name == "NotFound":
+        raise InputError(f"PLAN_URL={url!r} holds no {PLAN_JSON}: not a plan (make one with "
+                         f"`{PROG} plan DATASET_URL --world-size W --output PLAN_URL`)")
+
+
+def _load(url: str):
+    from .plan_io import load_plan
+    _require_plan(fsutil.normalize_url(url))
+    return load_plan(url, check_dataset=False)
+
+
+class _spark:
+    """A SparkSession for ``--engine spark`` (stopped afterwards), None for the local engine."""
+
+    def __init__(self, args, engine: Optional[str] = None):
+        self.engine, self.master, self.session = engine or args.engine, args.master, None
+
+    def __enter__(self):
+        if self.engine != "spark":
+            return None
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError:
+            raise InputError("--engine spark needs pyspark: pip install 'petastorm-balanced[spark]', or pass "
+                             "--engine local (no --where)") from None
+        self.session = (SparkSession.builder.master(self.master).appName(PROG)
+                        .config("spark.ui.showConsoleProgress", "true").getOrCreate())
+        return self.session
+
+    def __exit__(self, *exc):
+        if self.session is not None:
+            self.session.stop()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+if __name__ == "__main__":
+    sys.exit(main())

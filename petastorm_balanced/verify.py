@@ -1,0 +1,221 @@
+"""``petastorm-balanced verify``: prove a plan keeps its promises, first on paper, then on the rows.
+
+``plan_checks`` needs only footers: the dataset is unchanged (G7), the catalog agrees with the dataset's files,
+and for every epoch asked the assignment gives every rank the same steps (G1), never gives a row twice and leaves
+out fewer than ``world_size x batch_size`` rows (G2), and splits at most ``slots - 1`` row groups (G3).
+
+``read_checks`` reads every rank's rows as the loader would (whole row group, then the planned positions) and
+checks G1 and G2 again on what was read, against ground truth taken from the data files: with no predicate every
+row of every file must be delivered (``pad``) or all but fewer than ``world_size x batch_size`` (``drop``). A
+predicate is not stored in the plan in runnable form, so with one the rows are checked against the plan's
+catalog (that they exist, are in range, and are each delivered once); the output says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from . import balance
+from . import fs as fsutil
+from .errors import PlanError
+from .plan import ShardPlan
+from .plan_format import check_dataset, split_row_groups
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
+
+
+def plan_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] = None) -> List[Check]:
+    checks = [_dataset_check(plan), _catalog_check(plan)]
+    batch = batch_size or plan.batch_size or 1
+    for epoch in range(epochs):
+        pieces = plan.pieces(epoch=epoch, batch_size=batch)
+        checks += [_g1_pieces(plan, pieces, epoch), _g2_pieces(plan, pieces, epoch), _g3_pieces(pieces, epoch)]
+    return checks
+
+
+def read_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] = None,
+                progress: Optional[Callable[[int], None]] = None) -> List[Check]:
+    """Read every rank's rows for ``epochs`` epochs (with pyarrow, as ``(file, row group, position)`` keys)."""
+    batch = batch_size or plan.batch_size or 1
+    reader = _RowReader(plan)
+    expected, source = reader.expected_keys()
+    checks = []
+    for epoch in range(epochs):
+        per_rank = []
+        for rank in range(plan.world_size):
+            keys, padding = [], []
+            for frag in plan.assignment(rank, epoch=epoch, batch_size=batch):
+                got = reader.keys(frag)
+                keys.append(got)
+                padding.append(np.full(len(got), frag.padding))
+            per_rank.append((np.concatenate(keys or [np.zeros(0, np.int64)]),
+                             np.concatenate(padding or [np.zeros(0, bool)])))
+            if progress is not None:
+                progress(1)
+        checks.append(_g1_rows(plan, per_rank, batch, epoch))
+        checks.append(_g2_rows(plan, per_rank, batch, epoch, expected, source))
+    return checks
+
+
+class _RowReader:
+    """Reads the smallest thing that proves a row exists: one column of the row group, then the positions."""
+
+    def __init__(self, plan: ShardPlan):
+        self.plan = plan
+        self.filesystem, self.root = fsutil.resolve(plan.dataset_url)
+        self._meta: Dict[str, pq.FileMetaData] = {}
+        self._offsets: Dict[Tuple[str, int], int] = {}
+        base = 0
+        for f in sorted(plan.catalog.files, key=lambda f: f.path):
+            with self.filesystem.open_input_file(f"{self.root}/{f.path}") as handle:
+                meta = self._meta[f.path] = pq.ParquetFile(handle).metadata
+            for i in range(meta.num_row_groups):
+                self._offsets[(f.path, i)] = base
+                base += meta.row_group(i).num_rows
+        self.rows_in_files = base
+
+    def expected_keys(self) -> Tuple[np.ndarray, str]:
+        """The keys that must be delivered, and where that truth comes from."""
+        if self.plan.predicate.kind == "none":
+            return np.arange(self.rows_in_files, dtype=np.int64), "every row of the data files"
+        parts = [self._offset(r.path, r.row_group) + r.positions() for r in self.plan.catalog.row_groups]
+        return (np.concatenate(parts) if parts else np.zeros(0, np.int64),
+                f"the plan's catalog (the {self.plan.predicate.kind} predicate is not re-run)")
+
+    def keys(self, frag) -> np.ndarray:
+        """Global keys (row offset in the sorted files + position) of the rows ``frag`` delivers, read for real."""
+        where = f"{frag.path!r} row group {frag.row_group}"
+        offset = self._offset(frag.path, frag.row_group)
+        meta = self._meta[frag.path]
+        if meta.row_group(frag.row_group).num_rows != frag.total_rows:
+            raise PlanError(f"{where} has {meta.row_group(frag.row_group).num_rows} rows, the plan says "
+                            f"{frag.total_rows}")
+        positions = frag.row_indices()
+        with self.filesystem.open_input_file(f"{self.root}/{frag.path}") as handle:
+            parquet = pq.ParquetFile(handle, metadata=meta)
+            table = parquet.read_row_group(frag.row_group, columns=[parquet.schema_arrow.names[0]])
+        if len(positions) and (positions.min() < 0 or positions.max() >= table.num_rows):
+            raise PlanError(f"{where}: planned positions reach past its {table.num_rows} rows")
+        if table.take(positions).num_rows != len(positions):
+            raise PlanError(f"{where}: read fewer rows than planned")
+        return offset + positions
+
+    def _offset(self, path: str, row_group: int) -> int:
+        try:
+            return self._offsets[(path, row_group)]
+        except KeyError:
+            raise PlanError(f"{path!r} row group {row_group} is in the plan but not in the data files") from None
+
+
+def _dataset_check(plan: ShardPlan) -> Check:
+    try:
+        check_dataset(plan, footers=True)
+    except (PlanError, ValueError) as exc:
+        return Check("dataset unchanged (G7)", False, str(exc))
+    return Check("dataset unchanged (G7)", True, f"{len(plan.catalog.files)} files, sizes and row groups as planned")
+
+
+def _catalog_check(plan: ShardPlan) -> Check:
+    name = "catalog agrees with the dataset files"
+    files = {f.path: f for f in plan.catalog.files}
+    for r in plan.catalog.row_groups:
+        where = f"{r.path!r} row group {r.row_group}"
+        if r.path not in files or r.row_group >= len(files[r.path].row_group_rows):
+            return Check(name, False, f"{where} is not in the plan's file list")
+        if files[r.path].row_group_rows[r.row_group] != r.total_rows:
+            return Check(name, False, f"{where}: {r.total_rows} rows in the catalog, "
+                                      f"{files[r.path].row_group_rows[r.row_group]} in the file list")
+        positions = r.positions()
+        if not 0 < r.matching_rows <= r.total_rows or len(positions) != r.matching_rows:
+            return Check(name, False, f"{where}: matching_rows={r.matching_rows} but the selection holds "
+                                      f"{len(positions)} of {r.total_rows} rows")
+    if plan.predicate.kind == "none":
+        missing = plan.catalog.scanned_rows - plan.catalog.total_rows
+        if missing:
+            return Check(name, False, f"no predicate, yet the catalog leaves out {missing} of the dataset's "
+                                      f"{plan.catalog.scanned_rows} rows")
+    return Check(name, True, f"{len(plan.catalog.row_groups)} row groups, {plan.total_rows} matching rows")
+
+
+def _g1_pieces(plan: ShardPlan, pieces: balance.Pieces, epoch: int) -> Check:
+    name = f"G1 equal steps, epoch {epoch} (plan)"
+    rows = np.bincount(pieces.rank, weights=pieces.num_rows, minlength=pieces.world_size).astype(np.int64)
+    want = plan.steps_per_epoch(pieces.world_size, pieces.batch_size)
+    if pieces.steps_per_rank != want or (rows != want * pieces.batch_size).any():
+        return Check(name, False, f"rows per rank {rows.min()}..{rows.max()}, expected {want} steps x "
+                                  f"{pieces.batch_size}")
+    return Check(name, True, f"{pieces.world_size} ranks x {want} steps x {pieces.batch_size} rows")
+
+
+def _g2_pieces(plan: ShardPlan, pieces: balance.Pieces, epoch: int) -> Check:
+    name = f"G2 coverage, epoch {epoch} (plan)"
+    counts = plan.catalog.matching_counts()
+    if (pieces.start < 0).any() or (pieces.stop <= pieces.start).any() or \
+            (pieces.stop > counts[pieces.catalog_row]).any():
+        return Check(name, False, "a piece reaches outside its row group's matching rows")
+    real = ~pieces.padding
+    row, start, stop = pieces.catalog_row[real], pieces.start[real], pieces.stop[real]
+    order = np.lexsort((start, row))
+    row, start, stop = row[order], start[order], stop[order]
+    overlap = int(((row[1:] == row[:-1]) & (start[1:] < stop[:-1])).sum())
+    left_out = plan.total_rows - int((stop - start).sum())
+    padded = int(pieces.num_rows[pieces.padding].sum())
+    return _coverage(name, plan.policy, pieces.world_size * pieces.batch_size, overlap, 0, left_out, padded)
+
+
+def _g3_pieces(pieces: balance.Pieces, epoch: int) -> Check:
+    splits, slots = split_row_groups(pieces), pieces.world_size * pieces.num_workers
+    return Check(f"G3 locality, epoch {epoch} (plan)", splits <= slots - 1,
+                 f"{splits} split row groups, at most {slots - 1} allowed")
+
+
+def _g1_rows(plan: ShardPlan, per_rank, batch: int, epoch: int) -> Check:
+    name = f"G1 equal steps, epoch {epoch} (read)"
+    sizes = [len(keys) for keys, _ in per_rank]
+    steps = [n // batch for n in sizes]
+    want = plan.steps_per_epoch(plan.world_size, batch)
+    if any(n % batch for n in sizes) or set(steps) != {want}:
+        return Check(name, False, f"ranks read {min(sizes)}..{max(sizes)} rows = {min(steps)}..{max(steps)} full "
+                                  f"batches of {batch}; every rank must read {want} x {batch}")
+    return Check(name, True, f"every rank read {want} full batches of {batch} rows")
+
+
+def _g2_rows(plan: ShardPlan, per_rank, batch: int, epoch: int, expected: np.ndarray, source: str) -> Check:
+    real = np.concatenate([keys[~pad] for keys, pad in per_rank])
+    padded = np.concatenate([keys[pad] for keys, pad in per_rank])
+    unique = np.unique(real)
+    duplicates = len(real) - len(unique)
+    foreign = len(np.setdiff1d(np.concatenate([unique, padded]), expected))
+    left_out = len(np.setdiff1d(expected, unique))
+    check = _coverage(f"G2 coverage, epoch {epoch} (read)", plan.policy, plan.world_size * batch, duplicates,
+                      foreign, left_out, len(padded))
+    return Check(check.name, check.ok, f"{check.detail}; checked against {source}")
+
+
+def _coverage(name, policy, global_batch, duplicates, foreign, left_out, padded) -> Check:
+    """G2 from counts: nothing twice, nothing foreign, and the left-out / padded rows within bounds."""
+    problems = []
+    if duplicates:
+        problems.append(f"{duplicates} row(s) delivered twice")
+    if foreign:
+        problems.append(f"{foreign} row(s) that should not be delivered")
+    if policy == "drop" and not 0 <= left_out < global_batch:
+        problems.append(f"{left_out} matching row(s) left out, policy 'drop' allows fewer than {global_batch}")
+    if policy == "pad" and left_out:
+        problems.append(f"{left_out} matching row(s) never delivered, policy 'pad' delivers every one")
+    if padded >= global_batch or (policy == "drop" and padded):
+        problems.append(f"{padded} padding row(s), the bound is {0 if policy == 'drop' else global_batch - 1}")
+    if problems:
+        return Check(name, False, "; ".join(problems))
+    return Check(name, True, f"no row twice, {left_out} left out, {padded} padded (bound {global_batch - 1})")
