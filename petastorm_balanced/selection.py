@@ -53,16 +53,24 @@ def decode(data: bytes, total_rows: int) -> np.ndarray:
         bits = np.frombuffer(data, dtype=np.uint8, offset=1)
         if len(bits) != (total_rows + 7) // 8:
             raise PlanIntegrityError(f"selection bitmap holds {len(bits)} bytes for {total_rows} rows")
-        return np.flatnonzero(np.unpackbits(bits, count=total_rows)).astype(np.int64)
+        positions = np.flatnonzero(np.unpackbits(bits, count=total_rows)).astype(np.int64)
+        if len(positions) == 0:
+            raise PlanIntegrityError("selection bitmap selects no row; a catalog row group has at least one")
+        return positions
     if kind == _RUNS and data[1:2] in _DTYPES:
         dtype = _DTYPES[data[1:2]]
         if (len(data) - 2) % (2 * dtype.itemsize):
             raise PlanIntegrityError("selection runs are truncated")
-        gaps_lengths = np.frombuffer(data, dtype=dtype, offset=2).astype(np.int64).reshape(-1, 2)
+        raw = np.frombuffer(data, dtype=dtype, offset=2)
+        # Bound every value before the int64 cast and the sums, so corrupt bytes cannot wrap to negative rows.
+        if len(raw) == 0 or raw.max() > total_rows:
+            raise PlanIntegrityError(f"selection runs are empty or reach past the row group's {total_rows} rows")
+        gaps_lengths = raw.astype(np.int64).reshape(-1, 2)
         starts = np.cumsum(gaps_lengths[:, 0] + np.concatenate(([0], gaps_lengths[:-1, 1])))
         lengths = gaps_lengths[:, 1]
-        if len(starts) and starts[-1] + lengths[-1] > total_rows:
-            raise PlanIntegrityError(f"selection runs reach past the row group's {total_rows} rows")
+        if starts[-1] + lengths[-1] > total_rows or lengths.sum() == 0:
+            raise PlanIntegrityError(f"selection runs select nothing or reach past the row group's {total_rows} "
+                                     "rows")
         # Expand runs without a Python loop: positions = start of run + offset inside run.
         offsets = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         return np.repeat(starts, lengths) + offsets
