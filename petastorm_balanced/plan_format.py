@@ -215,9 +215,24 @@ def _put(filesystem, path: str, data: bytes, atomic: bool = False) -> str:
         target = f"{path}.{uuid.uuid4().hex}.tmp"
     with filesystem.open_output_stream(target) as out:
         out.write(data)
+    _test_pause(path.rsplit("/", 1)[-1] + (".tmp" if target != path else ""))
     if target != path:
         os.replace(target, path)
     return hashlib.sha256(data).hexdigest()
+
+
+TEST_PAUSE_ENV = "PETASTORM_BALANCED_TEST_PAUSE_AFTER"
+
+
+def _test_pause(name: str) -> None:
+    """Test-only hook: with ``PETASTORM_BALANCED_TEST_PAUSE_AFTER=<file name>`` the writer announces on stderr that
+    it wrote that file and sleeps, so a test can kill it at that exact point (tests/test_faults.py)."""
+    if os.environ.get(TEST_PAUSE_ENV) == name:
+        import sys
+        import time
+        sys.stderr.write(f"petastorm-balanced test pause after {name}\n")
+        sys.stderr.flush()
+        time.sleep(600)
 
 
 def _get(filesystem, path: str, url: str) -> bytes:

@@ -1,0 +1,179 @@
+"""S3 glue for Petastorm: the filesystem object Petastorm 0.12.1 can read ``s3://`` datasets through.
+
+Why this module exists (measured with petastorm 0.12.1, pyarrow 14, s3fs 2026.x):
+
+- Petastorm builds ``pq.ParquetDataset(path, filesystem=fs, validate_schema=False, metadata_nthreads=10)``.
+  Those keywords exist only in pyarrow's *legacy* dataset code, which pyarrow 14 picks only for a legacy
+  ``pyarrow.filesystem.FileSystem``. A ``pyarrow.fs`` filesystem or a bare s3fs instance (fsspec) selects the new
+  dataset code, which refuses ``validate_schema``: nothing can be listed.
+- pyarrow's own legacy adapter, ``pyarrow.filesystem.S3FSWrapper``, calls s3fs's private ``_ls``, which is a
+  coroutine in every s3fs since 0.5 ("'coroutine' object is not iterable").
+
+``S3FSWrapper`` below is that legacy adapter with its listing done through s3fs's public, synchronous API. It
+pickles (s3fs instances re-create themselves from their arguments), so Petastorm's process pool works too.
+
+Planning does not use this module: it reads footers through ``pyarrow.fs.S3FileSystem`` (see ``fs.resolve``).
+Both sides take the endpoint from the same places: ``?endpoint_override=host:port&scheme=http`` in the URL, else
+the ``AWS_ENDPOINT_URL`` environment variable, else AWS itself; credentials come from the usual AWS variables.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import warnings
+from typing import NamedTuple, Optional, Tuple
+from urllib.parse import parse_qs, urlparse
+
+import pyarrow.filesystem as legacyfs
+
+from . import fs as fsutil
+
+S3_SCHEMES = ("s3", "s3a", "s3n")
+
+
+class PetastormSource(NamedTuple):
+    """What to hand Petastorm: ``make_reader(url, filesystem=filesystem)`` or ``Reader(filesystem, path)``.
+
+    ``url`` has the endpoint query removed (Petastorm would take it for part of the path); ``filesystem`` is None
+    for schemes Petastorm resolves well by itself (``file://``, ``hdfs://``).
+    """
+
+    url: str
+    filesystem: Optional[object]
+    path: str
+
+
+def is_s3(url) -> bool:
+    return urlparse(fsutil.normalize_url(url)).scheme in S3_SCHEMES
+
+
+def endpoint_url(url) -> Optional[str]:
+    """The S3 endpoint (``http://host:port``) for ``url``: its ``endpoint_override`` query, else
+    ``AWS_ENDPOINT_URL``, else None (AWS)."""
+    query = parse_qs(urlparse(fsutil.normalize_url(url)).query)
+    if "endpoint_override" in query:
+        host = query["endpoint_override"][-1]
+        if "://" in host:
+            return host
+        scheme = query.get("scheme", ["https"])[-1]
+        return f"{scheme}://{host}"
+    return os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def s3fs_filesystem(url, **storage_options):
+    """An s3fs filesystem for ``url``'s endpoint (``storage_options`` go to ``s3fs.S3FileSystem``)."""
+    try:
+        import s3fs
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise ImportError("reading s3:// datasets needs s3fs: pip install 'petastorm-balanced[s3]'") from None
+    options = dict(storage_options)
+    endpoint = endpoint_url(url)
+    if endpoint:
+        options.setdefault("client_kwargs", {}).setdefault("endpoint_url", endpoint)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options.setdefault("client_kwargs", {}).setdefault("region_name", region)
+    return s3fs.S3FileSystem(**options)
+
+
+def s3_path(url) -> str:
+    """``bucket/key`` without scheme, query or trailing slash."""
+    parsed = urlparse(fsutil.normalize_url(url))
+    return (parsed.netloc + parsed.path).rstrip("/")
+
+
+def strip_query(url) -> str:
+    return urlparse(fsutil.normalize_url(url))._replace(query="").geturl()
+
+
+def petastorm_source(url, **storage_options) -> PetastormSource:
+    """The URL, filesystem and path to give Petastorm for a dataset URL of any scheme we support."""
+    url = fsutil.normalize_url(url)
+    if not is_s3(url):
+        parsed = urlparse(url)
+        return PetastormSource(url, None, parsed.path)
+    clean = strip_query(url)
+    if urlparse(clean).scheme != "s3":  # s3a/s3n are Hadoop spellings; s3fs and Petastorm know s3://
+        clean = "s3://" + clean.split("://", 1)[1]
+    return PetastormSource(clean, S3FSWrapper(s3fs_filesystem(url, **storage_options)), s3_path(url))
+
+
+class S3FSWrapper(legacyfs.S3FSWrapper):
+    """pyarrow's legacy S3 adapter, listing through s3fs's synchronous public API (see the module docstring)."""
+
+    def __init__(self, fs):
+        with warnings.catch_warnings():  # the legacy classes warn that they are deprecated; we know
+            warnings.simplefilter("ignore", FutureWarning)
+            super().__init__(fs)
+
+    def isdir(self, path) -> bool:
+        path = _sanitize(path)
+        try:
+            return self.fs.isdir(path)
+        except OSError:
+            return False
+
+    def isfile(self, path) -> bool:
+        path = _sanitize(path)
+        try:
+            return self.fs.isfile(path)
+        except OSError:
+            return False
+
+    def exists(self, path) -> bool:
+        return self.fs.exists(_sanitize(path))
+
+    def ls(self, path, detail=False):
+        return self.fs.ls(_sanitize(path), detail=detail)
+
+    def open(self, path, mode="rb"):
+        return self.fs.open(_sanitize(path), mode=mode)
+
+    def walk(self, path, refresh=False):
+        """``os.walk`` over a prefix, one level per ``ls``; fresh listings so a re-run sees new objects."""
+        path = _sanitize(path).rstrip("/")
+        entries = self.fs.ls(path, detail=True, refresh=True)
+        directories, files = set(), set()
+        for entry in entries:
+            name = entry["name"].rstrip("/")
+            if name == path:
+                continue
+            if entry.get("type") == "directory":
+                directories.add(posixpath.basename(name))
+            else:
+                files.add(posixpath.basename(name))
+        directories = sorted(directories)
+        yield path, directories, sorted(files - set(directories))
+        for directory in directories:
+            yield from self.walk(f"{path}/{directory}", refresh=refresh)
+
+    def __reduce__(self):
+        return (S3FSWrapper, (self.fs,))
+
+
+def _sanitize(path) -> str:
+    path = str(path)
+    for scheme in S3_SCHEMES:
+        if path.startswith(scheme + "://"):
+            return path[len(scheme) + 3:]
+    return path
+
+
+def upload_folder(local_dir, url, **storage_options) -> Tuple[str, int]:
+    """Copy a local folder (a dataset, a plan) to ``url`` file by file with s3fs single PUTs.
+
+    Why not pyarrow: its multipart upload of Parquet files fails against some S3-compatible servers (moto);
+    one PUT per file works everywhere. Returns the URL and the number of files copied.
+    """
+    filesystem = s3fs_filesystem(url, **storage_options)
+    root = s3_path(url)
+    count = 0
+    for folder, _, names in os.walk(os.fspath(local_dir)):
+        for name in sorted(names):
+            local = os.path.join(folder, name)
+            key = posixpath.join(root, os.path.relpath(local, local_dir).replace(os.sep, "/"))
+            with open(local, "rb") as handle:
+                filesystem.pipe_file(key, handle.read())
+            count += 1
+    filesystem.invalidate_cache()
+    return url, count
