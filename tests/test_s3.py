@@ -1,0 +1,117 @@
+"""s3:// datasets and plans against a real S3 protocol server (moto_server on 127.0.0.1, see tests/s3_server.py).
+
+Planning goes through ``pyarrow.fs.S3FileSystem`` (fs.resolve); Petastorm reads through ``remote.S3FSWrapper``.
+Both must see exactly what they see on local disk for the same files.
+"""
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from petastorm import make_batch_reader, make_reader
+from petastorm.predicates import in_set
+
+from petastorm_balanced import StalePlanError, load_plan, plan_shards, remote
+from tests.s3_server import s3, s3_server  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+
+WORLD, BATCH = 3, 16
+
+
+@pytest.fixture
+def plain_on_s3(s3, plain_dataset):
+    remote.upload_folder(plain_dataset.path, s3.join("plain"))
+    return s3.join("plain")
+
+
+def _same_catalog(a, b):
+    assert a.catalog.files == b.catalog.files  # relative paths, sizes, row group sizes
+    assert a.catalog.row_groups == b.catalog.row_groups
+    assert a.dataset_fingerprint == b.dataset_fingerprint
+    for epoch in (0, 1):
+        pa_, pb_ = a.pieces(epoch=epoch), b.pieces(epoch=epoch)
+        for name in ("rank", "worker", "catalog_row", "start", "stop", "padding"):
+            assert np.array_equal(getattr(pa_, name), getattr(pb_, name)), name
+
+
+def test_plan_s3_dataset_equals_local_plan_and_round_trips_through_s3(s3, plain_on_s3, plain_dataset):
+    local = plan_shards(plain_dataset.url, WORLD, batch_size=BATCH, engine="local")
+    remote_plan = plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="local", output_url=s3.join("plan"))
+    assert remote_plan.dataset_url == plain_on_s3
+    _same_catalog(remote_plan, local)
+    assert {"plan.json", "catalog.parquet", "assignment.parquet"} <= {k.rsplit("/", 1)[1] for k in s3.keys("plan")}
+    loaded = load_plan(s3.join("plan"))  # also lists the S3 dataset against the plan (check_dataset=True)
+    assert loaded.checksum == remote_plan.checksum
+
+
+def test_endpoint_in_url_query_works_without_environment(s3, plain_on_s3, plain_dataset, monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    query = f"?endpoint_override={s3.server.host_port}&scheme=http"
+    plan = plan_shards(plain_on_s3 + query, WORLD, batch_size=BATCH, engine="local",
+                       output_url=s3.join("plan") + query)
+    _same_catalog(plan, plan_shards(plain_dataset.url, WORLD, batch_size=BATCH, engine="local"))
+    assert load_plan(s3.join("plan") + query).checksum == plan.checksum
+    source = remote.petastorm_source(plain_on_s3 + query)
+    assert "?" not in source.url and source.path == plain_on_s3[len("s3://"):]
+    assert remote.endpoint_url(plain_on_s3 + query) == s3.server.endpoint
+
+
+def test_predicate_plan_and_hive_partitions_on_s3_equal_local(s3, hive_dataset):
+    remote.upload_folder(hive_dataset.path, s3.join("hive"))
+    predicate = in_set({"en"}, "lang")
+    local = plan_shards(hive_dataset.url, WORLD, batch_size=BATCH, engine="local", predicate=predicate)
+    on_s3 = plan_shards(s3.join("hive"), WORLD, batch_size=BATCH, engine="local", predicate=predicate)
+    assert on_s3.catalog.partition_columns == local.catalog.partition_columns == ("year",)
+    assert 0 < on_s3.total_rows < hive_dataset.num_rows
+    _same_catalog(on_s3, local)
+    assert on_s3.predicate == local.predicate
+
+
+def test_stale_s3_dataset_is_refused(s3, plain_on_s3):
+    plan = plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="local", output_url=s3.join("plan"))
+    victim = next(f for f in plan.catalog.files if f.row_group_rows)
+    client, key = s3.server.client(), plain_on_s3.split("/", 3)[3] + "/" + victim.path
+    body = client.get_object(Bucket=s3.server.bucket, Key=key)["Body"].read()
+    client.put_object(Bucket=s3.server.bucket, Key=key, Body=body + b"\0")  # rewritten: size changed
+    with pytest.raises(StalePlanError, match=victim.path):
+        load_plan(s3.join("plan"))
+    client.delete_object(Bucket=s3.server.bucket, Key=key)
+    with pytest.raises(StalePlanError, match="removed"):
+        load_plan(s3.join("plan"))
+
+
+def test_missing_s3_dataset_is_a_clear_value_error(s3):
+    with pytest.raises(ValueError, match="does not exist"):
+        plan_shards(s3.join("nothing-here"), WORLD, batch_size=BATCH, engine="local")
+
+
+def test_petastorm_reads_s3_through_the_wrapper(s3, petastorm_dataset, hive_dataset):
+    """Petastorm 0.12.1 lists and reads S3 with remote.petastorm_source (it cannot with pyarrow.fs or bare s3fs)."""
+    remote.upload_folder(petastorm_dataset.path, s3.join("pet"))
+    remote.upload_folder(hive_dataset.path, s3.join("hive"))
+    source = remote.petastorm_source(s3.join("pet"))
+    with make_reader(source.url, filesystem=source.filesystem, num_epochs=1, workers_count=2,
+                     schema_fields=["id", "vec"]) as reader:
+        rows = [(r.id, r.vec) for r in reader]
+    assert sorted(r[0] for r in rows) == list(range(petastorm_dataset.num_rows))
+    assert all(v.shape == (4,) for _, v in rows)  # codec-decoded, so _common_metadata was read from S3
+    source = remote.petastorm_source(s3.join("hive"))
+    with make_batch_reader(source.url, filesystem=source.filesystem, num_epochs=1, workers_count=2) as reader:
+        ids = np.concatenate([b.id for b in reader])
+    expected = pq.read_table(hive_dataset.path, columns=["id"]).column("id").to_numpy()
+    assert np.array_equal(np.sort(ids), np.sort(expected))
+
+
+def test_wrapper_lists_like_the_local_disk(s3, hive_dataset):
+    import os
+    remote.upload_folder(hive_dataset.path, s3.join("hive"))
+    wrapper = remote.petastorm_source(s3.join("hive")).filesystem
+    root = s3.join("hive")[len("s3://"):]
+    listed = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in wrapper.walk(root) for f in fs)
+    local = sorted(os.path.relpath(os.path.join(d, f), hive_dataset.path)
+                   for d, _, fs in os.walk(hive_dataset.path) for f in fs)
+    assert listed == local
+    assert wrapper.isdir(root) and not wrapper.isfile(root)
+    assert wrapper.isfile(f"{root}/{listed[-1]}") and not wrapper.isdir(f"{root}/{listed[-1]}")
+    import pickle
+    again = pickle.loads(pickle.dumps(wrapper))  # Petastorm's process pool ships the filesystem to workers
+    assert sorted(again.ls(root)) == sorted(wrapper.ls(root))
