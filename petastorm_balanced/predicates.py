@@ -17,7 +17,6 @@ import types
 from typing import Iterable
 
 import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
 
 from .scan import partition_values
@@ -39,6 +38,7 @@ def check_fields(predicate, columns: Iterable[str], url: str) -> list:
 
 def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unischema=None) -> np.ndarray:
     """Boolean match mask (rows,) of one row group of an open Parquet file."""
+    import pandas as pd  # here, not at module level: pandas costs ~1 s of every CLI start and plan import
     partitions = partition_values(path)
     stored = [f for f in fields if f not in partitions]
     parquet = pq.ParquetFile(handle)
