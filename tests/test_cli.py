@@ -239,3 +239,52 @@ def test_progress_line_only_on_a_terminal():
         bar(2)
     assert quiet.getvalue() == ""
     assert "footers [" in loud.getvalue() and "3/3" in loud.getvalue() and loud.getvalue().endswith("\r")
+
+
+def _markdown_rows(text, header_start):
+    """Cells of the markdown table whose header line starts with ``header_start``."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[at + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_plan_format_doc_example_is_what_the_code_writes(tmp_path):
+    """docs/plan-format.md shows a full plan; regenerate it and compare every value that is not path-bound."""
+    import re
+    import pyarrow.parquet as pq
+    from petastorm.predicates import in_set
+    from petastorm_balanced.plan_format import content_checksum
+    text = open(os.path.join(REPO, "docs", "plan-format.md")).read()
+    doc = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
+    ds = datagen.make_plain_dataset(tmp_path / "reviews", num_files=3, total_rows=1000, seed=7,
+                                    min_row_group_rows=100, max_row_group_rows=400)
+    plan = plan_shards(ds.path, 2, predicate=in_set({"en"}, "lang"), batch_size=16, engine="local",
+                       output_url=str(tmp_path / "plan"))
+    ours = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert ours.keys() == doc.keys() and ours["dataset"].keys() == doc["dataset"].keys()
+    for key in ("dataset_files", "files", "format", "format_version", "parameters", "predicate", "totals"):
+        assert ours[key] == doc[key], key
+    assert ours["dataset"]["fingerprint"] == doc["dataset"]["fingerprint"]
+    assert content_checksum(replace(plan, dataset_url=doc["dataset"]["url"])) == doc["checksum"]
+    catalog = pq.read_table(tmp_path / "plan" / "catalog.parquet").to_pylist()
+    assert _markdown_rows(text, "| catalog row |") == [
+        [str(i), r["file"], str(r["row_group"]), str(r["total_rows"]), str(r["matching_rows"]),
+         f"`{r['selection'][:1].decode()}` + {len(r['selection']) - 1} bytes"] for i, r in enumerate(catalog)]
+    assignment = pq.read_table(tmp_path / "plan" / "assignment.parquet").to_pylist()
+    assert _markdown_rows(text, "| rank | worker | sequence |") == [
+        [str(r[k]).lower() for k in ("rank", "worker", "sequence", "catalog_row", "start", "stop", "padding")]
+        for r in assignment]
+    for name in ("catalog", "assignment"):  # the schema tables name every column with its type, in order
+        section = text[text.index(f"### {name}.parquet"):]
+        documented = [(n.strip(" `"), row[1]) for row in _markdown_rows(section, "| column | type |")
+                      for n in row[0].split(",")]
+        schema = pq.read_schema(tmp_path / "plan" / f"{name}.parquet")
+        assert documented == [(f.name, str(f.type).replace("large_", "")) for f in schema], name
+    theirs = petastorm_shards(plan.catalog, 2, 16)
+    assert (f"two ranks {theirs.rows[0]} and {theirs.rows[1]} matching rows ({theirs.steps[0]} and "
+            f"{theirs.steps[1]} batches of 16" in " ".join(text.split()))
