@@ -98,6 +98,18 @@ def petastorm_source(url, **storage_options) -> PetastormSource:
     return PetastormSource(clean, S3FSWrapper(s3fs_filesystem(url, **storage_options)), s3_path(url))
 
 
+def petastorm_filesystem(url, *, filesystem=None, storage_options=None, hdfs_driver="libhdfs3"):
+    """``(filesystem, path)`` for Petastorm's ``Reader`` over the dataset at ``url``, as its factories would
+    resolve them, except that ``s3://`` goes through ``S3FSWrapper`` (which works) and loses its endpoint query."""
+    if filesystem is None and is_s3(url):
+        source = petastorm_source(url, **(storage_options or {}))
+        return source.filesystem, source.path
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+    clean = strip_query(url) if is_s3(url) else fsutil.normalize_url(url)
+    return get_filesystem_and_path_or_paths(clean, hdfs_driver, storage_options=storage_options,
+                                            filesystem=filesystem)
+
+
 class S3FSWrapper(legacyfs.S3FSWrapper):
     """pyarrow's legacy S3 adapter, listing through s3fs's synchronous public API (see the module docstring)."""
 
