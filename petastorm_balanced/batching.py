@@ -1,0 +1,155 @@
+"""One slot's rows cut into shuffle windows and batches: pure numpy, no I/O, no torch.
+
+A slot (a rank, or one DataLoader worker of a rank) delivers its fragments' rows in plan order, ``steps x
+batch_size`` rows in all. Shuffling happens in fixed **windows**: consecutive runs of ``window_rows`` rows of that
+sequence (a whole number of batches), each permuted by a generator drawn from ``[seed, epoch, rank, slot,
+window]``. Why fixed windows rather than Petastorm's sliding shuffle buffer: the content of a sliding buffer
+depends on everything read before it, so resuming exactly would mean replaying the epoch. With fixed windows the
+row at any position is a function of the position alone, so resuming at batch ``k`` reads from the start of
+``k``'s window (skipping every earlier fragment without opening it) and drops the batches before ``k`` inside it.
+
+Columns travel as ``{name: numpy array}`` with rows on axis 0 (object arrays for strings); batches are slices of
+the permuted window, so they cost no copy beyond the one permutation.
+
+>>> import numpy as np
+>>> start = start_point(np.array([5, 7]), batch_size=4, window_rows=4, batches_done=1, shuffle=False)
+>>> (start.fragment, start.offset, start.skip_rows)
+(0, 4, 0)
+>>> batcher = WindowBatcher(total_rows=12, batch_size=4, window_rows=4, start=start, key=None)
+>>> [b["id"].tolist() for b in batcher.push({"id": np.arange(4, 5)})]
+[]
+>>> [b["id"].tolist() for b in batcher.push({"id": np.arange(100, 107)})]
+[[4, 100, 101, 102], [103, 104, 105, 106]]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+Columns = Dict[str, np.ndarray]
+
+
+def window_rows(batch_size: int, shuffle_window: int, shuffle: bool) -> int:
+    """Rows per shuffle window: ``shuffle_window`` rounded up to whole batches; one batch when not shuffling."""
+    if not shuffle:
+        return batch_size
+    return max(1, -(-shuffle_window // batch_size)) * batch_size
+
+
+def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
+    """A permutation of ``num_rows`` drawn from ``key``; argsort of raw PCG64 words, so it is the same on every
+    NumPy version (``Generator.permutation`` is not guaranteed to be)."""
+    words = np.random.Generator(np.random.PCG64(list(key))).bit_generator.random_raw(num_rows)
+    return np.argsort(words, kind="stable")
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where reading starts when ``batches_done`` batches of the slot were already delivered."""
+
+    fragment: int  # index of the first fragment to read; the ones before it are never opened
+    offset: int  # rows at the head of that fragment to leave unread
+    window: int  # index of the first window (counted from the slot's first row)
+    row: int  # slot row at which the first window starts
+    skip_rows: int  # rows (whole batches) of the first window to drop after permuting
+
+
+def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int, batches_done: int,
+                shuffle: bool) -> StartPoint:
+    """Where to start so that the next batch is batch ``batches_done`` of the slot.
+
+    Shuffled windows must be read from their first row (the permutation mixes the whole window); unshuffled
+    reading starts exactly at the next batch's first row.
+    """
+    fragment_rows = np.asarray(fragment_rows, dtype=np.int64)
+    total = int(fragment_rows.sum())
+    next_row = batches_done * batch_size
+    if batches_done < 0 or next_row > total:
+        raise ValueError(f"batches_done={batches_done} is outside this slot's {total // batch_size} batches")
+    window = next_row // window_rows if shuffle else 0
+    row = window * window_rows if shuffle else next_row
+    ends = np.cumsum(fragment_rows)  # (fragments,)
+    fragment = int(np.searchsorted(ends, row, side="right"))
+    offset = row - (int(ends[fragment - 1]) if fragment else 0)
+    return StartPoint(fragment, offset, window, row, next_row - row)
+
+
+class WindowBatcher:
+    """Turns column chunks pushed in delivery order into batches of exactly ``batch_size`` rows.
+
+    ``key`` is the generator key prefix ``(seed, epoch, rank, slot)``; ``None`` means no shuffling. Memory is one
+    window plus the chunk being pushed.
+    """
+
+    def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
+                 key: Optional[Sequence[int]]):
+        if window_rows % batch_size:
+            raise ValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
+        self._total, self._batch, self._window_rows, self._key = total_rows, batch_size, window_rows, key
+        self._window = start.window
+        self._row = start.row  # slot row where the window being filled starts
+        self._skip = start.skip_rows
+        self._parts: List[Columns] = []
+        self._buffered = 0
+
+    @property
+    def done(self) -> bool:
+        return self._row >= self._total
+
+    def push(self, columns: Columns) -> Iterator[Columns]:
+        """Add the next chunk of rows (all columns the same length) and yield every batch it completes."""
+        rows = _num_rows(columns)
+        if rows == 0:
+            return
+        if self._buffered + rows > self._total - self._row:
+            raise RuntimeError(f"received {self._buffered + rows} rows where the slot has "
+                               f"{self._total - self._row} left; the reader delivered more rows than planned")
+        self._parts.append(columns)
+        self._buffered += rows
+        while not self.done and self._buffered >= min(self._window_rows, self._total - self._row):
+            yield from self._emit(min(self._window_rows, self._total - self._row))
+
+    def finish(self) -> None:
+        """Raise if the pushed rows did not add up to the slot's rows: a batch would be short or missing."""
+        if not self.done or self._buffered:
+            raise RuntimeError(f"the reader ended {self._total - self._row - self._buffered} rows short of the "
+                               f"slot's {self._total} planned rows; the dataset changed while reading?")
+
+    def _emit(self, size: int) -> Iterator[Columns]:
+        window = self._take(size)
+        if self._key is not None:
+            order = window_permutation(size, (*self._key, self._window))
+            window = {name: values[order] for name, values in window.items()}
+        for begin in range(self._skip, size, self._batch):
+            yield {name: values[begin:begin + self._batch] for name, values in window.items()}
+        self._skip = 0
+        self._window += 1
+        self._row += size
+
+    def _take(self, size: int) -> Columns:
+        """The first ``size`` buffered rows as one chunk; views when they sit in a single part."""
+        taken, need = [], size
+        while need:
+            part = self._parts[0]
+            rows = _num_rows(part)
+            if rows <= need:
+                taken.append(part)
+                self._parts.pop(0)
+                need -= rows
+            else:
+                taken.append({name: values[:need] for name, values in part.items()})
+                self._parts[0] = {name: values[need:] for name, values in part.items()}
+                need = 0
+        self._buffered -= size
+        if len(taken) == 1:
+            return taken[0]
+        return {name: np.concatenate([t[name] for t in taken]) for name in taken[0]}
+
+
+def _num_rows(columns: Columns) -> int:
+    lengths = {len(values) for values in columns.values()}
+    if len(lengths) != 1:
+        raise ValueError(f"columns of one chunk have different lengths {sorted(lengths)}")
+    return lengths.pop()

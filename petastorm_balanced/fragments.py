@@ -1,0 +1,162 @@
+"""Reading one planned fragment: its row group, only the requested columns, cut to the planned rows before
+anything is decoded.
+
+Both read paths use this module: the Petastorm worker classes in ``reader.py`` (thread or process pool) and the
+in-process reads of ``BalancedIterableDataset`` inside DataLoader workers. Keeping one implementation is what makes
+the two paths deliver the same rows, and the row count check here is what turns a dataset rewritten after planning
+into a ``StalePlanError`` instead of silently shifted rows.
+"""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import StalePlanError
+from .plan import Fragment
+from .scan import partition_values
+
+OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What a worker reads for every fragment: stored columns, and hive partition columns typed once."""
+
+    columns: Tuple[str, ...]  # output column order
+    partition_types: Tuple[Tuple[str, str], ...] = ()  # (name, 'int64' | 'string')
+    fields: Optional[dict] = field(default=None, compare=False)  # Unischema fields by name, to decode
+
+    @property
+    def stored_columns(self) -> List[str]:
+        partitions = dict(self.partition_types)
+        return [c for c in self.columns if c not in partitions]
+
+
+def partition_types(paths: Sequence[str]) -> Dict[str, str]:
+    """Type of each hive partition column: int64 when every value parses as an integer, else string.
+
+    This is pyarrow's inference for ``key=value`` folders, which Petastorm's schema also follows.
+    """
+    values: Dict[str, set] = {}
+    for path in paths:
+        for key, value in partition_values(path).items():
+            values.setdefault(key, set()).add(value)
+    return {key: "int64" if all(re.fullmatch(r"[+-]?\d+", v) for v in vals) else "string"
+            for key, vals in sorted(values.items())}
+
+
+def select_columns(available: Sequence[str], schema_fields) -> List[str]:
+    """Resolve ``schema_fields`` like Petastorm: names, regular expressions matching a whole name, or
+    UnischemaFields; ``None`` means every column. Keeps the dataset's column order."""
+    if schema_fields is None:
+        return list(available)
+    if isinstance(schema_fields, (str, bytes)) or not hasattr(schema_fields, "__iter__"):
+        raise TypeError(f"schema_fields={schema_fields!r} must be a list of column names or patterns")
+    wanted = set()
+    for item in schema_fields:
+        name = getattr(item, "name", item)
+        if not isinstance(name, str):
+            raise TypeError(f"schema_fields item {item!r} is neither a column name nor a UnischemaField")
+        matches = [c for c in available if c == name or re.fullmatch(name, c)]
+        if not matches:
+            raise ValueError(f"schema_fields item {name!r} matches no column; the dataset has {list(available)}")
+        wanted.update(matches)
+    return [c for c in available if c in wanted]
+
+
+def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSpec, *,
+                  indices: Optional[np.ndarray] = None) -> pa.Table:
+    """The fragment's rows (``indices`` overrides its ``row_indices()``), requested columns in ``spec`` order."""
+    meta = parquet_file.metadata
+    if fragment.row_group >= meta.num_row_groups:
+        raise StalePlanError(f"{fragment.path!r} has {meta.num_row_groups} row groups but the plan reads row group "
+                             f"{fragment.row_group}; the file changed since planning, re-run planning")
+    rows_in_file = meta.row_group(fragment.row_group).num_rows
+    if rows_in_file != fragment.total_rows:
+        raise StalePlanError(f"{fragment.path!r} row group {fragment.row_group} has {rows_in_file} rows but the plan "
+                             f"recorded {fragment.total_rows}; the file changed since planning, re-run planning")
+    rows = fragment.row_indices() if indices is None else indices
+    table = parquet_file.read_row_group(fragment.row_group, columns=spec.stored_columns)
+    table = _cut(table, rows)
+    if not spec.partition_types:
+        return table
+    values = partition_values(fragment.path)
+    arrays = []
+    for name in spec.columns:
+        kind = dict(spec.partition_types).get(name)
+        if kind is None:
+            arrays.append(table.column(name))
+        elif kind == "int64":
+            arrays.append(pa.array(np.full(len(rows), int(values[name]), dtype=np.int64)))
+        else:
+            arrays.append(pa.array([values[name]] * len(rows), type=pa.string()))
+    return pa.Table.from_arrays(arrays, names=list(spec.columns))
+
+
+def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """Keep ``rows`` (positions, in order): a zero-copy slice when they are one ascending run."""
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+        return table.slice(int(rows[0]), len(rows))
+    return table.take(pa.array(rows))
+
+
+def to_columns(table: pa.Table, fields: Optional[dict] = None) -> Dict[str, np.ndarray]:
+    """Column arrays with rows on axis 0; Unischema ``fields`` are decoded (after the cut, so only delivered
+    rows pay for codecs). Strings become object arrays of ``str``."""
+    out = {}
+    for name in table.column_names:
+        column = table.column(name)
+        unischema_field = fields.get(name) if fields else None
+        if unischema_field is None or _is_scalar(unischema_field):
+            values = column.to_numpy(zero_copy_only=False) if column.num_chunks != 1 else \
+                column.chunk(0).to_numpy(zero_copy_only=False)
+            dtype = getattr(unischema_field, "numpy_dtype", None)
+            if dtype is not None and values.dtype != object and np.dtype(dtype) != values.dtype \
+                    and np.dtype(dtype).kind in "biuf":
+                values = values.astype(dtype)
+            out[name] = values
+        else:
+            out[name] = _decode_cells(column, unischema_field)
+    return out
+
+
+def _is_scalar(unischema_field) -> bool:
+    from petastorm.codecs import ScalarCodec
+    codec = unischema_field.codec
+    if codec is None or isinstance(codec, ScalarCodec):
+        dtype = unischema_field.numpy_dtype
+        return dtype is None or np.dtype(dtype).kind in "biufUSO"
+    return False
+
+
+def _decode_cells(column, unischema_field) -> np.ndarray:
+    """Decode codec cells one by one and stack them; ragged or missing cells stay an object array."""
+    codec = unischema_field.codec
+    cells = [None if v is None else codec.decode(unischema_field, v) for v in column.to_pylist()]
+    if cells and all(c is not None for c in cells) and all(np.shape(c) == np.shape(cells[0]) for c in cells):
+        return np.stack(cells)
+    out = np.empty(len(cells), dtype=object)
+    out[:] = cells
+    return out
+
+
+class FileCache:
+    """A few open Parquet files (footers parsed once), keyed by path, least recently used out first."""
+
+    def __init__(self, opener: Callable[[str], pq.ParquetFile], size: int = OPEN_FILES):
+        self._opener, self._size, self._files = opener, size, OrderedDict()
+
+    def get(self, path: str) -> pq.ParquetFile:
+        handle = self._files.pop(path, None)
+        if handle is None:
+            handle = self._opener(path)
+        self._files[path] = handle
+        while len(self._files) > self._size:
+            self._files.popitem(last=False)
+        return handle

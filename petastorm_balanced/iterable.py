@@ -1,0 +1,162 @@
+"""``BalancedIterableDataset`` for ``torch.utils.data.DataLoader(ds, batch_size=None, num_workers=K)``.
+
+Each DataLoader worker is a slot of the plan (``plan.assignment(rank, num_workers=K)``): it reads only its own
+fragments, in its own process, and yields whole batches. The DataLoader takes batches from its workers round
+robin, worker 0 first, and a worker that runs out is skipped; the balancer gives the first ``steps % K`` slots one
+batch more than the others, so the rank's batch ``j`` is always batch ``j // K`` of slot ``j % K`` and the total is
+``steps_per_epoch`` for any ``K``.
+
+Resuming after ``k`` batches: the DataLoader starts again with worker 0, so worker ``w`` plays slot ``(w + k) % K``
+and skips that slot's first ``(k + w) // K`` batches; the round robin then continues exactly at batch ``k``.
+
+The DataLoader's main process never sees the dataset iterate, so only it can count delivered batches:
+``ds.dataloader(num_workers=K)`` (a ``BalancedDataLoader``, a real ``DataLoader``) counts them, advances the
+epoch on every new ``iter()`` and makes ``state_dict()`` exact. With a plain ``DataLoader`` call
+``ds.set_epoch(e)`` before every epoch, as with ``DistributedSampler``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import stream
+from .loader import Position, _require_torch, _Settings, to_torch, torch
+from .world import resolve_world
+
+_Base = torch.utils.data.IterableDataset if torch is not None else object
+
+
+class BalancedIterableDataset(_Base):
+    """Batches of rank ``rank`` (default: ``World.detect()``), split over the DataLoader's workers.
+
+    Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
+    Iterated directly (or with ``num_workers=0``) it is a single slot and gives the same batches as
+    ``make_loader(..., shuffle_window=...)`` with the same settings.
+    """
+
+    NUM_WORKERS = "num_workers"
+
+    def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
+                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
+                 schema_fields=None, padding_mask: bool = False):
+        _require_torch()
+        self._settings = _Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
+                                   reshuffle=reshuffle, shuffle_window=shuffle_window, schema_fields=schema_fields,
+                                   padding_mask=padding_mask)
+        self._position = Position(self._settings, epoch)
+        self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
+
+    plan = property(lambda self: self._settings.plan)
+    rank = property(lambda self: self._settings.rank)
+    world_size = property(lambda self: self._settings.world_size)
+    batch_size = property(lambda self: self._settings.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        return self._position.current()[0]
+
+    def __len__(self) -> int:
+        return self._settings.steps
+
+    def __iter__(self):
+        """This worker's batches; the position is read now, not at the first ``next()``."""
+        info = torch.utils.data.get_worker_info()
+        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        epoch, done = self._position.current()
+        return self._slot(epoch, done, num_workers, worker)
+
+    def _slot(self, epoch, done, num_workers, worker):
+        settings = self._settings
+        slot = (worker + done) % num_workers
+        fragments = [f for f in settings.fragments(epoch, num_workers) if f.worker == slot]
+        batches = stream.slot_batches(fragments, stream.inline_chunks(settings.plan, settings.columns),
+                                      batch_size=settings.batch_size, shuffle=settings.shuffle,
+                                      shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
+                                      batches_done=(done + worker) // num_workers)
+        for batch in batches:
+            yield to_torch(batch, settings.padding_mask)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` next; a position loaded for the same epoch is kept (see ``BalancedLoader.set_epoch``)."""
+        self._position.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """The position counted by ``BalancedDataLoader`` (or set by ``set_epoch``/``load_state_dict``)."""
+        return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at ``state``; the DataLoader must have the same number of workers as when it was saved."""
+        if isinstance(state, dict) and self.NUM_WORKERS not in state:
+            raise KeyError(f"state is missing [{self.NUM_WORKERS!r}]; pass a dict saved by "
+                           "BalancedIterableDataset.state_dict()")
+        workers = state[self.NUM_WORKERS] if isinstance(state, dict) else None
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")
+        self._position.load_state_dict(state, {self.NUM_WORKERS: workers})
+        self._num_workers = workers
+
+    def dataloader(self, num_workers: int = 0, **kwargs) -> "BalancedDataLoader":
+        """A ``BalancedDataLoader`` over this dataset: counts batches for ``state_dict``, one epoch per iter."""
+        return BalancedDataLoader(self, num_workers=num_workers, **kwargs)
+
+
+_Loader = torch.utils.data.DataLoader if torch is not None else object
+
+
+class BalancedDataLoader(_Loader):
+    """A ``torch.utils.data.DataLoader`` that tracks its ``BalancedIterableDataset``'s position.
+
+    Each ``iter()`` is the next epoch (or the rest of a resumed one); ``state_dict()`` / ``load_state_dict()``
+    resume exactly, provided ``num_workers`` is the same. Batching, sampling and worker persistence belong to the
+    dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
+    """
+
+    def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, **kwargs):
+        if not isinstance(dataset, BalancedIterableDataset):
+            raise TypeError(f"dataset must be a BalancedIterableDataset, got {type(dataset).__name__}")
+        for name, allowed in (("batch_size", None), ("sampler", None), ("batch_sampler", None),
+                              ("shuffle", None), ("persistent_workers", False), ("in_order", True),
+                              ("drop_last", False)):
+            if name in kwargs and kwargs[name] != allowed:
+                raise ValueError(f"{name}={kwargs[name]!r} is not accepted: the dataset yields whole, planned batches "
+                                 f"in a fixed order (leave {name} at {allowed!r})")
+            kwargs.pop(name, None)
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+
+    def __iter__(self):
+        dataset = self.dataset
+        slots = max(1, self.num_workers)
+        if dataset._position.resumed and dataset._num_workers != slots:
+            raise ValueError(f"the loaded state was saved with num_workers={dataset._num_workers}; resume with the "
+                             f"same number of DataLoader workers (this loader has {self.num_workers})")
+        dataset._num_workers = slots
+        # Workers copy the dataset while the base iterator starts: they must see the position this iteration
+        # starts at (the pending one; a new iter() never continues an abandoned one), and read it eagerly.
+        dataset._position.live = None
+        batches = super().__iter__()
+        run = dataset._position.begin()
+        return _Counted(batches, run)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state)
+
+
+class _Counted:
+    def __init__(self, batches, run):
+        self._batches, self._run = batches, run
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._batches)
+        self._run[1] += 1
+        return batch
+
+    def __len__(self):
+        return len(self._batches)

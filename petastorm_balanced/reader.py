@@ -1,0 +1,317 @@
+"""``make_reader``: a Petastorm ``Reader`` over exactly one rank's planned rows for one epoch.
+
+We keep Petastorm's ``Reader`` (its schema views, worker pools, cache and ``transform_spec`` handling) and replace
+the three things that decide *which* rows come out and in what order:
+
+- ``_filter_row_groups``: Petastorm keys row groups by their position in its own piece list; we map every planned
+  ``(relative path, row group)`` onto that list and fail loudly (``StalePlanError``) when one is missing, instead of
+  reading a different row group;
+- the worker classes: read the planned row group (only the requested columns), check its row count against the
+  plan, cut it to the planned rows, and only then decode, so codecs run only for delivered rows;
+- the ventilator and the results queue: fragments are sent once, in plan order, each with its sequence number, and
+  handed back in that order (``ordering.py``), so the output does not depend on the pool's timing.
+"""
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+from petastorm.arrow_reader_worker import ArrowReaderWorker
+from petastorm.cache import NullCache
+from petastorm.py_dict_reader_worker import PyDictReaderWorker, _apply_transform_spec
+from petastorm.reader import Reader
+from petastorm.utils import decode_row
+from petastorm.workers_pool import EmptyResultError
+
+from . import fragments as fr
+from .batching import window_permutation
+from .errors import PlanError, StalePlanError
+from .ordering import Gate, OrderedResults, OrderedVentilator
+from .plan import Fragment, ShardPlan
+from .world import resolve_world
+
+# Petastorm arguments the plan owns, and what to do instead.
+OWNED_ARGUMENTS = {
+    "cur_shard": "the plan assigns rows to ranks; pass rank= and world= instead",
+    "shard_count": "the plan assigns rows to ranks; pass rank= and world= instead",
+    "shard_seed": "the plan's seed (plan_shards(seed=...)) decides the assignment",
+    "predicate": "the plan already holds exactly the matching rows; pass where= or predicate= to plan_shards",
+    "filters": "the plan already holds exactly the matching rows; pass where= or predicate= to plan_shards",
+    "rowgroup_selector": "the plan selects the row groups; pass a predicate to plan_shards instead",
+    "num_epochs": "a planned reader covers one epoch; iterate the loader again, or pass epoch=, for the next one",
+    "shuffle_row_groups": "the plan orders row groups per epoch from [seed, epoch]; use make_loader(shuffle=...)",
+    "shuffle_row_drop_partitions": "the plan decides which rows each rank reads; use make_loader(shuffle_window=)",
+    "dataset_url": "the plan names its dataset; pass plan= only",
+    "dataset_url_or_urls": "the plan names its dataset; pass plan= only",
+}
+# Everything else Petastorm's make_reader / make_batch_reader accept passes through.
+PASS_THROUGH = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size", "shuffle_rows", "seed",
+                "cache_type", "cache_location", "cache_size_limit", "cache_row_size_estimate",
+                "cache_extra_settings", "hdfs_driver", "transform_spec", "storage_options", "zmq_copy_buffers",
+                "filesystem", "pyarrow_serialize")
+MODES = ("rows", "batches", "columns")  # make_reader on Unischema / on plain Parquet / the loader's columns
+
+
+def check_petastorm_kwargs(kwargs: dict, refused: Optional[dict] = None) -> None:
+    """Refuse owned arguments with what to do instead; unknown ones as Python would, with a TypeError."""
+    refused = {**OWNED_ARGUMENTS, **(refused or {})}
+    for name in kwargs:
+        if name in refused:
+            raise ValueError(f"{name}={kwargs[name]!r} is not accepted here: {refused[name]}")
+        if name not in PASS_THROUGH:
+            raise TypeError(f"unexpected keyword argument {name!r}; Petastorm reader arguments accepted here: "
+                            f"{', '.join(a for a in PASS_THROUGH if a not in refused)}")
+
+
+def resolve_plan(plan) -> ShardPlan:
+    """A ShardPlan as is, or a plan URL loaded and checked against its dataset (``StalePlanError``)."""
+    from .plan_io import load_plan
+    if isinstance(plan, ShardPlan):
+        return plan
+    if plan is None:
+        raise ValueError("plan=None: pass a ShardPlan or the URL of a saved plan (plan_shards(output_url=...))")
+    return load_plan(plan)
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """What every ventilated fragment carries besides itself (small: it is pickled per item for process pools)."""
+
+    mode: str
+    columns: Optional[Tuple[str, ...]] = None  # None: the reader's schema view, in its order
+    partition_types: Tuple[Tuple[str, str], ...] = ()
+    shuffle_key: Optional[Tuple[int, ...]] = None  # make_reader(shuffle_rows=True): permute inside fragments
+
+
+class _PlannedWorkerMixin:
+    """The part shared by both worker classes: read a fragment's rows, checked and cut, as an Arrow table."""
+
+    def _read_planned(self, piece_index, sequence, fragment: Fragment, task: ReadTask):
+        piece = self._split_pieces[piece_index]
+        if piece.row_group != fragment.row_group:
+            raise PlanError(f"piece {piece_index} is row group {piece.row_group} of {piece.path!r}, expected "
+                            f"{fragment.row_group} of {fragment.path!r}: Petastorm's piece list changed")
+        columns = task.columns or tuple(self._schema.fields)
+        spec = fr.ReadSpec(columns, task.partition_types)
+        indices = fragment.row_indices()
+        if task.shuffle_key is not None:
+            indices = indices[window_permutation(len(indices), (*task.shuffle_key, sequence))]
+        if isinstance(self._local_cache, NullCache):
+            handle = self._files().get(piece.path)
+            return fr.read_fragment(handle, fragment, spec, indices=indices)
+        # A cache holds whole row groups (requested columns): the cut stays exact whatever the cache returns.
+        key = "{}:{}:{}:{}".format(hashlib.md5(str(self._dataset_path_or_paths_for_cache).encode()).hexdigest(),
+                                   piece.path, piece.row_group, ",".join(columns))
+        full = Fragment(fragment.path, fragment.row_group, False, 0, 0, fragment.total_rows, fragment.total_rows)
+        table = self._local_cache.get(key, lambda: fr.read_fragment(self._files().get(piece.path), full, spec))
+        return fr._cut(table, indices)
+
+    def _files(self) -> fr.FileCache:
+        if getattr(self, "_file_cache", None) is None:
+            filesystem = self.args[0]
+            if type(filesystem).__name__ == "LocalFileSystem":
+                opener = fr.pq.ParquetFile  # native local reads beat Python file objects
+            else:
+                def opener(path):
+                    return fr.pq.ParquetFile(filesystem.open(path, "rb"))
+            self._file_cache = fr.FileCache(opener)
+        return self._file_cache
+
+    @property
+    def _dataset_path_or_paths_for_cache(self):
+        return self.args[1]
+
+
+class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
+    """Plain Parquet: publishes ``(sequence, pyarrow.Table)`` with exactly the fragment's rows."""
+
+    # pylint: disable=arguments-differ
+    def process(self, piece_index, sequence, fragment, task):
+        table = self._read_planned(piece_index, sequence, fragment, task)
+        if task.mode == "batches" and self._transform_spec:
+            self._pending = table
+            table = self._load_rows(None, self._split_pieces[piece_index], (0, 1))  # Petastorm's transform path
+        self.publish_func((sequence, table))
+
+    def _read_with_shuffle_row_drop(self, piece, pq_file, column_names, shuffle_row_drop_partition):
+        table, self._pending = self._pending, None
+        return table
+
+
+class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
+    """Petastorm (Unischema) datasets: decoded rows (make_reader) or decoded column arrays (the loader)."""
+
+    # pylint: disable=arguments-differ
+    def process(self, piece_index, sequence, fragment, task):
+        table = self._read_planned(piece_index, sequence, fragment, task)
+        if task.mode == "columns":
+            payload = fr.to_columns(table, self._schema.fields)
+        else:
+            payload = [decode_row(row, self._schema) for row in table.to_pylist()]
+            if self._transform_spec:
+                payload = _apply_transform_spec(payload, self._transform_spec)
+        self.publish_func((sequence, payload))
+
+
+class _InOrder:
+    """Results-queue reader: Petastorm's own conversion (rows or batches), fed in plan order."""
+
+    def __init__(self, inner, ordered: OrderedResults, mode: str):
+        self._inner, self._ordered, self._mode = inner, ordered, mode
+
+    @property
+    def batched_output(self):
+        return self._mode != "rows"
+
+    def read_next(self, workers_pool, schema, ngram):
+        if self._mode == "columns":
+            try:
+                return self._ordered.next()
+            except EmptyResultError:
+                raise StopIteration from None
+        return self._inner.read_next(self, schema, ngram)
+
+    def get_results(self):  # the pool interface the inner reader calls: skip empty payloads (transform_spec)
+        while True:
+            payload = self._ordered.get_results()
+            if len(payload):
+                return payload
+
+
+class BalancedReader(Reader):
+    """A Petastorm ``Reader`` over given fragments, in their order, each read once.
+
+    Iterating gives what Petastorm's ``make_reader`` (Unischema rows) or ``make_batch_reader`` (one batch of numpy
+    arrays per fragment) would give, or ``(sequence, payload)`` pairs in the loader's ``columns`` mode.
+    """
+
+    def __init__(self, pyarrow_filesystem, dataset_path, *, fragments: Sequence[Fragment], task: ReadTask,
+                 plan_files: Sequence[str], dataset_url: str, max_ahead: Optional[int] = None, **reader_kwargs):
+        if task.mode not in MODES:
+            raise ValueError(f"mode={task.mode!r} is not one of {MODES}")
+        self.fragments = list(fragments)
+        self._task, self._plan_files, self._dataset_url, self._max_ahead = task, set(plan_files), dataset_url, \
+            max_ahead
+        super().__init__(pyarrow_filesystem, dataset_path, shuffle_row_groups=False, num_epochs=1, **reader_kwargs)
+
+    def _filter_row_groups(self, dataset, row_groups, predicate, rowgroup_selector, cur_shard, shard_count, seed):
+        return piece_indexes(self.fragments, row_groups, dataset.paths, self._plan_files, self._dataset_url), None
+
+    def _create_ventilator(self, row_group_indexes, *args, **kwargs):
+        gate = Gate(self._max_ahead or self._workers_pool.workers_count + 2)
+        items = [dict(piece_index=p, sequence=i, fragment=f, task=self._task)
+                 for i, (p, f) in enumerate(zip(row_group_indexes, self.fragments))]
+        self.ordered = OrderedResults(self._workers_pool, gate, len(items))
+        self._results_queue_reader = _InOrder(self._results_queue_reader, self.ordered, self._task.mode)
+        return OrderedVentilator(self._workers_pool.ventilate, items, gate)
+
+    def reset(self):
+        raise NotImplementedError("a planned reader covers exactly one epoch; call make_reader(epoch=e) for another")
+
+
+def piece_indexes(fragments: Sequence[Fragment], row_groups, root, plan_files, dataset_url) -> list:
+    """Petastorm's list position of every fragment's row group; ``StalePlanError`` on any mismatch."""
+    root = (root if isinstance(root, str) else "").rstrip("/")
+    positions, listed = {}, set()
+    for index, piece in enumerate(row_groups):
+        relative = _relative(piece.path, root)
+        positions[(relative, piece.row_group)] = index
+        listed.add(relative)
+    unknown = sorted(listed - set(plan_files))
+    if unknown:
+        raise StalePlanError(f"{unknown[0]!r} is in {dataset_url} but not in the plan (added since planning?); "
+                             "re-run planning")
+    out = []
+    for fragment in fragments:
+        index = positions.get((fragment.path, fragment.row_group))
+        if index is None:
+            raise StalePlanError(f"the plan reads row group {fragment.row_group} of {fragment.path!r}, which "
+                                 f"Petastorm does not find in {dataset_url} (file removed or rewritten since "
+                                 "planning?); re-run planning")
+        out.append(index)
+    return out
+
+
+def _relative(path: str, root: str) -> str:
+    path = str(path)
+    if root and path.startswith(root + "/"):
+        return path[len(root) + 1:]
+    return posixpath.relpath(path, root or "/")
+
+
+def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, *, reader_pool_type="thread",
+                workers_count=10, results_queue_size=50, schema_fields=None, transform_spec=None, cache_type="null",
+                cache_location=None, cache_size_limit=None, cache_row_size_estimate=None, cache_extra_settings=None,
+                hdfs_driver="libhdfs3", storage_options=None, zmq_copy_buffers=True, filesystem=None,
+                pyarrow_serialize=False, max_ahead=None, **ignored) -> BalancedReader:
+    """Build the filesystem, cache and pool as Petastorm's factories do, then a ``BalancedReader``."""
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+    from petastorm.local_disk_cache import LocalDiskCache
+    from petastorm.reader import normalize_dataset_url_or_urls
+    from petastorm.reader_impl.pickle_serializer import PickleSerializer
+    from petastorm.workers_pool.dummy_pool import DummyPool
+    from petastorm.workers_pool.process_pool import ProcessPool
+    from petastorm.workers_pool.thread_pool import ThreadPool
+
+    if isinstance(workers_count, bool) or not isinstance(workers_count, int) or workers_count < 1:
+        raise ValueError(f"workers_count={workers_count!r} must be an int >= 1")
+    url = normalize_dataset_url_or_urls(plan.dataset_url)
+    fs, path = get_filesystem_and_path_or_paths(url, hdfs_driver, storage_options=storage_options,
+                                                filesystem=filesystem)
+    if cache_type in (None, "null"):
+        cache = NullCache()
+    elif cache_type == "local-disk":
+        cache = LocalDiskCache(cache_location, cache_size_limit, cache_row_size_estimate,
+                               **(cache_extra_settings or {}))
+    else:
+        raise ValueError(f"cache_type={cache_type!r} is not one of None, 'null', 'local-disk'")
+    if reader_pool_type == "thread":
+        pool = ThreadPool(workers_count, results_queue_size)
+    elif reader_pool_type == "process":
+        # (sequence, payload) pairs need pickling; Arrow tables pickle as their buffers.
+        pool = ProcessPool(workers_count, PickleSerializer(), zmq_copy_buffers=zmq_copy_buffers)
+    elif reader_pool_type == "dummy":
+        pool = DummyPool()
+    else:
+        raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of 'thread', 'process', 'dummy'")
+    unischema = plan.catalog.kind == "petastorm"
+    return BalancedReader(fs, path, fragments=fragments, task=task, plan_files=[f.path for f in plan.catalog.files],
+                          dataset_url=plan.dataset_url, max_ahead=max_ahead, schema_fields=schema_fields,
+                          reader_pool=pool, cache=cache, transform_spec=transform_spec,
+                          worker_class=PlannedPyDictWorker if unischema else PlannedArrowWorker,
+                          is_batched_reader=not unischema)
+
+
+def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,
+                reshuffle: str = "epoch", **petastorm_kwargs) -> BalancedReader:
+    """A Petastorm reader over exactly rank ``rank``'s planned rows of ``epoch``, in plan order.
+
+    Petastorm (Unischema) datasets give decoded rows like ``petastorm.make_reader``; plain Parquet gives one batch
+    of numpy arrays per fragment like ``petastorm.make_batch_reader``. The rows are the plan's for ``world`` ranks
+    (any world size, G9) and ``batch_size`` (the plan's unless given), padding rows included; the order is the
+    same for any pool type and worker count. ``shuffle_rows=True`` permutes rows inside each fragment, seeded by
+    ``[seed (default: the plan's), epoch, rank]``. Use it as a context manager, or call ``stop()`` and ``join()``.
+    """
+    check_petastorm_kwargs(petastorm_kwargs)
+    who = resolve_world(rank, world)
+    plan = resolve_plan(plan)
+    frags = plan.assignment(who.rank, epoch=epoch, world_size=who.size, batch_size=batch_size, reshuffle=reshuffle)
+    seed = petastorm_kwargs.pop("seed", None)
+    shuffle_rows = petastorm_kwargs.pop("shuffle_rows", False)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed={seed!r} must be an int >= 0 (or None for the plan's seed)")
+    key = (plan.seed if seed is None else seed, epoch, who.rank) if shuffle_rows else None
+    schema_fields = petastorm_kwargs.get("schema_fields")
+    if schema_fields is not None and not isinstance(schema_fields, (list, tuple)):
+        raise TypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
+                        "(NGram is not supported by planned readers)")
+    task = ReadTask("rows" if plan.catalog.kind == "petastorm" else "batches",
+                    partition_types=tuple(fr.partition_types([f.path for f in plan.catalog.files]).items()),
+                    shuffle_key=key)
+    return open_reader(plan, frags, task, **petastorm_kwargs)
+
+
+__all__ = ["BalancedReader", "make_reader"]
