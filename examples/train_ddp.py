@@ -1,0 +1,206 @@
+"""DistributedDataParallel over a balanced plan: every rank takes the same steps, and each epoch proves it.
+
+    torchrun --nproc_per_node=2 examples/train_ddp.py --plan PLAN_URL --epochs 2 --batch-size 32 [--workers 2]
+
+Rank and world size come from ``World.detect()`` (torchrun's RANK / WORLD_SIZE), so the same script serves any
+world size, including one the plan was not made for (G9). The backend is nccl when CUDA is there, else gloo.
+
+After every epoch the ranks ``all_gather`` their step counts and the ids they delivered, and rank 0 checks
+- G1: every rank took exactly ``len(loader)`` steps of exactly ``batch_size`` rows;
+- G2: no id was delivered twice (except rows flagged as padding) and fewer than ``world * batch_size`` of the
+  plan's matching rows were left out (none with policy "pad").
+Every rank judges the same gathered data, rank 0 prints ``CHECK ... OK|FAILED`` lines, and any failure exits 1
+on every rank. A rank that
+stops early cannot hide: the others time out in the next collective (``--pg-timeout`` seconds) and exit non-zero.
+
+``--ids-out DIR`` makes rank 0 write ``epoch<E>.json`` (steps and ids of every rank) for tests to compare with
+the dataset itself.
+
+Shutdown is ordered (see ``docs/distributed.md``): stop the loader's reader threads, drop the DDP wrapper,
+barrier, then ``destroy_process_group``, so no rank tears its gloo connections down while a peer still talks.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from petastorm_balanced import World, load_plan, make_loader
+
+# Petastorm 0.12.1 on pyarrow 14 warns about the legacy dataset API on every reader; keep the log readable.
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+# Columns the small model reads: an id to check coverage, a feature and a class label. Both datagen kinds have
+# ``id`` and ``label``; plain Parquet has a scalar ``value``, Petastorm datasets a float32 (4,) ``vec``.
+FEATURES = {"plain": ("value", 1), "petastorm": ("vec", 4)}
+NUM_CLASSES = 10
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every training example takes (train_horovod.py adds its own)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--plan", required=True, help="plan URL written by plan_shards / spark_jobs/plan_shards.py")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=2, help="Petastorm reader threads per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--pg-timeout", type=float, default=300.0,
+                        help="seconds a collective may wait for a peer before the job fails")
+    parser.add_argument("--ids-out", help="folder where rank 0 writes epoch<E>.json (steps and ids per rank)")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    for name in ("epochs", "batch_size", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    return args
+
+
+def log(rank: int, message: str) -> None:
+    print(f"[rank {rank}] {message}", flush=True)
+
+
+def check_epoch(steps: list, expected_steps: int, ids: list, padding: list, *, matching_rows: int,
+                batch_size: int, policy: str) -> list:
+    """(name, ok, detail) for G1 and G2 over every rank's delivered ids of one epoch. Pure: no collective."""
+    world = len(steps)
+    checks = [("equal steps", all(s == expected_steps for s in steps),
+               f"steps per rank {steps}, len(loader)={expected_steps}")]
+    sizes = [len(i) for i in ids]
+    checks.append(("full batches", all(n == s * batch_size for n, s in zip(sizes, steps)),
+                   f"rows per rank {sizes}, batch_size={batch_size}"))
+    all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    flags = np.concatenate(padding) if padding else np.zeros(0, bool)
+    real = all_ids[~flags]
+    unique = np.unique(real)
+    duplicates = len(real) - len(unique)
+    checks.append(("no id twice", duplicates == 0,
+                   f"{len(real)} non-padding ids, {duplicates} repeated, {int(flags.sum())} padding rows"))
+    pad_outside = np.setdiff1d(all_ids[flags], unique)
+    checks.append(("padding repeats delivered rows", len(pad_outside) == 0,
+                   f"{len(pad_outside)} padding ids that no non-padding row carries"))
+    missing = matching_rows - len(unique)
+    limit = 0 if policy == "pad" else world * batch_size - 1
+    checks.append(("coverage", 0 <= missing <= limit,
+                   f"{len(unique)} of {matching_rows} matching rows delivered, {missing} left out "
+                   f"(allowed 0..{limit} with policy {policy!r}, world={world}, batch_size={batch_size})"))
+    return checks
+
+
+def report(rank: int, epoch: int, checks: list) -> list:
+    """Rank 0 prints every check; all ranks return the failed ones."""
+    if rank == 0:
+        for name, ok, detail in checks:
+            print(f"CHECK epoch {epoch} {name}: {'OK' if ok else 'FAILED'} ({detail})", flush=True)
+    return [(epoch, name) for name, ok, _ in checks if not ok]
+
+
+def write_epoch(folder: str, epoch: int, steps_per_epoch: int, batch_size: int, gathered: list) -> None:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"epoch{epoch}.json"), "w") as out:
+        json.dump({"epoch": epoch, "world": len(gathered), "batch_size": batch_size,
+                   "steps_per_epoch": steps_per_epoch, "steps": [g[0] for g in gathered],
+                   "ids": [g[1].tolist() for g in gathered], "padding": [g[2].tolist() for g in gathered]}, out)
+
+
+def build_model(width: int, seed: int) -> nn.Module:
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    return nn.Sequential(nn.Linear(width, 32), nn.ReLU(), nn.Linear(32, NUM_CLASSES))
+
+
+def features(batch: dict, column: str, device) -> tuple:
+    x = batch[column].to(device=device, dtype=torch.float32).reshape(len(batch["id"]), -1)
+    y = batch["label"].to(device=device, dtype=torch.int64) % NUM_CLASSES
+    return x, y
+
+
+def train_epoch(loader, model, optimizer, column: str, device) -> tuple:
+    """One epoch: (steps taken, ids delivered, their padding flags, mean loss). ``model``/``optimizer`` may be
+    None to only read (the data path without a framework)."""
+    steps, ids, pads, loss_sum = 0, [], [], 0.0
+    for batch in loader:
+        if model is not None:
+            x, y = features(batch, column, device)
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item()
+        ids.append(batch["id"].numpy().astype(np.int64))
+        pads.append(batch["_padding"].numpy().astype(bool))
+        steps += 1
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    pads = np.concatenate(pads) if pads else np.zeros(0, bool)
+    return steps, ids, pads, loss_sum / max(steps, 1)
+
+
+def gather(obj, world: int) -> list:
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(build_parser(__doc__.split("\n\n")[0]), argv)
+    who = World.detect()  # torchrun env before init; a missing environment is an error, never rank 0
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", who.rank % torch.cuda.device_count())))
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=who.rank, world_size=who.size,
+                            timeout=datetime.timedelta(seconds=args.pg_timeout))
+    rank, world = who.rank, who.size
+
+    plan = load_plan(args.plan)  # checked against the dataset once per rank (G7)
+    column, width = FEATURES[plan.catalog.kind]
+    loader = make_loader(rank, world, plan=plan, batch_size=args.batch_size, shuffle=True,
+                         workers_count=args.workers, schema_fields=["id", column, "label"], padding_mask=True)
+    model = DistributedDataParallel(build_model(width, plan.seed).to(device),
+                                    device_ids=[device.index] if cuda else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    log(rank, f"world={world} plan world_size={plan.world_size} policy={plan.policy} matching_rows="
+              f"{plan.total_rows} batch_size={args.batch_size} steps_per_epoch={len(loader)} backend="
+              f"{dist.get_backend()}")
+
+    failed = []
+    started = time.monotonic()
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        steps, ids, pads, loss = train_epoch(loader, model, optimizer, column, device)
+        log(rank, f"epoch {epoch}: steps={steps} rows={len(ids)} mean loss={loss:.4f}")
+        gathered = gather((steps, ids, pads), world)
+        # Every rank judges the same gathered data with the same pure function, so all agree on the exit code.
+        checks = check_epoch([g[0] for g in gathered], len(loader), [g[1] for g in gathered],
+                             [g[2] for g in gathered], matching_rows=plan.total_rows, batch_size=args.batch_size,
+                             policy=plan.policy)
+        failed += report(rank, epoch, checks)
+        if rank == 0 and args.ids_out:
+            write_epoch(args.ids_out, epoch, len(loader), args.batch_size, gathered)
+
+    elapsed = time.monotonic() - started
+    loader.close()  # join the reader threads before the process group goes away
+    del model, optimizer
+    dist.barrier()  # nobody tears down connections while a peer may still be sending
+    dist.destroy_process_group()
+    if rank == 0:
+        print(("ALL CHECKS PASSED" if not failed else f"CHECKS FAILED: {failed}")
+              + f" ({args.epochs} epochs, world={world}, {elapsed:.1f} s)", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
