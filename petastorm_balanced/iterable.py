@@ -44,6 +44,7 @@ class BalancedIterableDataset(_Base):
                                    padding_mask=padding_mask)
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
+        self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
 
     plan = property(lambda self: self._settings.plan)
     rank = property(lambda self: self._settings.rank)
@@ -62,9 +63,9 @@ class BalancedIterableDataset(_Base):
         info = torch.utils.data.get_worker_info()
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         epoch, done = self._position.current()
-        return self._slot(epoch, done, num_workers, worker)
+        return self._slot(epoch, done, num_workers, worker, self._numpy_out)
 
-    def _slot(self, epoch, done, num_workers, worker):
+    def _slot(self, epoch, done, num_workers, worker, numpy_out):
         settings = self._settings
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers) if f.worker == slot]
@@ -73,7 +74,10 @@ class BalancedIterableDataset(_Base):
                                       shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
                                       batches_done=(done + worker) // num_workers)
         for batch in batches:
-            yield to_torch(batch, settings.padding_mask)
+            if numpy_out:  # BalancedDataLoader makes the tensors in the main process
+                yield {k: v for k, v in batch.items() if k != stream.PADDING or settings.padding_mask}
+            else:
+                yield to_torch(batch, settings.padding_mask)
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next; a position loaded for the same epoch is kept (see ``BalancedLoader.set_epoch``)."""
@@ -120,6 +124,11 @@ class BalancedDataLoader(_Loader):
                 raise ValueError(f"{name}={kwargs[name]!r} is not accepted: the dataset yields whole, planned batches "
                                  f"in a fixed order (leave {name} at {allowed!r})")
             kwargs.pop(name, None)
+        # Tensors cross from DataLoader workers through one shared-memory segment each, which costs far more than
+        # pickling a batch's small numpy arrays; so workers send numpy and tensors are made here (zero copy).
+        self._tensors_here = kwargs.get("collate_fn") is None and not kwargs.get("pin_memory", False)
+        if self._tensors_here:
+            kwargs["collate_fn"] = _as_is
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
 
     def __iter__(self):
@@ -132,9 +141,13 @@ class BalancedDataLoader(_Loader):
         # Workers copy the dataset while the base iterator starts: they must see the position this iteration
         # starts at (the pending one; a new iter() never continues an abandoned one), and read it eagerly.
         dataset._position.live = None
-        batches = super().__iter__()
+        dataset._numpy_out = self._tensors_here
+        try:
+            batches = super().__iter__()
+        finally:
+            dataset._numpy_out = False
         run = dataset._position.begin()
-        return _Counted(batches, run)
+        return _Counted(batches, run, self._tensors_here)
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -146,9 +159,13 @@ class BalancedDataLoader(_Loader):
         self.dataset.load_state_dict(state)
 
 
+def _as_is(batch):
+    return batch
+
+
 class _Counted:
-    def __init__(self, batches, run):
-        self._batches, self._run = batches, run
+    def __init__(self, batches, run, to_tensors):
+        self._batches, self._run, self._to_tensors = batches, run, to_tensors
 
     def __iter__(self):
         return self
@@ -156,7 +173,7 @@ class _Counted:
     def __next__(self):
         batch = next(self._batches)
         self._run[1] += 1
-        return batch
+        return to_torch(batch, True) if self._to_tensors else batch
 
     def __len__(self):
         return len(self._batches)

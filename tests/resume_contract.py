@@ -2,6 +2,7 @@
 
 ``make()`` builds a fresh loader; ``next_epoch(loader)`` starts its next iteration (``iter(loader)``, or
 ``iter(dataloader)`` for a DataLoader wrapper). The loader has ``state_dict``/``load_state_dict``/``set_epoch``.
+``cuts`` are the batch counts to save at; ``c <= 0`` counts from the end (0: the whole epoch, -1: all but one).
 A batch is compared by its ids and padding flags, so "the same batch" means the same rows in the same order.
 
 Checked, against an uninterrupted run of ``epochs`` epochs:
@@ -33,7 +34,8 @@ def check_resume_contract(make, next_epoch, *, epochs: int = 3, cuts=None) -> No
     assert all(len(epoch) == steps for epoch in reference), "every epoch has the same number of batches"
     assert reference[0] != reference[1], "consecutive epochs must differ (G5)"
 
-    cuts = sorted(set(cuts or [1, steps // 3, steps // 2, steps - 1, steps]))
+    # cuts <= 0 count from the end of the epoch: 0 is the whole epoch, -1 its last batch
+    cuts = sorted({c if c > 0 else steps + c for c in (cuts or [1, steps // 3, steps // 2, -1, 0])})
     for epoch in range(min(2, epochs - 1)):  # inside the first epoch, and across into the next one
         for cut in cuts:
             loader = make()

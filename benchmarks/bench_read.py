@@ -1,0 +1,211 @@
+"""Read throughput, decode work, memory and resume latency of make_loader, measured beside Petastorm.
+
+Not a test: run it standalone (``python benchmarks/bench_read.py``); every ratio compares figures measured in the
+same process, on the same rows, with the same worker count.
+
+- rows/s: raw pyarrow ``read_row_group`` + numpy (one thread, every row group) vs Petastorm
+  ``make_batch_reader`` + ``petastorm.pytorch.BatchedDataLoader`` (unshuffled, and with a shuffling queue) vs
+  ``make_loader`` (unshuffled, and with a shuffle window of the same size). World size 1, so all three read
+  every row group of the dataset. Numeric columns only: BatchedDataLoader cannot batch strings.
+- rows decoded per row delivered, for a plan with a predicate (plain) and a Petastorm dataset with codecs.
+- peak RSS of one rank reading a whole epoch, for the dataset and one ``--scale`` times larger (subprocesses).
+- time to the first batch after resuming at 90% of an epoch, against a fresh start.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+warnings.simplefilter("ignore")
+
+NUMERIC = ["id", "value", "label"]
+
+
+def dataset(path, rows, seed=7, kind="plain"):
+    from petastorm_balanced import datagen
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "_SUCCESS")):
+        return "file://" + path
+    files = max(4, rows // 20_000)
+    make = datagen.make_petastorm_dataset if kind == "petastorm" else datagen.make_plain_dataset
+    return make(path, num_files=files, total_rows=rows, seed=seed, min_row_group_rows=500,
+                max_row_group_rows=20_000).url
+
+
+def best_of(repeats, fn):
+    """(best rows/s, rows) over ``repeats`` runs of ``fn`` (which returns the rows it delivered)."""
+    best, rows = 0.0, 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        rows = fn()
+        best = max(best, rows / (time.perf_counter() - start))
+    return best, rows
+
+
+def raw_pyarrow(plan):
+    import pyarrow.parquet as pq
+    from petastorm_balanced import fs as fsutil
+    filesystem, root = fsutil.resolve(plan.dataset_url)
+    rows = 0
+    for group in plan.catalog.row_groups:
+        table = pq.ParquetFile(f"{root}/{group.path}").read_row_group(group.row_group, columns=NUMERIC)
+        columns = [table.column(c).to_numpy() for c in NUMERIC]
+        rows += len(columns[0])
+    return rows
+
+
+def petastorm_batched(url, workers, batch, queue):
+    from petastorm import make_batch_reader
+    from petastorm.pytorch import BatchedDataLoader
+    rows = 0
+    with make_batch_reader(url, schema_fields=NUMERIC, workers_count=workers, num_epochs=1,
+                           shuffle_row_groups=queue > 0) as reader:
+        for b in BatchedDataLoader(reader, batch_size=batch, shuffling_queue_capacity=queue):
+            rows += len(b["id"])
+    return rows
+
+
+def balanced(plan, workers, batch, shuffle, window, columns=NUMERIC, pool="thread"):
+    from petastorm_balanced import make_loader
+    rows = 0
+    for b in make_loader(0, 1, plan=plan, batch_size=batch, workers_count=workers, shuffle=shuffle,
+                         shuffle_window=window, schema_fields=columns, reader_pool_type=pool):
+        rows += len(b["id"])
+    return rows
+
+
+def throughput(url, args):
+    from petastorm_balanced import plan_shards
+    plan = plan_shards(url, 1, batch_size=args.batch, engine="local")
+    r = args.repeats
+    out = {"rows": plan.total_rows, "row_groups": len(plan.catalog.row_groups), "workers": args.workers,
+           "batch_size": args.batch, "shuffle_rows": args.window}
+    out["raw_pyarrow"], _ = best_of(r, lambda: raw_pyarrow(plan))
+    out["petastorm"], _ = best_of(r, lambda: petastorm_batched(url, args.workers, args.batch, 0))
+    out["petastorm_shuffled"], _ = best_of(r, lambda: petastorm_batched(url, args.workers, args.batch, args.window))
+    out["balanced"], _ = best_of(r, lambda: balanced(plan, args.workers, args.batch, False, args.window))
+    out["balanced_shuffled"], _ = best_of(r, lambda: balanced(plan, args.workers, args.batch, True, args.window))
+    out["balanced_all_columns_shuffled"], _ = best_of(
+        r, lambda: balanced(plan, args.workers, args.batch, True, args.window, columns=None))
+    out["ratio_vs_petastorm"] = out["balanced"] / out["petastorm"]
+    out["ratio_vs_petastorm_shuffled"] = out["balanced_shuffled"] / out["petastorm_shuffled"]
+    out["ratio_vs_raw_pyarrow"] = out["balanced"] / out["raw_pyarrow"]
+    out["ratio_shuffled_vs_raw_pyarrow"] = out["balanced_shuffled"] / out["raw_pyarrow"]
+    return out
+
+
+def decode_work(plain_url, petastorm_url, args):
+    """Rows turned into arrays (plain) or through codecs (Petastorm) per row delivered, with a predicate plan."""
+    from petastorm.codecs import NdarrayCodec
+    from petastorm.predicates import in_lambda
+    from petastorm_balanced import fragments, make_loader, plan_shards
+    english = in_lambda(["lang"], lambda lang: lang == "en")
+    out = {}
+    converted = []
+    original_to_columns = fragments.to_columns
+
+    def counting_to_columns(table, fields=None):
+        converted.append(table.num_rows)
+        return original_to_columns(table, fields)
+
+    calls = [0]
+    original_decode = NdarrayCodec.decode
+
+    def counting_decode(self, field, value):
+        calls[0] += 1
+        return original_decode(self, field, value)
+
+    fragments.to_columns, NdarrayCodec.decode = counting_to_columns, counting_decode
+    try:
+        import petastorm_balanced.stream as stream_module
+        stream_module.fr.to_columns = counting_to_columns
+        plan = plan_shards(plain_url, 2, batch_size=args.batch, predicate=english, engine="local")
+        delivered = sum(len(b["id"]) for b in make_loader(0, 2, plan=plan, workers_count=args.workers))
+        out["plain_predicate_rows_converted_per_row_delivered"] = sum(converted) / delivered
+        out["plain_predicate_matching_fraction"] = plan.total_rows / plan.catalog.scanned_rows
+        plan = plan_shards(petastorm_url, 2, batch_size=args.batch, predicate=english, engine="local")
+        delivered = sum(len(b["id"]) for b in make_loader(0, 2, plan=plan, workers_count=args.workers,
+                                                           schema_fields=["id", "vec", "image"]))
+        out["petastorm_codec_rows_decoded_per_row_delivered"] = calls[0] / 2 / delivered  # vec and image
+    finally:
+        fragments.to_columns, NdarrayCodec.decode = original_to_columns, original_decode
+        stream_module.fr.to_columns = original_to_columns
+    return out
+
+
+def peak_rss(url, args):
+    """ru_maxrss (MiB) of a child process reading one rank's epoch."""
+    code = ("import sys, resource, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, %r)\n"
+            "from petastorm_balanced import plan_shards, make_loader\n"
+            "plan = plan_shards(%r, 2, batch_size=%d, engine='local')\n"
+            "n = sum(len(b['id']) for b in make_loader(0, 2, plan=plan, workers_count=%d, shuffle_window=%d))\n"
+            "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+            % (ROOT, url, args.batch, args.workers, args.window))
+    rows, kib = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                               text=True).stdout.split()
+    return int(rows), int(kib) / 1024
+
+
+def resume_latency(url, args):
+    from petastorm_balanced import make_loader, plan_shards
+    plan = plan_shards(url, 2, batch_size=args.batch, engine="local")
+    loader = make_loader(0, 2, plan=plan, workers_count=args.workers, shuffle_window=args.window)
+    resume_at = int(len(loader) * 0.9)
+
+    def first_batch(state=None):
+        if state is not None:
+            loader.load_state_dict(state)
+        else:
+            loader.set_epoch(0)
+        start = time.perf_counter()
+        next(iter(loader))
+        elapsed = time.perf_counter() - start
+        loader.close()
+        return elapsed
+
+    state = {**loader.state_dict(), "batches": resume_at}
+    fresh = min(first_batch() for _ in range(args.repeats + 2))
+    resumed = min(first_batch(state) for _ in range(args.repeats + 2))
+    return {"steps": len(loader), "resume_at_batch": resume_at, "fresh_first_batch_s": fresh,
+            "resumed_first_batch_s": resumed, "ratio_resumed_vs_fresh": resumed / fresh}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=250_000)
+    parser.add_argument("--scale", type=int, default=10, help="RSS check: the larger dataset is this many times larger")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--window", type=int, default=10_000, help="shuffle window / shuffling queue rows")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", default=None, help="keep generated datasets here between runs")
+    parser.add_argument("--skip-rss", action="store_true")
+    args = parser.parse_args(argv)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="bench_read_")
+    os.makedirs(workdir, exist_ok=True)
+    url = dataset(os.path.join(workdir, f"plain_{args.rows}"), args.rows)
+    results = {"throughput": throughput(url, args)}
+    pet_url = dataset(os.path.join(workdir, f"petastorm_{args.rows // 10}"), args.rows // 10, kind="petastorm")
+    results["decode"] = decode_work(url, pet_url, args)
+    results["resume"] = resume_latency(url, args)
+    if not args.skip_rss:
+        big = dataset(os.path.join(workdir, f"plain_{args.rows * args.scale}"), args.rows * args.scale, seed=8)
+        (small_rows, small_mib), (big_rows, big_mib) = peak_rss(url, args), peak_rss(big, args)
+        results["rss"] = {"rows_read_1x": small_rows, "peak_rss_mib_1x": small_mib, "rows_read_big": big_rows,
+                          "peak_rss_mib_big": big_mib, "scale": args.scale, "ratio_big_vs_1x": big_mib / small_mib}
+    print(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
