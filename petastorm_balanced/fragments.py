@@ -160,3 +160,33 @@ class FileCache:
         while len(self._files) > self._size:
             self._files.popitem(last=False)
         return handle
+
+
+def read_error(fragment: Fragment, exc: BaseException) -> Exception:
+    """What to raise when reading ``fragment`` failed with ``exc``: the error, naming the file and row group.
+
+    A missing file is a ``StalePlanError`` (the dataset changed since planning); anything pyarrow or the filesystem
+    raised (a corrupt page, a bad footer, a network error) becomes an ``OSError`` that names where it happened, so
+    the message reaching the training loop (through thread or process pools) says which file to look at.
+    """
+    where = f"row group {fragment.row_group} of {fragment.path!r}"
+    if isinstance(exc, FileNotFoundError):
+        return StalePlanError(f"{fragment.path!r} is gone (removed since planning?) while reading {where}; "
+                              "re-run planning")
+    return OSError(f"reading {where} failed ({type(exc).__name__}: {' '.join(str(exc).split())}); the file is "
+                   "corrupt or changed since planning: check it with `petastorm-balanced verify PLAN_URL`")
+
+
+def unreadable_dataset_error(plan, exc: BaseException) -> Exception:
+    """What to raise when opening the dataset failed with an error naming no file (pyarrow footer errors):
+    ``StalePlanError`` if the listing differs from the plan's, else an ``OSError`` naming the unreadable file."""
+    from .plan_format import check_dataset
+    from .scan import unreadable_file
+    check_dataset(plan)  # raises StalePlanError naming a removed, added or resized file
+    bad = unreadable_file(plan.dataset_url, [f.path for f in plan.catalog.files])
+    if bad is None:
+        return exc if isinstance(exc, Exception) else OSError(str(exc))
+    path, error = bad
+    return OSError(f"{path!r} in {plan.dataset_url} is not a readable Parquet file ({type(error).__name__}: "
+                   f"{' '.join(str(error).split())}); it is corrupt or changed since planning: restore it, or "
+                   "re-run planning without it")

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import stream
 from .plan import ShardPlan
-from .reader import check_petastorm_kwargs, resolve_plan
+from .reader import check_petastorm_kwargs, check_pool_options, resolve_plan
 from .world import World, resolve_world
 
 try:
@@ -73,6 +73,9 @@ class _Settings:
         if isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int) or shuffle_window < 1:
             raise ValueError(f"shuffle_window={shuffle_window!r} must be an int >= 1 (rows per shuffle window)")
         self.steps = self.plan.steps_per_epoch(self.world_size, self.batch_size)  # checks batch_size too
+        if self.plan.total_rows < self.world_size * self.batch_size:  # the balancer would refuse it at iteration
+            raise ValueError(f"batch_size={self.batch_size} x world_size={self.world_size} rows per step exceed the "
+                             f"plan's {self.plan.total_rows} matching rows; lower batch_size")
         self.shuffle, self.reshuffle, self.shuffle_window = shuffle, reshuffle, shuffle_window
         self.padding_mask = bool(padding_mask)
         self.columns = stream.dataset_columns(self.plan, schema_fields)
@@ -252,6 +255,7 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     ``filesystem``, ...) pass through; the ones the plan owns are refused with what to do instead.
     """
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
+    check_pool_options(reader_pool_type, workers_count)
     who = resolve_world(rank, world)
     options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
     return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,

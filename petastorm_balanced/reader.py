@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
+import pyarrow as pa
 from petastorm.arrow_reader_worker import ArrowReaderWorker
 from petastorm.cache import NullCache
 from petastorm.py_dict_reader_worker import PyDictReaderWorker, _apply_transform_spec
@@ -99,15 +100,19 @@ class _PlannedWorkerMixin:
         indices = fragment.row_indices()
         if task.shuffle_key is not None:
             indices = indices[window_permutation(len(indices), (*task.shuffle_key, sequence))]
-        if isinstance(self._local_cache, NullCache):
-            handle = self._files().get(piece.path)
-            return fr.read_fragment(handle, fragment, spec, indices=indices)
-        # A cache holds whole row groups (requested columns): the cut stays exact whatever the cache returns.
-        key = "{}:{}:{}:{}".format(hashlib.md5(str(self._dataset_path_or_paths_for_cache).encode()).hexdigest(),
-                                   piece.path, piece.row_group, ",".join(columns))
-        full = Fragment(fragment.path, fragment.row_group, False, 0, 0, fragment.total_rows, fragment.total_rows)
-        table = self._local_cache.get(key, lambda: fr.read_fragment(self._files().get(piece.path), full, spec))
-        return fr._cut(table, indices)
+        try:
+            if isinstance(self._local_cache, NullCache):
+                handle = self._files().get(piece.path)
+                return fr.read_fragment(handle, fragment, spec, indices=indices)
+            # A cache holds whole row groups (requested columns): the cut stays exact whatever the cache returns.
+            key = "{}:{}:{}:{}".format(hashlib.md5(str(self._dataset_path_or_paths_for_cache).encode()).hexdigest(),
+                                       piece.path, piece.row_group, ",".join(columns))
+            full = Fragment(fragment.path, fragment.row_group, False, 0, 0, fragment.total_rows,
+                            fragment.total_rows)
+            table = self._local_cache.get(key, lambda: fr.read_fragment(self._files().get(piece.path), full, spec))
+            return fr._cut(table, indices)
+        except (OSError, pa.ArrowException) as exc:  # name the file and row group (StalePlanError passes as is)
+            raise fr.read_error(fragment, exc) from exc
 
     def _files(self) -> fr.FileCache:
         if getattr(self, "_file_cache", None) is None:
@@ -248,19 +253,16 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
                 hdfs_driver="libhdfs3", storage_options=None, zmq_copy_buffers=True, filesystem=None,
                 pyarrow_serialize=False, max_ahead=None, **ignored) -> BalancedReader:
     """Build the filesystem, cache and pool as Petastorm's factories do, then a ``BalancedReader``."""
-    from petastorm.fs_utils import get_filesystem_and_path_or_paths
     from petastorm.local_disk_cache import LocalDiskCache
-    from petastorm.reader import normalize_dataset_url_or_urls
     from petastorm.reader_impl.pickle_serializer import PickleSerializer
     from petastorm.workers_pool.dummy_pool import DummyPool
     from petastorm.workers_pool.process_pool import ProcessPool
     from petastorm.workers_pool.thread_pool import ThreadPool
 
-    if isinstance(workers_count, bool) or not isinstance(workers_count, int) or workers_count < 1:
-        raise ValueError(f"workers_count={workers_count!r} must be an int >= 1")
-    url = normalize_dataset_url_or_urls(plan.dataset_url)
-    fs, path = get_filesystem_and_path_or_paths(url, hdfs_driver, storage_options=storage_options,
-                                                filesystem=filesystem)
+    check_pool_options(reader_pool_type, workers_count)
+    from .remote import petastorm_filesystem  # s3:// needs a filesystem Petastorm 0.12.1 can list (remote.py)
+    fs, path = petastorm_filesystem(plan.dataset_url, filesystem=filesystem, storage_options=storage_options,
+                                    hdfs_driver=hdfs_driver)
     if cache_type in (None, "null"):
         cache = NullCache()
     elif cache_type == "local-disk":
@@ -278,11 +280,26 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     else:
         raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of 'thread', 'process', 'dummy'")
     unischema = plan.catalog.kind == "petastorm"
-    return BalancedReader(fs, path, fragments=fragments, task=task, plan_files=[f.path for f in plan.catalog.files],
-                          dataset_url=plan.dataset_url, max_ahead=max_ahead, schema_fields=schema_fields,
-                          reader_pool=pool, cache=cache, transform_spec=transform_spec,
-                          worker_class=PlannedPyDictWorker if unischema else PlannedArrowWorker,
-                          is_batched_reader=not unischema)
+    try:
+        return BalancedReader(fs, path, fragments=fragments, task=task,
+                              plan_files=[f.path for f in plan.catalog.files], dataset_url=plan.dataset_url,
+                              max_ahead=max_ahead, schema_fields=schema_fields, reader_pool=pool, cache=cache,
+                              transform_spec=transform_spec,
+                              worker_class=PlannedPyDictWorker if unischema else PlannedArrowWorker,
+                              is_batched_reader=not unischema)
+    except (OSError, pa.ArrowException) as exc:  # Petastorm reads every footer first; pyarrow names no file
+        raise fr.unreadable_dataset_error(plan, exc) from exc
+
+
+POOL_TYPES = ("thread", "process", "dummy")
+
+
+def check_pool_options(reader_pool_type, workers_count) -> None:
+    """Refuse a bad pool choice when the loader or reader is made, not at its first batch."""
+    if isinstance(workers_count, bool) or not isinstance(workers_count, int) or workers_count < 1:
+        raise ValueError(f"workers_count={workers_count!r} must be an int >= 1")
+    if reader_pool_type not in POOL_TYPES:
+        raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of {', '.join(map(repr, POOL_TYPES))}")
 
 
 def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,

@@ -118,3 +118,18 @@ def _check_same_schema(url, files, schemas):
 
 def _relative(path: str, root: str) -> str:
     return path[len(root):].lstrip("/") if root else path
+
+
+def unreadable_file(url: str, paths) -> Optional[Tuple[str, Exception]]:
+    """The first of ``paths`` (relative to ``url``) whose footer cannot be read, with the error; None if all can.
+
+    Used after a read failed with an error that does not say which file (pyarrow's footer errors do not), to name it.
+    """
+    filesystem, root = fsutil.resolve(url)
+    for path in paths:
+        try:
+            with filesystem.open_input_file(f"{root}/{path}") as handle:
+                pq.ParquetFile(handle).metadata  # noqa: B018 - parsing the footer is the check
+        except (pa.ArrowException, OSError) as exc:
+            return path, exc
+    return None

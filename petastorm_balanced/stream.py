@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import fragments as fr
@@ -47,8 +48,11 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
     else:
         filesystem, root = fsutil.resolve(plan.dataset_url)
         first = plan.catalog.row_groups[0].path
-        with filesystem.open_input_file(f"{root}/{first}") as handle:
-            stored = pq.ParquetFile(handle).schema_arrow.names
+        try:
+            with filesystem.open_input_file(f"{root}/{first}") as handle:
+                stored = pq.ParquetFile(handle).schema_arrow.names
+        except (OSError, pa.ArrowException) as exc:
+            raise fr.unreadable_dataset_error(plan, exc) from exc
         names, fields = [n for n in partition_values(first) if n not in stored] + list(stored), None
     names = fr.select_columns(names, schema_fields)
     if PADDING in names:
@@ -93,7 +97,10 @@ def inline_chunks(plan: ShardPlan, columns: Columns) -> Chunks:
         files = fr.FileCache(lambda path: pq.ParquetFile(filesystem.open_input_file(f"{root}/{path}")))
         spec = columns.spec
         for fragment in todo:
-            table = fr.read_fragment(files.get(fragment.path), fragment, spec)
+            try:
+                table = fr.read_fragment(files.get(fragment.path), fragment, spec)
+            except (OSError, pa.ArrowException) as exc:  # name the file and row group
+                raise fr.read_error(fragment, exc) from exc
             yield fragment, fr.to_columns(table, columns.fields)
     return chunks
 
