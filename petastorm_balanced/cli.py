@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import List, Optional
 
 from . import fs as fsutil
@@ -26,6 +27,9 @@ class InputError(Exception):
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    # Petastorm 0.12.1 drives pyarrow's legacy API; its deprecation warnings are noise a CLI user cannot act on.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
         return args.run(args)
     except (InputError, PlanError, ValueError, TypeError, FileNotFoundError, ImportError) as exc:
@@ -67,7 +71,9 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify import Check, plan_checks, read_checks
+    from .verify import Check, ReadCheck, plan_checks
+    if args.id_column and not args.read:
+        raise InputError("--id-column only applies to --read; add --read")
     url = fsutil.normalize_url(args.plan_url)
     _require_plan(url)
     try:
@@ -78,15 +84,18 @@ def cmd_verify(args) -> int:
     checks = [Check("plan integrity", True, f"checksum {plan.checksum[:12]}, files match plan.json")]
     checks += plan_checks(plan, epochs=args.epochs, batch_size=args.batch_size)
     stale = not checks[1].ok
+    reads = None
+    if args.read and not stale:  # built before any output, so a bad --id-column is bad input, not half a report
+        reads = ReadCheck(plan, batch_size=args.batch_size, id_column=args.id_column)
     for c in checks:
         print(c.line())
     if args.read and stale:
         print("skipped --read: the dataset changed since planning")
-    elif args.read:
+    elif reads is not None:
         with Progress(f"reading {plan.world_size} ranks x {args.epochs} epoch(s)",
                       plan.world_size * args.epochs) as bar:
             try:
-                read = read_checks(plan, epochs=args.epochs, batch_size=args.batch_size, progress=bar)
+                read = reads.run(epochs=args.epochs, progress=bar)
             except (PlanError, OSError) as exc:
                 read = [Check("rows readable as planned", False, _one_line(exc))]
         for c in read:
@@ -135,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--read", action="store_true", help="read every rank's rows and check G1 and G2 on them")
     p.add_argument("--epochs", type=_positive, default=1, metavar="N", help="epochs to check (default 1)")
     p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
+    p.add_argument("--id-column", metavar="COL", help="with --read: read through make_loader (needs torch) and "
+                   "identify rows by this unique column instead of by position")
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser("compare", help="Petastorm's cur_shard/shard_count per-rank counts beside a balanced plan")

@@ -4,8 +4,9 @@
 and for every epoch asked the assignment gives every rank the same steps (G1), never gives a row twice and leaves
 out fewer than ``world_size x batch_size`` rows (G2), and splits at most ``slots - 1`` row groups (G3).
 
-``read_checks`` reads every rank's rows as the loader would (whole row group, then the planned positions) and
-checks G1 and G2 again on what was read, against ground truth taken from the data files: with no predicate every
+``read_checks`` reads every rank's rows (with pyarrow as the loader would: whole row group, then the planned
+positions; or through ``make_loader`` itself, identified by a unique column) and checks G1 and G2 again on what
+was read, against ground truth taken from the data files: with no predicate every
 row of every file must be delivered (``pad``) or all but fewer than ``world_size x batch_size`` (``drop``). A
 predicate is not stored in the plan in runnable form, so with one the rows are checked against the plan's
 catalog (that they exist, are in range, and are each delivered once); the output says so.
@@ -45,27 +46,90 @@ def plan_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] =
 
 
 def read_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] = None,
-                progress: Optional[Callable[[int], None]] = None) -> List[Check]:
-    """Read every rank's rows for ``epochs`` epochs (with pyarrow, as ``(file, row group, position)`` keys)."""
-    batch = batch_size or plan.batch_size or 1
-    reader = _RowReader(plan)
-    expected, source = reader.expected_keys()
-    checks = []
-    for epoch in range(epochs):
-        per_rank = []
-        for rank in range(plan.world_size):
-            keys, padding = [], []
-            for frag in plan.assignment(rank, epoch=epoch, batch_size=batch):
-                got = reader.keys(frag)
-                keys.append(got)
-                padding.append(np.full(len(got), frag.padding))
-            per_rank.append((np.concatenate(keys or [np.zeros(0, np.int64)]),
-                             np.concatenate(padding or [np.zeros(0, bool)])))
-            if progress is not None:
-                progress(1)
-        checks.append(_g1_rows(plan, per_rank, batch, epoch))
-        checks.append(_g2_rows(plan, per_rank, batch, epoch, expected, source))
-    return checks
+                progress: Optional[Callable[[int], None]] = None, id_column: Optional[str] = None) -> List[Check]:
+    """Read every rank's rows for ``epochs`` epochs and check G1 and G2 on them (see ``ReadCheck``)."""
+    return ReadCheck(plan, batch_size=batch_size, id_column=id_column).run(epochs=epochs, progress=progress)
+
+
+class ReadCheck:
+    """G1 and G2 on the rows themselves.
+
+    By default rows are read with pyarrow and identified by ``(file, row group, position)`` keys, which works for
+    any dataset. With ``id_column`` (a column whose values are unique) they are read through ``make_loader``, the
+    way training reads them, batch by batch, and identified by that column's values. Building one checks its
+    inputs (``ValueError``) before any long read starts.
+    """
+
+    def __init__(self, plan: ShardPlan, *, batch_size: Optional[int] = None, id_column: Optional[str] = None):
+        self.plan, self.batch = plan, batch_size or plan.batch_size or 1
+        self.rows = _RowReader(plan)
+        self.expected, self.source = self.rows.expected_keys()
+        self.via = _LoaderRows(plan, self.rows, id_column, self.batch) if id_column else None
+        if self.via is not None:
+            self.expected = self.via.ids_of(self.expected)
+        self.how = (f"make_loader, by {id_column!r}" if id_column else "pyarrow, by (file, row group, position)")
+
+    def run(self, *, epochs: int = 1, progress: Optional[Callable[[int], None]] = None) -> List[Check]:
+        checks = []
+        for epoch in range(epochs):
+            per_rank = []
+            for rank in range(self.plan.world_size):
+                per_rank.append(self.via.rank_rows(rank, epoch) if self.via else self._rank_rows(rank, epoch))
+                if progress is not None:
+                    progress(1)
+            checks.append(_g1_rows(self.plan, per_rank, self.batch, epoch, self.how))
+            checks.append(_g2_rows(self.plan, per_rank, self.batch, epoch, self.expected,
+                                   f"{self.source}; read with {self.how}"))
+        return checks
+
+    def _rank_rows(self, rank: int, epoch: int):
+        """(keys, padding flags, batch sizes) of one rank, in delivery order."""
+        batch, keys, padding = self.batch, [], []
+        for frag in self.plan.assignment(rank, epoch=epoch, batch_size=batch):
+            got = self.rows.keys(frag)
+            keys.append(got)
+            padding.append(np.full(len(got), frag.padding))
+        keys = np.concatenate(keys or [np.zeros(0, np.int64)])
+        sizes = [batch] * (len(keys) // batch) + ([len(keys) % batch] if len(keys) % batch else [])
+        return keys, np.concatenate(padding or [np.zeros(0, bool)]), sizes
+
+
+class _LoaderRows:
+    """Rows as training sees them: ``make_loader`` per rank and epoch, identified by a unique column."""
+
+    def __init__(self, plan: ShardPlan, rows: "_RowReader", column: str, batch: int):
+        self._ids = rows.column(column)  # (rows in files,) the id of every row, indexed by key
+        if len(np.unique(self._ids)) != len(self._ids):
+            raise ValueError(f"--id-column {column!r} has repeated values, so it cannot identify rows; pick a "
+                             "unique column or leave --id-column out to check rows by position")
+        try:
+            from .loader import make_loader
+            from .stream import PADDING
+        except ImportError as exc:
+            raise ValueError(f"--id-column needs the loader and torch ({exc}); leave it out to check rows by "
+                             "position with pyarrow") from None
+        self.plan, self.batch, self.column, self.padding = plan, batch, column, PADDING
+        self._make_loader = make_loader
+
+    def ids_of(self, keys: np.ndarray) -> np.ndarray:
+        return self._ids[keys]
+
+    def rank_rows(self, rank: int, epoch: int):
+        loader = self._make_loader(rank, self.plan.world_size, plan=self.plan, batch_size=self.batch, epoch=epoch,
+                                   schema_fields=[self.column], padding_mask=True)
+        ids, padding, sizes = [], [], []
+        try:
+            for batch in loader:
+                values = np.asarray(batch[self.column])
+                ids.append(values)
+                padding.append(np.asarray(batch[self.padding], dtype=bool))
+                sizes.append(len(values))
+        finally:
+            loader.close()
+        if len(sizes) != len(loader):
+            sizes.append(-1)  # G1 reports it: the loader yielded a different number of batches than it promised
+        empty = np.zeros(0, dtype=self._ids.dtype)
+        return np.concatenate(ids or [empty]), np.concatenate(padding or [np.zeros(0, bool)]), sizes
 
 
 class _RowReader:
@@ -110,6 +174,18 @@ class _RowReader:
         if table.take(positions).num_rows != len(positions):
             raise PlanError(f"{where}: read fewer rows than planned")
         return offset + positions
+
+    def column(self, name: str) -> np.ndarray:
+        """(rows in files,) one column of every row, in key order."""
+        parts = []
+        for path in sorted(self._meta):
+            with self.filesystem.open_input_file(f"{self.root}/{path}") as handle:
+                parquet = pq.ParquetFile(handle, metadata=self._meta[path])
+                if name not in parquet.schema_arrow.names:
+                    raise ValueError(f"--id-column {name!r} is not a stored column of {path!r}; its columns are "
+                                     f"{parquet.schema_arrow.names}")
+                parts.append(parquet.read(columns=[name]).column(name).to_numpy(zero_copy_only=False))
+        return np.concatenate(parts)
 
     def _offset(self, path: str, row_group: int) -> int:
         try:
@@ -180,20 +256,20 @@ def _g3_pieces(pieces: balance.Pieces, epoch: int) -> Check:
                  f"{splits} split row groups, at most {slots - 1} allowed")
 
 
-def _g1_rows(plan: ShardPlan, per_rank, batch: int, epoch: int) -> Check:
+def _g1_rows(plan: ShardPlan, per_rank, batch: int, epoch: int, how: str) -> Check:
     name = f"G1 equal steps, epoch {epoch} (read)"
-    sizes = [len(keys) for keys, _ in per_rank]
-    steps = [n // batch for n in sizes]
     want = plan.steps_per_epoch(plan.world_size, batch)
-    if any(n % batch for n in sizes) or set(steps) != {want}:
-        return Check(name, False, f"ranks read {min(sizes)}..{max(sizes)} rows = {min(steps)}..{max(steps)} full "
-                                  f"batches of {batch}; every rank must read {want} x {batch}")
+    for rank, (_, _, sizes) in enumerate(per_rank):
+        if len(sizes) != want or any(n != batch for n in sizes):
+            short = [n for n in sizes if n != batch]
+            return Check(name, False, f"rank {rank} read {len(sizes)} batches ({len(short)} not of {batch} rows); "
+                                      f"every rank must read {want} x {batch} ({how})")
     return Check(name, True, f"every rank read {want} full batches of {batch} rows")
 
 
 def _g2_rows(plan: ShardPlan, per_rank, batch: int, epoch: int, expected: np.ndarray, source: str) -> Check:
-    real = np.concatenate([keys[~pad] for keys, pad in per_rank])
-    padded = np.concatenate([keys[pad] for keys, pad in per_rank])
+    real = np.concatenate([keys[~pad] for keys, pad, _ in per_rank])
+    padded = np.concatenate([keys[pad] for keys, pad, _ in per_rank])
     unique = np.unique(real)
     duplicates = len(real) - len(unique)
     foreign = len(np.setdiff1d(np.concatenate([unique, padded]), expected))

@@ -135,6 +135,14 @@ def test_bad_usage_exits_2(args, capsys):
     assert exit_.value.code == 2 and "usage:" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory):
+    """A small plan (2 ranks, policy pad) for the slower checks that read through make_loader."""
+    root = tmp_path_factory.mktemp("small")
+    ds = datagen.make_plain_dataset(root / "ds", num_files=4, total_rows=1500, seed=6, max_row_group_rows=300)
+    return plan_shards(ds.path, 2, batch_size=8, policy="pad", engine="local", output_url=str(root / "plan"))
+
+
 @pytest.mark.parametrize("policy", ["drop", "pad"])
 def test_verify_read_passes_on_a_good_plan(plans, policy):
     done = cli("verify", plans[policy], "--read", "--epochs", 2, expect=0)
@@ -170,6 +178,21 @@ def test_verify_read_fails_when_the_plan_drops_a_range(plans, tmp_path, policy, 
     assert "ok    plan integrity" in done.stdout
     assert "FAIL  G2 coverage, epoch 0 (read)" in done.stdout and "checks passed: FAILED" in done.stdout
     assert "ok    G1 equal steps, epoch 0 (read)" in done.stdout
+
+
+def test_verify_read_through_make_loader(small_plan, tmp_path):
+    """--id-column reads as training does (make_loader, batch by batch) and identifies rows by their id."""
+    pytest.importorskip("petastorm_balanced.loader")  # torch
+    from petastorm_balanced.verify import ReadCheck
+    good = ReadCheck(small_plan, id_column="id").run(epochs=2)
+    assert [c.ok for c in good] == [True] * 4 and "make_loader, by 'id'" in good[1].detail
+    with pytest.raises(ValueError, match="repeated values"):
+        ReadCheck(small_plan, id_column="lang")
+    bad = _drop_rows(small_plan, "positions")
+    write_plan(bad, str(tmp_path / "bad"))
+    done = cli("verify", tmp_path / "bad", "--read", "--id-column", "id", expect=1)
+    assert "FAIL  G2 coverage, epoch 0 (read)" in done.stdout and "never delivered" in done.stdout
+    assert "ok    G1 equal steps, epoch 0 (read)" in done.stdout and "make_loader, by 'id'" in done.stdout
 
 
 def test_verify_fails_on_an_edited_or_stale_plan(tmp_path):
