@@ -79,8 +79,9 @@ def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int,
 class WindowBatcher:
     """Turns column chunks pushed in delivery order into batches of exactly ``batch_size`` rows.
 
-    ``key`` is the generator key prefix ``(seed, epoch, rank, slot)``; ``None`` means no shuffling. Memory is one
-    window plus the chunk being pushed.
+    ``key`` is the generator key prefix ``(seed, epoch, rank, slot)``; ``None`` means no shuffling (then every
+    whole batch is handed out as soon as its rows are there, and ``window_rows`` is not used). Memory is one
+    window plus the chunk being pushed. Batches are writable arrays.
     """
 
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
@@ -108,6 +109,11 @@ class WindowBatcher:
                                f"{self._total - self._row} left; the reader delivered more rows than planned")
         self._parts.append(columns)
         self._buffered += rows
+        if self._key is None:  # no permutation: hand out every whole batch buffered, in one take
+            ready = self._buffered - self._buffered % self._batch
+            if ready:
+                yield from self._emit(ready)
+            return
         while not self.done and self._buffered >= min(self._window_rows, self._total - self._row):
             yield from self._emit(min(self._window_rows, self._total - self._row))
 
@@ -122,6 +128,9 @@ class WindowBatcher:
         if self._key is not None:
             order = window_permutation(size, (*self._key, self._window))
             window = {name: values[order] for name, values in window.items()}
+        else:  # batches are writable arrays (torch needs that); one copy per window, not one per batch
+            window = {name: values if values.flags.writeable or values.dtype == object else values.copy()
+                      for name, values in window.items()}
         for begin in range(self._skip, size, self._batch):
             yield {name: values[begin:begin + self._batch] for name, values in window.items()}
         self._skip = 0

@@ -89,10 +89,12 @@ class BalancedIterableDataset(_Base):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``; the DataLoader must have the same number of workers as when it was saved."""
-        if isinstance(state, dict) and self.NUM_WORKERS not in state:
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if self.NUM_WORKERS not in state:
             raise KeyError(f"state is missing [{self.NUM_WORKERS!r}]; pass a dict saved by "
                            "BalancedIterableDataset.state_dict()")
-        workers = state[self.NUM_WORKERS] if isinstance(state, dict) else None
+        workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers})

@@ -251,7 +251,7 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
                 workers_count=10, results_queue_size=50, schema_fields=None, transform_spec=None, cache_type="null",
                 cache_location=None, cache_size_limit=None, cache_row_size_estimate=None, cache_extra_settings=None,
                 hdfs_driver="libhdfs3", storage_options=None, zmq_copy_buffers=True, filesystem=None,
-                pyarrow_serialize=False, max_ahead=None, **ignored) -> BalancedReader:
+                pyarrow_serialize=False, max_ahead=None) -> BalancedReader:
     """Build the filesystem, cache and pool as Petastorm's factories do, then a ``BalancedReader``."""
     from petastorm.local_disk_cache import LocalDiskCache
     from petastorm.reader_impl.pickle_serializer import PickleSerializer
