@@ -5,13 +5,17 @@ The kill tests run the writer as a real subprocess that pauses at a named step (
 served as a plan, and that re-running planning at the same URL succeeds.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
+import pyarrow.parquet as pq
 import pytest
 
-from petastorm_balanced import PlanError, load_plan, plan_shards, remote
+from petastorm_balanced import (BalancedIterableDataset, PlanError, StalePlanError, datagen, load_plan, make_loader,
+                                plan_shards, remote)
 from petastorm_balanced.plan_format import TEST_PAUSE_ENV
 from tests.s3_server import s3, s3_server  # noqa: F401 - fixtures
 
@@ -71,3 +75,108 @@ def test_s3_plan_write_killed_at_each_step_is_never_loadable(s3, plain_dataset):
     # One step (each writer costs ~3 s of interpreter start here); the local test covers every step.
     _check_kill_points(s3.join("ds"), s3.join("plan"), ["assignment.parquet"])
     assert not [k for k in s3.keys("plan") if k.endswith(".tmp")]  # object stores publish each PUT whole
+
+
+# --- reader faults -------------------------------------------------------------------------------------------------
+
+RANKS = 2
+THREAD_DEADLINE_S = 5  # a failing worker must surface within seconds, never hang
+PROCESS_DEADLINE_S = 60  # includes Petastorm's process pool start (~8-12 s on 2 busy cores)
+
+
+@pytest.fixture
+def small(tmp_path):
+    """A fresh small dataset (this test damages it) and its plan, saved and in memory."""
+    info = datagen.make_plain_dataset(tmp_path / "ds", num_files=3, total_rows=600, seed=4)
+    plan = plan_shards(info.url, RANKS, batch_size=8, engine="local", output_url=str(tmp_path / "plan"))
+    return info, plan, str(tmp_path / "plan")
+
+
+def _owner(plan, path, row_group):
+    """The rank whose epoch-0 assignment reads that row group."""
+    return next(r for r in range(RANKS) if any((f.path, f.row_group) == (path, row_group)
+                                               for f in plan.assignment(r, world_size=RANKS)))
+
+
+def _overwrite(file_path, start, stop, byte=0xFF):
+    """Same size, different bytes: invisible to a listing (path, size), so only reading can find it."""
+    with open(file_path, "r+b") as handle:
+        handle.seek(start)
+        handle.write(bytes([byte]) * (stop - start))
+
+
+def _corrupt_row_group(file_path, row_group):
+    chunk = pq.ParquetFile(file_path).metadata.row_group(row_group).column(0)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    _overwrite(file_path, start, start + chunk.total_compressed_size)
+
+
+def _epoch(plan, rank, **kw):
+    kw.setdefault("workers_count", 2)
+    return [b["id"].numpy() for b in make_loader(rank, RANKS, plan=plan, **kw)]
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_corrupt_row_group_fails_that_rank_quickly_naming_file_and_row_group(small, pool):
+    info, plan, plan_url = small
+    victim = plan.catalog.row_groups[len(plan.catalog.row_groups) // 2]
+    _corrupt_row_group(os.path.join(info.path, victim.path), victim.row_group)
+    plan = load_plan(plan_url)  # same sizes: the listing check cannot see it
+    rank = _owner(plan, victim.path, victim.row_group)
+    start = time.monotonic()
+    with pytest.raises(OSError) as caught:
+        _epoch(plan, rank, reader_pool_type=pool, workers_count=2 if pool == "thread" else 1)
+    elapsed = time.monotonic() - start
+    assert elapsed < (THREAD_DEADLINE_S if pool == "thread" else PROCESS_DEADLINE_S), elapsed
+    message = str(caught.value)
+    assert repr(victim.path) in message and f"row group {victim.row_group}" in message, message
+    if pool == "thread":  # the other rank never reads it and finishes its epoch (one process-pool start is enough)
+        other = _epoch(plan, 1 - rank, reader_pool_type=pool)
+        assert len(other) == plan.steps_per_epoch()
+
+
+def test_corrupt_row_group_in_a_dataloader_worker_names_file_and_row_group(small):
+    torch = pytest.importorskip("torch")
+    info, plan, _ = small
+    victim = plan.catalog.row_groups[0]
+    _corrupt_row_group(os.path.join(info.path, victim.path), victim.row_group)
+    rank = _owner(plan, victim.path, victim.row_group)
+    dataset = BalancedIterableDataset(plan, rank, RANKS, batch_size=8)
+    start = time.monotonic()
+    with pytest.raises(Exception) as caught:  # torch re-raises the worker's error in the main process
+        for _ in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2):
+            pass
+    assert time.monotonic() - start < PROCESS_DEADLINE_S
+    assert repr(victim.path) in str(caught.value) and f"row group {victim.row_group}" in str(caught.value)
+
+
+@pytest.mark.parametrize("given", ["plan object", "plan URL"])
+@pytest.mark.parametrize("change", ["deleted", "rewritten", "truncated"])
+def test_file_changed_after_planning_is_a_stale_plan(small, change, given):
+    info, plan, plan_url = small
+    victim = next(f for f in plan.catalog.files if f.row_group_rows)
+    path = os.path.join(info.path, victim.path)
+    if change == "deleted":
+        os.remove(path)
+    elif change == "rewritten":  # same rows, other row groups
+        table = pq.read_table(path)
+        pq.write_table(table, path, row_group_size=max(1, table.num_rows // 3))
+    else:
+        with open(path, "r+b") as handle:
+            handle.truncate(victim.size // 2)
+    with pytest.raises(StalePlanError, match=re.escape(repr(victim.path))):
+        for rank in range(RANKS):
+            _epoch(plan if given == "plan object" else plan_url, rank)
+
+
+@pytest.mark.parametrize("given", ["plan object", "plan URL"])
+def test_corrupt_footer_is_a_clear_error_naming_the_file(small, given):
+    info, plan, plan_url = small
+    victim = plan.catalog.files[-1]
+    path = os.path.join(info.path, victim.path)
+    with open(path, "rb") as handle:
+        handle.seek(-8, os.SEEK_END)
+        footer = int.from_bytes(handle.read(4), "little")
+    _overwrite(path, victim.size - 8 - footer, victim.size - 8, byte=0xAB)
+    with pytest.raises(OSError, match=re.escape(repr(victim.path)) + ".*not a readable Parquet file"):
+        _epoch(plan if given == "plan object" else plan_url, 0)
