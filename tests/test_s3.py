@@ -115,3 +115,38 @@ def test_wrapper_lists_like_the_local_disk(s3, hive_dataset):
     import pickle
     again = pickle.loads(pickle.dumps(wrapper))  # Petastorm's process pool ships the filesystem to workers
     assert sorted(again.ls(root)) == sorted(wrapper.ls(root))
+
+
+def _check_epoch(plan, batches_by_rank, world):
+    """G1 and G2 (drop) on the rows themselves."""
+    steps = plan.steps_per_epoch(world)
+    assert [len(b) for b in batches_by_rank] == [steps] * world
+    ids = np.concatenate([np.concatenate(b) for b in batches_by_rank])
+    assert all(len(x) == plan.batch_size for b in batches_by_rank for x in b)
+    assert len(np.unique(ids)) == len(ids)  # nothing delivered twice
+    assert plan.total_rows - len(ids) < world * plan.batch_size  # fewer than one global batch left out
+
+
+def test_loader_reads_an_s3_plan_on_every_rank(s3, plain_on_s3):
+    from petastorm_balanced import make_loader
+    plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="local", output_url=s3.join("plan"))
+    plan = load_plan(s3.join("plan"))
+    batches = [[b["id"].numpy() for b in make_loader(rank, WORLD, plan=s3.join("plan"), workers_count=2)]
+               for rank in range(WORLD)]
+    _check_epoch(plan, batches, WORLD)
+
+
+def test_process_pool_and_dataloader_workers_read_s3(s3, petastorm_dataset):
+    """The S3 filesystem crosses process boundaries: Petastorm's process pool, torch DataLoader workers."""
+    torch = pytest.importorskip("torch")
+    from petastorm_balanced import BalancedIterableDataset, make_loader
+    remote.upload_folder(petastorm_dataset.path, s3.join("pet"))
+    plan = plan_shards(s3.join("pet"), 2, batch_size=BATCH, engine="local")
+    by_pool = [b["id"].numpy() for b in make_loader(0, 2, plan=plan, reader_pool_type="process", workers_count=1,
+                                                    schema_fields=["id", "vec"])]
+    by_thread = [b["id"].numpy() for b in make_loader(0, 2, plan=plan, schema_fields=["id", "vec"])]
+    assert [list(b) for b in by_pool] == [list(b) for b in by_thread]  # G4 across pool types, on S3
+    dataset = BalancedIterableDataset(plan, 1, 2, batch_size=BATCH, schema_fields=["id", "vec"])
+    rank1 = [b["id"].numpy() for b in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                                                   timeout=60)]
+    _check_epoch(plan, [by_pool, rank1], 2)
