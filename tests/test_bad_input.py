@@ -88,7 +88,6 @@ class Case:
 
 
 def _loader(i, **kw):
-    pytest.importorskip("petastorm_balanced.loader")  # TEMPORARY until loader.py lands
     kw.setdefault("plan", i.plan)
     kw.setdefault("batch_size", BATCH)
     rank, world = kw.pop("rank", 0), kw.pop("world", WORLD)
