@@ -28,7 +28,7 @@ import pyarrow.filesystem as legacyfs
 
 from . import fs as fsutil
 
-S3_SCHEMES = ("s3", "s3a", "s3n")
+S3_SCHEMES = ("s3", "s3a")
 
 
 class PetastormSource(NamedTuple):
@@ -93,7 +93,7 @@ def petastorm_source(url, **storage_options) -> PetastormSource:
         parsed = urlparse(url)
         return PetastormSource(url, None, parsed.path)
     clean = strip_query(url)
-    if urlparse(clean).scheme != "s3":  # s3a/s3n are Hadoop spellings; s3fs and Petastorm know s3://
+    if urlparse(clean).scheme != "s3":  # s3a is the Hadoop spelling; s3fs and Petastorm know s3://
         clean = "s3://" + clean.split("://", 1)[1]
     return PetastormSource(clean, S3FSWrapper(s3fs_filesystem(url, **storage_options)), s3_path(url))
 
