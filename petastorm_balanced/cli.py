@@ -50,11 +50,16 @@ def cmd_plan(args) -> int:
                            output_url=args.output, progress=bar)
     from .report import compare_report
     r = compare_report(plan)
+    if plan.batch_size is None:
+        shape = (f"no batch size (the loader's decides the steps): {r['rows_per_rank']} rows per rank, dropped "
+                 f"{r['dropped_rows']}, padded {r['padded_rows']}")
+    else:
+        shape = (f"batch_size {plan.batch_size}: {r['steps_per_epoch']} steps per rank, dropped {r['dropped_rows']}"
+                 f", padded {r['padded_rows']}; Petastorm would give {r['petastorm']['min_steps']}.."
+                 f"{r['petastorm']['max_steps']} steps")
     print(f"planned {r['matching_rows']} matching rows of {r['scanned_rows']} ({r['row_groups']} row groups) for "
-          f"world_size {plan.world_size}, batch_size {plan.batch_size}: {r['steps_per_epoch']} steps per rank, "
-          f"dropped {r['dropped_rows']}, padded {r['padded_rows']}; Petastorm would give "
-          f"{r['petastorm']['min_steps']}..{r['petastorm']['max_steps']} steps -> "
-          f"{fsutil.normalize_url(args.output)} (checksum {plan.checksum[:12]})")
+          f"world_size {plan.world_size}, {shape} -> {fsutil.normalize_url(args.output)} "
+          f"(checksum {plan.checksum[:12]})")
     return OK
 
 

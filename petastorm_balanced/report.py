@@ -16,6 +16,8 @@ from .plan import ShardPlan
 from .plan_format import split_row_groups
 
 JSON_VERSION = 1
+_BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)",
+               "none": "(the plan has none, so rows are counted one by one; pass --batch-size)"}
 
 
 def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] = None, epoch: int = 0,
@@ -28,7 +30,7 @@ def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] 
         "json_version": JSON_VERSION,
         "plan_url": plan_url,
         **_header(plan.dataset_url, plan.predicate.kind, plan.predicate.text, world, batch, plan.policy, plan.seed),
-        "batch_size_from": "argument" if batch_size else ("plan" if plan.batch_size else "none (rows)"),
+        "batch_size_from": "argument" if batch_size else ("plan" if plan.batch_size else "none"),
         "epoch": epoch,
         "workers": num_workers,
         "worker_steps": balance.worker_steps(pieces.steps_per_rank, num_workers).tolist(),
@@ -110,7 +112,7 @@ def petastorm_report(catalog: Catalog, world_size: int, batch_size: int) -> dict
 def format_inspect(report: dict) -> str:
     lines = _title(report) + [
         f"epoch {report['epoch']}, {report['workers']} worker(s) per rank (steps per worker "
-        f"{report['worker_steps']}), batch_size {report['batch_size']} ({report['batch_size_from']})",
+        f"{report['worker_steps']}), batch_size {report['batch_size']} " + _BATCH_FROM[report["batch_size_from"]],
         _totals_line(report), "",
         _row("rank", "rows", "steps", "padded", "row_groups", "split", "rows_read", "read_amp"),
     ]
