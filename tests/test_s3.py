@@ -150,3 +150,23 @@ def test_process_pool_and_dataloader_workers_read_s3(s3, petastorm_dataset):
     rank1 = [b["id"].numpy() for b in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
                                                                    timeout=60)]
     _check_epoch(plan, [by_pool, rank1], 2)
+
+
+def test_cli_plans_and_inspects_on_s3(s3, plain_on_s3):
+    import json
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import sys; from petastorm_balanced.cli import main; "
+              "rc = main(sys.argv[1:5] + ['--world-size', '3', '--batch-size', '16', '--engine', 'local']); "
+              "rc = rc or main(['inspect', sys.argv[4], '--json']); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", script, "plan", plain_on_s3, "--output", s3.join("plan")],
+                          cwd=repo, env=dict(os.environ, PYTHONPATH=repo, PYTHONWARNINGS="ignore"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout[done.stdout.index("{"):])
+    plan = load_plan(s3.join("plan"))
+    assert plan.dataset_url == plain_on_s3 and plan.world_size == 3
+    assert report["dataset_url"] == plain_on_s3 and report["plan_url"] == s3.join("plan")
+    assert [r["steps"] for r in report["ranks"]] == [plan.steps_per_epoch()] * 3
