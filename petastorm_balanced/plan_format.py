@@ -98,7 +98,7 @@ def read_plan(plan_url: str) -> ShardPlan:
     filesystem, root = fsutil.resolve(url)
     raw = _get(filesystem, f"{root}/{PLAN_JSON}", url)
     try:
-        document = json.loads(raw)
+        document = json.loads(raw.to_pybytes())
         if not isinstance(document, dict):
             raise ValueError("not an object")
     except (ValueError, UnicodeDecodeError) as exc:
@@ -125,7 +125,10 @@ def check_dataset(plan: ShardPlan, *, footers: bool = False) -> None:
     """
     from .scan import list_data_files, scan
     if footers:
-        current = {f.path: f for f in scan(plan.dataset_url).files}
+        try:
+            current = {f.path: f for f in scan(plan.dataset_url).files}
+        except ValueError as exc:  # gone, emptied, or a file no longer readable as Parquet
+            raise StalePlanError(f"the plan's dataset changed since planning: {exc}") from None
     else:
         try:
             _, root, entries = list_data_files(plan.dataset_url)
@@ -145,6 +148,20 @@ def check_dataset(plan: ShardPlan, *, footers: bool = False) -> None:
         if footers and current[path].row_group_rows != planned[path].row_group_rows:
             raise StalePlanError(f"{path!r} changed row groups ({list(planned[path].row_group_rows)} -> "
                                  f"{list(current[path].row_group_rows)} rows) since planning; re-run planning")
+
+
+def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
+    """Raise ``StalePlanError`` when ``predicate_info`` (see ``planning.predicate_info``) is not the plan's.
+
+    A plan's catalog holds only the rows its predicate kept, so serving it for another predicate would deliver the
+    wrong rows; the kind is compared first, then the fingerprint, and the message names both texts.
+    """
+    planned = plan.predicate
+    for name in ("kind", "fingerprint"):
+        if getattr(planned, name) != getattr(predicate_info, name):
+            raise StalePlanError(f"the predicate changed since planning: {name} {getattr(planned, name)!r} -> "
+                                 f"{getattr(predicate_info, name)!r} (planned {planned.text!r}, given "
+                                 f"{predicate_info.text!r}); re-run planning with the new predicate")
 
 
 def _header(plan: ShardPlan) -> dict:
@@ -168,7 +185,7 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
         if hashlib.sha256(data).hexdigest() != digests[name]:
             raise PlanIntegrityError(f"{url}/{name} does not match the sha256 in plan.json (truncated, edited or "
                                      "from another plan); re-run planning")
-        tables[name] = pq.read_table(io.BytesIO(data))
+        tables[name] = pq.read_table(pa.BufferReader(data))
     params, dataset, predicate = document["parameters"], document["dataset"], document["predicate"]
     if (params["algorithm"], params["algorithm_version"]) != (balance.ALGORITHM, balance.ALGORITHM_VERSION):
         raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "
@@ -184,6 +201,8 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
         raise PlanIntegrityError(f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning")
     if not _assignment_table(plan).equals(tables[ASSIGNMENT]):
         raise PlanIntegrityError(f"{url}/{ASSIGNMENT} disagrees with the catalog and parameters; re-run planning")
+    if document["totals"] != plan_document(plan)["totals"]:  # not in the checksum, but shown to users
+        raise PlanIntegrityError(f"{url}/plan.json totals disagree with its catalog (edited?); re-run planning")
     return plan
 
 
@@ -235,10 +254,15 @@ def _test_pause(name: str) -> None:
         time.sleep(600)
 
 
-def _get(filesystem, path: str, url: str) -> bytes:
+def _get(filesystem, path: str, url: str) -> pa.Buffer:
+    """The file's bytes as an Arrow-owned buffer.
+
+    Parsing Parquet from a buffer that wraps Python ``bytes`` made pyarrow 14 abort the interpreter at exit now
+    and then ("terminate called without an active exception"); an Arrow-allocated buffer does not.
+    """
     try:
         with filesystem.open_input_stream(path) as handle:
-            return handle.read()
+            return handle.read_buffer()
     except (FileNotFoundError, pa.ArrowIOError, OSError):
         name = path.rsplit("/", 1)[-1]
         hint = "not a plan, or its writing was cut short" if name == PLAN_JSON else "the plan is incomplete"

@@ -1,0 +1,357 @@
+"""Plan files: round trip, every kind of damage refused with the right PlanError, staleness, crash safety, G9."""
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, strategies as st
+from petastorm.predicates import in_lambda, in_set
+
+from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan,
+                                plan_shards)
+from petastorm_balanced import plan_format
+from petastorm_balanced.datagen import make_plain_dataset
+from petastorm_balanced.planning import predicate_info
+
+WORLD, BATCH = 3, 16
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EN = in_lambda(["lang"], lambda lang: lang == "en")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_plain_dataset(tmp_path_factory.mktemp("fmt") / "ds", num_files=5, total_rows=3_000, seed=11,
+                              empty_files=1, min_row_group_rows=16, max_row_group_rows=400)
+
+
+@pytest.fixture(scope="module")
+def saved(dataset, tmp_path_factory):
+    """(plan, plan dir, {file name: bytes}) of a 'pad' plan with a predicate, written once."""
+    plan_dir = str(tmp_path_factory.mktemp("saved") / "plan")
+    plan = plan_shards(dataset.url, WORLD, predicate=EN, batch_size=BATCH, policy="pad", seed=4, engine="local",
+                       output_url=plan_dir)
+    files = {}
+    for name in (plan_format.PLAN_JSON, plan_format.CATALOG, plan_format.ASSIGNMENT):
+        with open(os.path.join(plan_dir, name), "rb") as handle:
+            files[name] = handle.read()
+    return plan, plan_dir, files
+
+
+def write_files(folder, files):
+    os.makedirs(folder, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(folder, name), "wb") as handle:
+            handle.write(data)
+    return folder
+
+
+def same_assignments(a, b, world=WORLD):
+    return all(a.assignment(r, epoch=e) == b.assignment(r, epoch=e) for r in range(world) for e in (0, 1))
+
+
+def test_round_trip(saved):
+    plan, plan_dir, _ = saved
+    loaded = load_plan(plan_dir)
+    assert loaded == plan and loaded.checksum == plan.checksum
+    assert same_assignments(loaded, plan)
+    assert loaded.predicate.kind == "petastorm" and loaded.total_rows == plan.total_rows
+
+
+def test_plan_json_totals_describe_the_assignment(saved):
+    plan, plan_dir, files = saved
+    document = json.loads(files[plan_format.PLAN_JSON])
+    totals = document["totals"]
+    rows = [sum(f.num_rows for f in plan.assignment(r)) for r in range(WORLD)]
+    padded = sum(f.num_rows for r in range(WORLD) for f in plan.assignment(r) if f.padding)
+    assert rows == [totals["rows_per_rank"]] * WORLD == [plan.rows_per_rank()] * WORLD
+    assert totals["steps_per_epoch"] * BATCH == totals["rows_per_rank"]
+    assert totals["matching_rows"] == plan.total_rows and totals["padded_rows"] == padded
+    assert totals["dropped_rows"] == 0 and 0 <= totals["split_row_groups"] <= WORLD - 1
+    table = pq.read_table(os.path.join(plan_dir, plan_format.ASSIGNMENT)).to_pandas()
+    per_rank = (table.stop - table.start).groupby(table["rank"]).sum()
+    assert per_rank.tolist() == rows
+
+
+def json_edit(edit):
+    def mutate(files):
+        document = json.loads(files[plan_format.PLAN_JSON])
+        edit(document)
+        return {**files, plan_format.PLAN_JSON: json.dumps(document).encode()}
+    return mutate
+
+
+def replace(name, data):
+    return lambda files: {**files, name: data(files[name]) if callable(data) else data}
+
+
+def drop(name):
+    return lambda files: {k: v for k, v in files.items() if k != name}
+
+
+CORRUPTIONS = {
+    "truncated catalog": (replace(plan_format.CATALOG, lambda b: b[: len(b) // 2]), PlanIntegrityError),
+    "truncated assignment": (replace(plan_format.ASSIGNMENT, lambda b: b[:-10]), PlanIntegrityError),
+    "seed edited": (json_edit(lambda d: d["parameters"].update(seed=5)), PlanIntegrityError),
+    "world size edited": (json_edit(lambda d: d["parameters"].update(world_size=4)), PlanIntegrityError),
+    "steps edited": (json_edit(lambda d: d["totals"].update(steps_per_epoch=d["totals"]["steps_per_epoch"] + 1)),
+                     PlanIntegrityError),
+    "file size edited": (json_edit(lambda d: d["dataset_files"][0].__setitem__(1, 1)), PlanIntegrityError),
+    "wrong sha256": (json_edit(lambda d: d["files"].update({plan_format.CATALOG: "0" * 64})), PlanIntegrityError),
+    "missing catalog": (drop(plan_format.CATALOG), PlanIntegrityError),
+    "missing assignment": (drop(plan_format.ASSIGNMENT), PlanIntegrityError),
+    "missing plan.json": (drop(plan_format.PLAN_JSON), PlanIntegrityError),
+    "garbage plan.json": (replace(plan_format.PLAN_JSON, b"\x00\xff garbage {"), PlanIntegrityError),
+    "empty plan.json": (replace(plan_format.PLAN_JSON, b""), PlanIntegrityError),
+    "json list": (replace(plan_format.PLAN_JSON, b"[1, 2]"), PlanIntegrityError),
+    "foreign json": (replace(plan_format.PLAN_JSON, b'{"format": "mds", "version": 2}'), PlanError),
+    "newer format": (json_edit(lambda d: d.update(format_version=2)), PlanVersionError),
+    "newer algorithm": (json_edit(lambda d: d["parameters"].update(algorithm_version=2)), PlanVersionError),
+    "catalog of another plan": (replace(plan_format.CATALOG, lambda b: pq_bytes_with_extra_row(b)),
+                                PlanIntegrityError),
+}
+
+
+def pq_bytes_with_extra_row(data):
+    table = pq.read_table(pa.BufferReader(pa.py_buffer(data).slice(0)))
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), sink)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
+def test_corruption_is_refused_with_the_right_error(saved, tmp_path, name):
+    mutate, error = CORRUPTIONS[name]
+    folder = write_files(str(tmp_path / "plan"), mutate(saved[2]))
+    with pytest.raises(PlanError) as caught:
+        load_plan(folder, check_dataset=False)
+    assert type(caught.value) is error, caught.value
+    assert "re-run planning" in str(caught.value) or "re-plan" in str(caught.value) or error is PlanError
+
+
+def test_missing_plan_dir_and_plain_folder(tmp_path, dataset):
+    with pytest.raises(PlanIntegrityError, match="plan.json"):
+        load_plan(str(tmp_path / "nowhere"))
+    with pytest.raises(PlanIntegrityError, match="plan.json"):
+        load_plan(dataset.path)  # a dataset is not a plan
+
+
+MUTATIONS = st.sampled_from(["flip", "truncate", "insert", "replace", "json leaf"])
+
+
+@st.composite
+def mutated_files(draw, files):
+    name = draw(st.sampled_from(sorted(files)))
+    data = bytearray(files[name])
+    kind = draw(MUTATIONS)
+    if kind == "flip":
+        for _ in range(draw(st.integers(1, 3))):
+            data[draw(st.integers(0, len(data) - 1))] ^= draw(st.integers(1, 255))
+    elif kind == "truncate":
+        del data[draw(st.integers(0, len(data) - 1)):]
+    elif kind == "insert":
+        at = draw(st.integers(0, len(data)))
+        data[at:at] = draw(st.binary(min_size=1, max_size=16))
+    elif kind == "replace":
+        data = bytearray(draw(st.binary(max_size=200)))
+    else:
+        name = plan_format.PLAN_JSON
+        document = json.loads(files[name])
+        node, key = document, None
+        while True:  # walk down to a random leaf
+            keys = sorted(node) if isinstance(node, dict) else list(range(len(node)))
+            if not keys:
+                break
+            key = draw(st.sampled_from(keys))
+            if not isinstance(node[key], (dict, list)) or not node[key]:
+                break
+            node = node[key]
+        if key is not None:
+            node[key] = draw(st.one_of(st.none(), st.booleans(), st.integers(-2, 2**65), st.text(max_size=8),
+                                       st.lists(st.integers(), max_size=2)))
+        data = bytearray(json.dumps(document).encode())
+    return {**files, name: bytes(data)}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("mutated"))
+
+
+@given(st.data())
+def test_any_mutation_is_refused_or_harmless(saved, scratch, data):
+    """Damaged plans raise only PlanError subclasses; a plan that still loads is the original plan."""
+    plan, _, files = saved
+    mutated = data.draw(mutated_files(files))
+    for name in files:
+        if name not in mutated and os.path.exists(os.path.join(scratch, name)):
+            os.remove(os.path.join(scratch, name))
+    write_files(scratch, mutated)
+    try:
+        loaded = load_plan(scratch, check_dataset=False)
+    except PlanError:
+        return
+    assert loaded == plan and loaded.checksum == plan.checksum
+
+
+# ---- staleness (G7) ----
+
+@pytest.fixture
+def fresh(dataset, tmp_path):
+    """A private copy of the dataset and a plan of it, for tests that change the dataset."""
+    copy = str(tmp_path / "ds")
+    shutil.copytree(dataset.path, copy)
+    plan = plan_shards(copy, WORLD, batch_size=BATCH, engine="local", output_url=str(tmp_path / "plan"))
+    return copy, str(tmp_path / "plan"), plan
+
+
+def rewrite(path, row_group_size):
+    table = pq.read_table(path)
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (lambda d: shutil.copy(os.path.join(d, "part-00001.parquet"), os.path.join(d, "part-00009.parquet")),
+     "'part-00009.parquet' was added"),
+    (lambda d: os.remove(os.path.join(d, "part-00002.parquet")), "'part-00002.parquet' was removed"),
+    (lambda d: (os.remove(os.path.join(d, "part-00004.parquet")), os.remove(os.path.join(d, "part-00003.parquet"))),
+     "'part-00003.parquet' was removed"),  # the first difference, in path order
+    (lambda d: rewrite(os.path.join(d, "part-00001.parquet"), 7), "'part-00001.parquet' changed size"),
+    (lambda d: shutil.rmtree(d), "dataset is gone"),
+    (lambda d: open(os.path.join(d, "part-00001.parquet"), "ab").write(b"x"), "changed size"),
+])
+def test_changed_dataset_is_stale(fresh, change, pattern):
+    copy, plan_dir, plan = fresh
+    load_plan(plan_dir)
+    change(copy)
+    with pytest.raises(StalePlanError, match=pattern):
+        load_plan(plan_dir)
+    with pytest.raises(StalePlanError):
+        plan_format.check_dataset(plan, footers=True)
+    assert load_plan(plan_dir, check_dataset=False) == plan
+
+
+def test_row_counts_changed_found_by_footers(fresh):
+    """Same sizes but other row group counts: only reading footers can tell, and it names the file."""
+    _, _, plan = fresh
+    files = list(plan.catalog.files)
+    target = next(i for i, f in enumerate(files) if f.num_rows > 1)
+    rows = files[target].row_group_rows
+    files[target] = dataclasses.replace(files[target], row_group_rows=(rows[0] - 1,) + rows[1:] + (1,))
+    tampered = dataclasses.replace(plan, catalog=dataclasses.replace(plan.catalog, files=tuple(files)))
+    plan_format.check_dataset(tampered)  # listing sees equal sizes
+    with pytest.raises(StalePlanError, match=f"{files[target].path!r} changed row groups"):
+        plan_format.check_dataset(tampered, footers=True)
+    plan_format.check_dataset(plan, footers=True)
+
+
+def test_rewritten_row_groups_are_stale(fresh):
+    copy, plan_dir, plan = fresh
+    target = next(f for f in plan.catalog.files if f.num_rows > 10)
+    rewrite(os.path.join(copy, target.path), 3)
+    with pytest.raises(StalePlanError, match=repr(target.path)):
+        plan_format.check_dataset(plan, footers=True)
+
+
+def test_predicate_changed_is_stale(saved):
+    plan = saved[0]
+    plan_format.check_predicate(plan, predicate_info(None, in_lambda(["lang"], lambda lang: lang == "en")))
+    for where, predicate, pattern in [(None, in_lambda(["lang"], lambda lang: lang == "de"), "fingerprint"),
+                                      (None, in_set({"en"}, "lang"), "fingerprint"),
+                                      (None, None, "kind 'petastorm' -> 'none'"),
+                                      ("lang = 'en'", None, "kind 'petastorm' -> 'sql'")]:
+        with pytest.raises(StalePlanError, match=pattern):
+            plan_format.check_predicate(plan, predicate_info(where, predicate))
+
+
+# ---- crash safety ----
+
+def test_plan_dir_without_plan_json_is_refused(saved, tmp_path):
+    files = {k: v for k, v in saved[2].items() if k != plan_format.PLAN_JSON}
+    folder = write_files(str(tmp_path / "plan"), files)
+    with pytest.raises(PlanIntegrityError, match="cut short"):
+        load_plan(folder, check_dataset=False)
+
+
+def test_failed_overwrite_leaves_no_plan_and_rerun_succeeds(saved, tmp_path, monkeypatch):
+    plan, _, files = saved
+    folder = write_files(str(tmp_path / "plan"), files)
+    other = dataclasses.replace(plan, seed=plan.seed + 1)
+    real_put = plan_format._put
+
+    def disk_full_on_assignment(filesystem, path, data, atomic=False):
+        if path.endswith(plan_format.ASSIGNMENT):
+            raise OSError(28, "No space left on device")
+        return real_put(filesystem, path, data, atomic)
+
+    monkeypatch.setattr(plan_format, "_put", disk_full_on_assignment)
+    with pytest.raises(OSError):
+        other.save(folder)
+    with pytest.raises(PlanIntegrityError):
+        load_plan(folder, check_dataset=False)  # neither the old plan nor a half of the new one
+    monkeypatch.setattr(plan_format, "_put", real_put)
+    other.save(folder)
+    assert load_plan(folder, check_dataset=False).checksum == other.checksum != plan.checksum
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import dataclasses, sys
+    sys.path.insert(0, sys.argv[1])
+    from petastorm_balanced import load_plan
+    plan = load_plan(sys.argv[2], check_dataset=False)
+    plans = [plan, dataclasses.replace(plan, seed=plan.seed + 1)]
+    print("ready", flush=True)
+    i = 0
+    while True:
+        plans[i % 2].save(sys.argv[3])
+        i += 1
+""")
+
+
+def test_writer_killed_mid_write(saved, tmp_path):
+    """SIGKILL a process that keeps overwriting a plan: what is left is refused or is one of the two plans."""
+    plan, plan_dir, _ = saved
+    valid = {plan.checksum, dataclasses.replace(plan, seed=plan.seed + 1).checksum}
+    target = str(tmp_path / "plan")
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, ROOT, plan_dir, target], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(target, plan_format.PLAN_JSON)) and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.13)  # some saves later, at an arbitrary point of one
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    try:
+        assert load_plan(target, check_dataset=False).checksum in valid
+    except PlanError:
+        pass  # refused: the kill fell between uncommitting the old plan and committing the new one
+    plan.save(target)  # a rerun over the debris succeeds
+    assert load_plan(target, check_dataset=False) == plan
+
+
+# ---- G9: one plan, any world size ----
+
+@pytest.mark.parametrize("world", [1, 2, 5, 7, 13])
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+def test_plan_serves_other_world_sizes(saved, world, policy):
+    plan = dataclasses.replace(saved[0], policy=policy)
+    steps = plan.steps_per_epoch(world_size=world)
+    real = []
+    for rank in range(world):
+        fragments = plan.assignment(rank, world_size=world, epoch=2, num_workers=2)
+        assert sum(f.num_rows for f in fragments) == steps * BATCH == plan.rows_per_rank(world_size=world)
+        real += [(f.path, f.row_group, i) for f in fragments if not f.padding for i in f.row_indices().tolist()]
+    assert len(set(real)) == len(real)
+    left_out = plan.total_rows - len(real)
+    assert left_out == 0 if policy == "pad" else 0 <= left_out < world * BATCH
