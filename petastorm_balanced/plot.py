@@ -29,10 +29,10 @@ def plot_report(report: dict, path: str) -> str:
         for ax, field, label in ((axes[0], "rows", "rows per rank"),
                                  (axes[1], "steps", f"steps per rank (batch_size {report['batch_size']})")):
             _bars(ax, ranks, [r[field] for r in theirs], [r[field] for r in ours], label)
-        fig.suptitle(_title(report), fontsize=12, y=0.98)
+        fig.suptitle(_title(report), fontsize=12, y=0.985)
         handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=10, frameon=False, bbox_to_anchor=(0.5, 0.93))
-        fig.tight_layout(rect=(0, 0, 1, 0.89))
+        fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=10, frameon=False, bbox_to_anchor=(0.5, 0.9))
+        fig.subplots_adjust(left=0.065, right=0.985, bottom=0.1, top=0.73, wspace=0.18)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         fig.savefig(path, dpi=DPI, format="png")
     finally:
@@ -58,12 +58,13 @@ def _bars(ax, ranks, theirs, ours, label) -> None:
 
 
 def _title(report: dict) -> str:
+    """Two lines: what and how many, then the predicate (shortened to fit the figure)."""
     pred = report["predicate"]
     what = "no predicate" if pred["kind"] == "none" else f"{pred['kind']} predicate: {pred['text']}"
     dataset = report["dataset_url"].rstrip("/").rsplit("/", 2)
     name = "/".join(dataset[-2:]) if len(dataset) > 1 else dataset[0]
-    line = (f"{name}  |  {what}  |  {report['world_size']} ranks, epoch {report['epoch']}, policy "
-            f"{report['policy']}, {report['matching_rows']} matching rows")
+    first = (f"{name}: {report['world_size']} ranks, epoch {report['epoch']}, policy {report['policy']}, "
+             f"{report['matching_rows']} matching rows")
     if report["petastorm"].get("refused"):
-        line += f"  (Petastorm itself refuses: fewer row groups than {report['world_size']} ranks)"
-    return "\n".join(textwrap.wrap(line, 140)[:2])
+        first += " (Petastorm itself refuses: fewer row groups than ranks)"
+    return "\n".join(textwrap.shorten(line, 130, placeholder=" ...") for line in (first, what))
