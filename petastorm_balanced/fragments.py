@@ -81,11 +81,14 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
     if rows_in_file != fragment.total_rows:
         raise StalePlanError(f"{fragment.path!r} row group {fragment.row_group} has {rows_in_file} rows but the plan "
                              f"recorded {fragment.total_rows}; the file changed since planning, re-run planning")
-    rows = fragment.row_indices() if indices is None else indices
     table = parquet_file.read_row_group(fragment.row_group, columns=spec.stored_columns)
-    table = _cut(table, rows)
+    if indices is None and not fragment.selection:  # every row matches: the fragment is one run
+        table = table.slice(fragment.start, fragment.num_rows)
+    else:
+        table = _cut(table, fragment.row_indices() if indices is None else indices)
     if not spec.partition_types:
         return table
+    rows = range(table.num_rows)
     values = partition_values(fragment.path)
     arrays = []
     for name in spec.columns:
@@ -113,7 +116,9 @@ def to_columns(table: pa.Table, fields: Optional[dict] = None) -> Dict[str, np.n
     for name in table.column_names:
         column = table.column(name)
         unischema_field = fields.get(name) if fields else None
-        if unischema_field is None or _is_scalar(unischema_field):
+        if unischema_field is None and _is_list(column.type):
+            out[name] = _list_values(column)
+        elif unischema_field is None or _is_scalar(unischema_field):
             values = column.to_numpy(zero_copy_only=False) if column.num_chunks != 1 else \
                 column.chunk(0).to_numpy(zero_copy_only=False)
             dtype = getattr(unischema_field, "numpy_dtype", None)
@@ -123,6 +128,30 @@ def to_columns(table: pa.Table, fields: Optional[dict] = None) -> Dict[str, np.n
             out[name] = values
         else:
             out[name] = _decode_cells(column, unischema_field)
+    return out
+
+
+def _is_list(arrow_type) -> bool:
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
+        pa.types.is_fixed_size_list(arrow_type)
+
+
+def _list_values(column) -> np.ndarray:
+    """A list column as a (rows, length) array when every list has the same length and no nulls (as
+    ``make_batch_reader`` stacks them); otherwise an object array of per-row arrays."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(array) and array.null_count == 0 and not pa.types.is_fixed_size_list(array.type):
+        lengths = np.diff(array.offsets.to_numpy())
+        if np.all(lengths == lengths[0]):
+            flat = array.flatten()
+            if flat.null_count == 0:
+                return flat.to_numpy(zero_copy_only=False).reshape(len(array), int(lengths[0]))
+    elif len(array) and array.null_count == 0:
+        flat = array.flatten()
+        if flat.null_count == 0:
+            return flat.to_numpy(zero_copy_only=False).reshape(len(array), array.type.list_size)
+    out = np.empty(len(array), dtype=object)
+    out[:] = [None if v is None else np.asarray(v) for v in array.to_pylist()]
     return out
 
 

@@ -13,7 +13,10 @@ import pytest
 import torch
 from petastorm.predicates import in_lambda
 
+from hypothesis import given, settings, strategies as st
+
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
+from petastorm_balanced.batching import WindowBatcher, start_point
 from petastorm_balanced import fragments as fragments_module
 from petastorm_balanced.reader import OWNED_ARGUMENTS
 from resume_contract import check_resume_contract, fingerprint
@@ -45,6 +48,38 @@ def plans(plain_dataset, hive_dataset, petastorm_dataset):
         "petastorm": (plan_shards(petastorm_dataset.url, 2, batch_size=16, predicate=en, policy="pad",
                                   engine="local"), ids_of(petastorm_dataset, "en")),
     }
+
+
+def batches_from(rows, batch, window, shuffle, done):
+    """The pure batching core over synthetic fragments whose rows are numbered 0..total-1."""
+    ends = np.cumsum(rows)
+    start = start_point(rows, batch_size=batch, window_rows=window, batches_done=done, shuffle=shuffle)
+    batcher = WindowBatcher(total_rows=int(ends[-1]), batch_size=batch, window_rows=window, start=start,
+                            key=(7, 1, 0, 0) if shuffle else None)
+    out = []
+    for i in range(start.fragment, len(rows)):
+        begin = (ends[i - 1] if i else 0) + (start.offset if i == start.fragment else 0)
+        out += [b["id"].tolist() for b in batcher.push({"id": np.arange(begin, ends[i])})]
+    batcher.finish()
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=12), batch=st.integers(1, 9),
+       windows=st.integers(1, 5), shuffle=st.booleans(), data=st.data())
+def test_batching_resumes_at_any_batch(rows, batch, windows, shuffle, data):
+    """Pure core of G1/G6: whole batches only, every row once, and starting at batch k gives the suffix."""
+    total = sum(rows) // batch * batch
+    while sum(rows) > total:  # trim the synthetic slot to whole batches, as the balancer does
+        rows[-1] -= min(sum(rows) - total, rows[-1])
+        rows = rows if rows[-1] else rows[:-1]
+    if not rows:
+        return
+    rows = np.array(rows)
+    full = batches_from(rows, batch, windows * batch, shuffle, 0)
+    assert all(len(b) == batch for b in full) and sorted(sum(full, [])) == list(range(total))
+    done = data.draw(st.integers(0, len(full)))
+    assert batches_from(rows, batch, windows * batch, shuffle, done) == full[done:]
 
 
 def read_rank(loader):

@@ -132,3 +132,13 @@ def test_added_file_and_stale_plan_url_are_refused(own_dataset, tmp_path):
         make_reader(0, 1, plan=plan)
     with pytest.raises(StalePlanError, match="extra.parquet"):
         make_loader(0, 1, plan=str(tmp_path / "plan"))
+
+
+def test_list_columns_stack_like_make_batch_reader():
+    """Equal-length list columns become (rows, length) arrays after the cut; ragged ones stay per-row arrays."""
+    import pyarrow as pa
+    from petastorm_balanced.fragments import to_columns
+    table = pa.table({"fixed": pa.array([[1, 2], [3, 4], [5, 6]]), "ragged": pa.array([[1], [2, 3], None])})
+    out = to_columns(table.slice(1, 2))
+    assert out["fixed"].tolist() == [[3, 4], [5, 6]] and out["fixed"].dtype == np.int64
+    assert out["ragged"].dtype == object and out["ragged"][0].tolist() == [2, 3] and out["ragged"][1] is None
