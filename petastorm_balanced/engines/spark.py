@@ -1,0 +1,351 @@
+"""Spark planning: footers and predicates evaluated in Spark tasks, only per-row-group summaries on the driver.
+
+Three ways a catalog is built, all ending in the same ``Catalog`` the in-process engine builds (G8):
+
+- no filter: footers only. A handful of files are read by driver threads; past ``DRIVER_FOOTERS_MAX`` files the
+  file list is parallelized and every task reads its footers with ``pyarrow.fs``.
+- ``where`` (Spark SQL): Spark evaluates the expression with its own semantics (NULL does not match, hive partition
+  columns usable) and reports each matching row as ``_metadata.file_path`` + ``_metadata.row_index``. Spark itself
+  folds those rows into 64-row bit words (a partial aggregate, so what is shuffled is at most rows / 64 words per
+  file when matches are dense), then one pandas task per file cuts its words into row groups with the footer row
+  counts and encodes each with ``selection.encode``. The driver collects one small record per matching row group.
+- ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
+  local engine runs, so both engines see the same masks.
+
+Executors import this package from a zip of it that the driver builds and ships with ``SparkContext.addPyFile``,
+so neither a cluster nor a local run needs ``pip install`` (set the Spark conf
+``spark.petastorm_balanced.shipPackage=false`` when the package is installed on the workers).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Sequence, Tuple
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pandas as pd
+
+from .. import fs as fsutil
+from ..catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
+from ..predicates import check_fields, row_group_mask
+from ..scan import list_data_files, load_unischema, partition_values
+
+try:
+    from pyspark.errors import (AnalysisException, ArithmeticException, DateTimeException,
+                                NumberFormatException, SparkRuntimeException)
+    from pyspark.sql import SparkSession, functions as F
+except ImportError as _exc:  # pragma: no cover - exercised only without pyspark
+    raise ImportError("engine='spark' needs pyspark (pip install 'pyspark>=4.0'); or plan with engine='local' "
+                      "and a Petastorm predicate=") from _exc
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "petastorm-balanced plan"
+DRIVER_FOOTERS_MAX = 256  # above this many files, footers are read in Spark tasks
+FOOTER_THREADS = 8  # per task (or on the driver): footer reads are latency-bound
+SHIP_CONF = "spark.petastorm_balanced.shipPackage"
+_BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
+_MATCH_SCHEMA = "path string, row_group int, total_rows long, matching_rows long, selection binary"
+_SHIPPED = set()  # application ids that already got the package zip
+
+
+class InvalidWhereError(ValueError):
+    """``where`` is not a Spark SQL boolean expression over the dataset's columns (or fails on its rows)."""
+
+    def __init__(self, expression: str, reason: str, columns: Sequence[str]):
+        self.expression, self.reason, self.columns = expression, reason, list(columns)
+        super().__init__(f"where={expression!r} is not a valid Spark SQL boolean expression over the dataset's "
+                         f"columns {self.columns}: {reason}; fix the expression")
+
+
+def get_session(spark=None):
+    """``spark``, else the active SparkSession (spark-submit, notebooks), else a new ``local[*]`` one.
+
+    A session started here binds to ``SPARK_LOCAL_IP`` (127.0.0.1 by default) so it works on hosts whose name does
+    not resolve. Under spark-submit the master comes from spark-submit and is never overridden.
+    """
+    if spark is not None:
+        if not isinstance(spark, SparkSession):
+            raise TypeError(f"spark={spark!r} is not a pyspark.sql.SparkSession")
+        return spark
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(APP_NAME)
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ or "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if not submitted:
+        host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.master("local[*]").config("spark.driver.host", host)
+    return builder.getOrCreate()
+
+
+def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spark=None,
+                  footers_in_tasks: Optional[bool] = None) -> Catalog:
+    """The catalog of ``url`` (a normalized dataset URL) filtered by ``where`` or ``predicate``.
+
+    ``footers_in_tasks`` forces footer reading into Spark tasks (True) or onto the driver (False); by default
+    Spark tasks read them once the dataset has more than ``DRIVER_FOOTERS_MAX`` files.
+    """
+    spark = get_session(spark)
+    url = fsutil.normalize_url(url)
+    _, root, entries = list_data_files(url)
+    relpaths = [_relative(e.path, root) for e in entries]
+    sizes = {p: e.size for p, e in zip(relpaths, entries)}
+    in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX if footers_in_tasks is None else footers_in_tasks
+    log.info("scanning %d files (%.1f MB) of %s: footers %s", len(relpaths), sum(sizes.values()) / 1e6, url,
+             "in Spark tasks" if in_tasks else "on the driver")
+    started = time.perf_counter()
+    if in_tasks:
+        _ship_package(spark)
+        sc = spark.sparkContext
+        slices = max(1, min(len(relpaths), sc.defaultParallelism * 4))
+        results = sc.parallelize(relpaths, slices).mapPartitions(_footer_task(url, root)).collect()
+    else:
+        results = read_footers(url, root, relpaths)
+    files = _file_infos(url, results, sizes)
+    kind = "petastorm" if load_unischema(url) is not None else "plain"
+    partition_columns = tuple(sorted({k for f in files for k in partition_values(f.path)}))
+    log.info("%d files, %d row groups, %d rows (footers read in %.1f s)", len(files),
+             sum(len(f.row_group_rows) for f in files), sum(f.num_rows for f in files),
+             time.perf_counter() - started)
+    if where is None and predicate is None:
+        return full_catalog(files, kind, partition_columns)
+    started = time.perf_counter()
+    if where is not None:
+        matches = _where_matches(spark, url, root, files, where)
+        what = f"where {where!r}"
+    else:
+        columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
+        fields = check_fields(predicate, columns, url)
+        matches = _predicate_matches(spark, url, root, files, predicate, fields, kind)
+        what = f"predicate on {fields}"
+    catalog = Catalog(tuple(files), tuple(sorted(matches, key=lambda m: (m.path, m.row_group))), kind,
+                      partition_columns)
+    log.info("%s matches %d of %d rows in %d row groups (%.1f s)", what, catalog.total_rows, catalog.scanned_rows,
+             len(catalog.row_groups), time.perf_counter() - started)
+    return catalog
+
+
+# ---------------------------------------------------------------------------------------------- footers
+
+def read_footers(url: str, root: str, relpaths: Sequence[str], threads: int = FOOTER_THREADS) -> List[tuple]:
+    """``(relpath, row group rows, column names)`` per file, or ``(relpath, None, error text)`` for a file that is
+    not Parquet: errors travel back as values so the driver raises one clear ``ValueError``, not a task failure."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    filesystem, _ = fsutil.resolve(url)
+
+    def footer(relpath):
+        try:
+            with filesystem.open_input_file(f"{root}/{relpath}" if root else relpath) as handle:
+                meta = pq.ParquetFile(handle).metadata
+        except (pa.ArrowInvalid, OSError) as exc:
+            return relpath, None, str(exc).splitlines()[0]
+        rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+        return relpath, rows, tuple(meta.schema.to_arrow_schema().names)
+
+    with ThreadPoolExecutor(max(1, min(threads, len(relpaths)))) as pool:
+        return list(pool.map(footer, relpaths))
+
+
+def _footer_task(url, root):
+    def task(relpaths):
+        return read_footers(url, root, list(relpaths))
+    return task
+
+
+def _file_infos(url: str, results: Sequence[tuple], sizes: Dict[str, int]) -> List[FileInfo]:
+    """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns."""
+    results = sorted(results, key=lambda r: r[0])
+    for relpath, rows, detail in results:
+        if rows is None:
+            raise ValueError(f"{relpath!r} in dataset_url={url!r} is not a readable Parquet file ({detail}); "
+                             "remove it or rename it with a leading '_'")
+    first = results[0]
+    for relpath, _, names in results:
+        if set(names) != set(first[2]):
+            raise ValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} has "
+                             f"{sorted(first[2])}; all files of a dataset must share one schema")
+    return [FileInfo(relpath, sizes[relpath], rows) for relpath, rows, _ in results]
+
+
+# ---------------------------------------------------------------------------------------------- where (SQL)
+
+def spark_url(url: str) -> str:
+    """The URL Spark's Hadoop filesystems understand for a normalized dataset URL (``s3://`` -> ``s3a://``)."""
+    return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
+
+
+def spark_relative_path(spark_path: str, root: str) -> str:
+    """The catalog key of a file Spark names (``_metadata.file_path``, ``inputFiles()``): URL-decoded, relative to
+    the dataset root as ``fs.resolve`` spells it."""
+    parsed = urlparse(spark_path)
+    path = unquote(parsed.path)
+    if parsed.scheme in _BUCKET_SCHEMES:
+        path = parsed.netloc + path
+    prefix = root.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        raise ValueError(f"Spark reads {spark_path!r}, which is not under the dataset root {root!r}; pass the "
+                         "dataset URL in the form Spark and pyarrow both resolve (no symlinks or aliases)")
+    return path[len(prefix):]
+
+
+@contextlib.contextmanager
+def _quiet_pyspark_error_logs():
+    """PySpark logs every AnalysisException with a stack trace; we turn it into one clear ValueError instead."""
+    loggers = [logging.getLogger(n) for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    before = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, before):
+            lg.disabled = was
+
+
+def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str) -> List[RowGroupMatch]:
+    frame = spark.read.parquet(spark_url(url))
+    columns = frame.columns
+    if "_metadata" in columns:
+        raise ValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file metadata "
+                         "that where= needs; rename the column or plan with a Petastorm predicate=")
+    _check_same_files(url, root, files, frame.inputFiles())
+    with _quiet_pyspark_error_logs():
+        try:
+            matching = frame.where(where)
+        except AnalysisException as exc:  # includes ParseException
+            raise InvalidWhereError(where, _first_line(exc), columns) from None
+        # One 64-bit word per (file, 64 consecutive rows) with a matching row; Spark aggregates map-side first.
+        words = (matching.select(F.col("_metadata.file_path").alias("file_path"),
+                                 F.col("_metadata.row_index").alias("row_index"))
+                 .groupBy("file_path", F.expr("shiftright(row_index, 6)").alias("word"))
+                 .agg(F.expr("bit_or(shiftleft(1L, cast(row_index & 63 as int)))").alias("bits")))
+        rows = spark.sparkContext.broadcast({f.path: f.row_group_rows for f in files})
+        _ship_package(spark)
+        try:
+            encoded = words.groupBy("file_path").applyInPandas(_file_encoder(root, rows), _MATCH_SCHEMA).collect()
+        except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
+                SparkRuntimeException) as exc:
+            raise InvalidWhereError(where, "it fails on the data: " + _first_line(exc), columns) from None
+        finally:
+            rows.destroy()
+    return [RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded]
+
+
+def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_files: Sequence[str]) -> None:
+    """Spark lists files by its own rules; a plan keyed by our listing must see exactly the rows Spark filtered."""
+    ours = {f.path for f in files}
+    theirs = {spark_relative_path(p, root) for p in spark_files}
+    for path in sorted(ours ^ theirs):
+        who = "Spark reads it but petastorm-balanced skips it" if path in theirs else \
+            "petastorm-balanced reads it but Spark skips it"
+        raise ValueError(f"{path!r} in dataset_url={url!r}: {who}; rename it (a leading '_' or '.' marks a "
+                         "file that is not data) or remove it")
+
+
+def _file_encoder(root: str, rows_by_file):
+    """The per-file pandas function: bit words of one file -> one catalog record per matching row group."""
+    def encode(words: pd.DataFrame) -> pd.DataFrame:
+        relpath = spark_relative_path(words["file_path"].iat[0], root)
+        rows = rows_by_file.value[relpath]
+        bounds = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
+        # bits: (words in file,) little-endian, bit k of word w is row 64 * w + k
+        bits = np.zeros((int(bounds[-1]) + 63) // 64, dtype="<u8")
+        bits[words["word"].to_numpy()] = words["bits"].to_numpy(dtype=np.int64).view(np.uint64)
+        mask = np.unpackbits(bits.view(np.uint8), bitorder="little", count=int(bounds[-1])).astype(bool)
+        found = [match_from_mask(relpath, i, mask[bounds[i]:bounds[i + 1]]) for i, n in enumerate(rows) if n > 0]
+        return _records([m for m in found if m is not None])
+    return encode
+
+
+def _records(matches: Sequence[RowGroupMatch]) -> pd.DataFrame:
+    return pd.DataFrame({"path": pd.Series([m.path for m in matches], dtype=object),
+                         "row_group": pd.Series([m.row_group for m in matches], dtype=np.int32),
+                         "total_rows": pd.Series([m.total_rows for m in matches], dtype=np.int64),
+                         "matching_rows": pd.Series([m.matching_rows for m in matches], dtype=np.int64),
+                         "selection": pd.Series([m.selection for m in matches], dtype=object)})
+
+
+# ---------------------------------------------------------------------------------------------- Petastorm predicate
+
+def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> List[RowGroupMatch]:
+    _ship_package(spark)
+    sc = spark.sparkContext
+    work = [(f.path, f.row_group_rows) for f in files if f.num_rows > 0]
+    if not work:
+        return []
+    slices = max(1, min(len(work), sc.defaultParallelism * 4))
+    out = sc.parallelize(work, slices).mapPartitions(_predicate_task(url, root, predicate, fields, kind)).collect()
+    errors = [r for r in out if r[0] is None]
+    if errors:
+        raise ValueError(f"predicate={predicate!r} failed on {errors[0][1]}; fix the predicate so do_include "
+                         "accepts the rows of this dataset")
+    return [RowGroupMatch(*r) for r in out]
+
+
+def _predicate_task(url, root, predicate, fields, kind):
+    def task(items):
+        filesystem, _ = fsutil.resolve(url)
+        unischema = load_unischema(url) if kind == "petastorm" else None
+        for relpath, rows in items:
+            with filesystem.open_input_file(f"{root}/{relpath}" if root else relpath) as handle:
+                for i, n in enumerate(rows):
+                    if n == 0:
+                        continue
+                    try:
+                        mask = row_group_mask(handle, relpath, i, predicate, fields, unischema=unischema)
+                    except Exception as exc:  # noqa: BLE001 - reported on the driver with the file named
+                        yield None, f"{relpath!r} row group {i} ({type(exc).__name__}: {exc})"
+                        return
+                    m = match_from_mask(relpath, i, mask)
+                    if m is not None:
+                        yield m.path, m.row_group, m.total_rows, m.matching_rows, m.selection
+    return task
+
+
+# ---------------------------------------------------------------------------------------------- shipping
+
+def package_zip() -> str:
+    """A zip of this package's sources, named by their digest so one content is built and shipped once."""
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sources = sorted(os.path.relpath(os.path.join(d, n), os.path.dirname(package_dir))
+                     for d, _, names in os.walk(package_dir) for n in names if n.endswith(".py"))
+    digest = hashlib.sha256()
+    for rel in sources:
+        with open(os.path.join(os.path.dirname(package_dir), rel), "rb") as handle:
+            digest.update(rel.encode() + b"\0" + handle.read())
+    target = os.path.join(tempfile.gettempdir(), f"petastorm_balanced-{digest.hexdigest()[:16]}.zip")
+    if not os.path.exists(target):
+        partial = f"{target}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for rel in sources:
+                archive.write(os.path.join(os.path.dirname(package_dir), rel), rel)
+        os.replace(partial, target)
+    return target
+
+
+def _ship_package(spark) -> None:
+    sc = spark.sparkContext
+    if sc.applicationId in _SHIPPED or sc.getConf().get(SHIP_CONF, "true").lower() == "false":
+        return
+    sc.addPyFile(package_zip())
+    _SHIPPED.add(sc.applicationId)
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root):].lstrip("/") if root else path
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,73 @@
+"""spark-submit entry: plan equal steps per rank over a Parquet dataset and write the plan.
+
+    spark-submit spark_jobs/plan_shards.py DATASET_URL --world-size W --output PLAN_URL \\
+        [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S]
+
+The work happens in ``petastorm_balanced.engines.spark`` (footers and filters in Spark tasks) and
+``petastorm_balanced.planning`` (the same balancing as every other entry point). The package need not be installed:
+this file puts the repository it lives in on ``sys.path``, and the engine ships a zip of the package to the
+executors. Without ``--master`` spark-submit runs ``local[*]``. Exit codes: 0 plan written, 2 bad arguments or
+input (nothing written), 1 anything else.
+"""
+import argparse
+import logging
+import os
+import sys
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(_REPO, "petastorm_balanced")) and _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+PROG = "plan_shards"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog=f"spark-submit spark_jobs/{PROG}.py",
+                                     description=__doc__.strip().splitlines()[0])
+    parser.add_argument("dataset_url", help="dataset folder or file: a path, file://, s3://, hdfs://")
+    parser.add_argument("--world-size", type=int, required=True, help="number of ranks to balance over")
+    parser.add_argument("--output", required=True, help="plan folder to write (plan.json is written last)")
+    parser.add_argument("--where", help="Spark SQL boolean expression; rows where it is NULL do not match")
+    parser.add_argument("--batch-size", type=int, help="rows per batch; without it rows are balanced, not batches")
+    parser.add_argument("--policy", choices=("drop", "pad"), default="drop")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    ours = logging.getLogger("petastorm_balanced")  # our lines only; Spark's own logging is left as configured
+    if not ours.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+        ours.addHandler(handler)
+        ours.propagate = False
+    ours.setLevel(logging.INFO)
+    from petastorm_balanced import PlanError, plan_shards
+    from petastorm_balanced.engines.spark import InvalidWhereError, get_session
+    from pyspark.sql import SparkSession
+
+    owned = SparkSession.getActiveSession() is None  # stop only a session this job started
+    spark = get_session()
+    try:
+        plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
+                           policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output)
+    except InvalidWhereError as exc:
+        print(f"{PROG}: error: --where {exc.expression!r} is not a valid Spark SQL boolean expression over the "
+              f"columns {exc.columns}: {exc.reason}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, PlanError) as exc:
+        print(f"{PROG}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 2
+    finally:
+        if owned:
+            spark.stop()
+    steps = plan.steps_per_epoch()
+    print(f"{PROG}: wrote {args.output}: {plan.total_rows} matching rows in {len(plan.catalog.row_groups)} row "
+          f"groups, world_size={plan.world_size}, {steps} steps per epoch "
+          f"({'batches' if plan.batch_size else 'rows'} per rank), checksum {plan.checksum}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
