@@ -32,7 +32,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
         return args.run(args)
-    except (InputError, PlanError, ValueError, TypeError, FileNotFoundError, ImportError) as exc:
+    except (InputError, PlanError, ValueError, TypeError, OSError, ImportError) as exc:
         print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - Spark's errors (bad SQL, missing column) are bad input too
@@ -217,8 +217,9 @@ class _spark:
         except ImportError:
             raise InputError("--engine spark needs pyspark: pip install 'petastorm-balanced[spark]', or pass "
                              "--engine local (no --where)") from None
+        show = "true" if sys.stderr.isatty() else "false"  # Spark's own progress bar, quiet off a terminal
         self.session = (SparkSession.builder.master(self.master).appName(PROG)
-                        .config("spark.ui.showConsoleProgress", "true").getOrCreate())
+                        .config("spark.ui.showConsoleProgress", show).getOrCreate())
         return self.session
 
     def __exit__(self, *exc):
