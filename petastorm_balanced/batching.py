@@ -8,17 +8,18 @@ depends on everything read before it, so resuming exactly would mean replaying t
 row at any position is a function of the position alone, so resuming at batch ``k`` reads from the start of
 ``k``'s window (skipping every earlier fragment without opening it) and drops the batches before ``k`` inside it.
 
-Columns travel as ``{name: numpy array}`` with rows on axis 0 (object arrays for strings); batches are slices of
-the permuted window, so they cost no copy beyond the one permutation.
+Columns travel as ``{name: numpy array}`` with rows on axis 0 (object arrays for strings). The batcher hands out
+*runs* of whole batches (a permuted window, or the whole batches buffered so far when not shuffling) and callers
+cut them into batches, so per-batch work is a slice, and conversions (to tensors) happen once per run.
 
 >>> import numpy as np
 >>> start = start_point(np.array([5, 7]), batch_size=4, window_rows=4, batches_done=1, shuffle=False)
 >>> (start.fragment, start.offset, start.skip_rows)
 (0, 4, 0)
 >>> batcher = WindowBatcher(total_rows=12, batch_size=4, window_rows=4, start=start, key=None)
->>> [b["id"].tolist() for b in batcher.push({"id": np.arange(4, 5)})]
+>>> [run["id"].tolist() for run in batcher.push({"id": np.arange(4, 5)})]
 []
->>> [b["id"].tolist() for b in batcher.push({"id": np.arange(100, 107)})]
+>>> [b["id"].tolist() for run in batcher.push({"id": np.arange(100, 107)}) for b in split_batches(run, 4)]
 [[4, 100, 101, 102], [103, 104, 105, 106]]
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool) -> int:
 
 def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
     """A permutation of ``num_rows`` drawn from ``key``; argsort of raw PCG64 words, so it is the same on every
-    NumPy version (``Generator.permutation`` is not guaranteed to be)."""
+    NumPy version (``Generator.permutation`` is not guaranteed to be). About 1 ms per 10,000 rows."""
     words = np.random.Generator(np.random.PCG64(list(key))).bit_generator.random_raw(num_rows)
     return np.argsort(words, kind="stable")
 
@@ -100,7 +101,8 @@ class WindowBatcher:
         return self._row >= self._total
 
     def push(self, columns: Columns) -> Iterator[Columns]:
-        """Add the next chunk of rows (all columns the same length) and yield every batch it completes."""
+        """Add the next chunk of rows (all columns the same length) and yield the runs of whole batches it
+        completes, in order (cut them with ``split_batches``; one run per window when shuffling)."""
         rows = _num_rows(columns)
         if rows == 0:
             return
@@ -131,9 +133,9 @@ class WindowBatcher:
         else:  # batches are writable arrays (torch needs that); one copy per window, not one per batch
             window = {name: values if values.flags.writeable or values.dtype == object else values.copy()
                       for name, values in window.items()}
-        for begin in range(self._skip, size, self._batch):
-            yield {name: values[begin:begin + self._batch] for name, values in window.items()}
-        self._skip = 0
+        skip, self._skip = self._skip, 0
+        if skip < size:
+            yield {name: values[skip:] for name, values in window.items()} if skip else window
         self._window += 1
         self._row += size
 
@@ -155,6 +157,12 @@ class WindowBatcher:
         if len(taken) == 1:
             return taken[0]
         return {name: np.concatenate([t[name] for t in taken]) for name in taken[0]}
+
+
+def split_batches(run: Columns, batch_size: int) -> Iterator[Columns]:
+    """The batches of a run (views)."""
+    for begin in range(0, _num_rows(run), batch_size):
+        yield {name: values[begin:begin + batch_size] for name, values in run.items()}
 
 
 def _num_rows(columns: Columns) -> int:

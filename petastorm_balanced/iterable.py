@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Optional
 
 from . import stream
-from .loader import Position, _require_torch, _Settings, to_torch, torch
+from .batching import split_batches
+from .loader import Position, _require_torch, _Settings, to_torch, torch, torch_batches
 from .world import resolve_world
 
 _Base = torch.utils.data.IterableDataset if torch is not None else object
@@ -69,15 +70,16 @@ class BalancedIterableDataset(_Base):
         settings = self._settings
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers) if f.worker == slot]
-        batches = stream.slot_batches(fragments, stream.inline_chunks(settings.plan, settings.columns),
-                                      batch_size=settings.batch_size, shuffle=settings.shuffle,
-                                      shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
-                                      batches_done=(done + worker) // num_workers)
-        for batch in batches:
+        runs = stream.slot_runs(fragments, stream.inline_chunks(settings.plan, settings.columns),
+                                batch_size=settings.batch_size, shuffle=settings.shuffle,
+                                shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
+                                batches_done=(done + worker) // num_workers)
+        for run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
-                yield {k: v for k, v in batch.items() if k != stream.PADDING or settings.padding_mask}
+                keep = {k: v for k, v in run.items() if k != stream.PADDING or settings.padding_mask}
+                yield from split_batches(keep, settings.batch_size)
             else:
-                yield to_torch(batch, settings.padding_mask)
+                yield from torch_batches(run, settings.batch_size, settings.padding_mask)
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next; a position loaded for the same epoch is kept (see ``BalancedLoader.set_epoch``)."""

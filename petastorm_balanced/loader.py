@@ -40,19 +40,35 @@ def _require_torch():
 
 def to_torch(batch: dict, padding_mask: bool) -> dict:
     """Numeric columns as tensors (sharing the batch's memory), strings and other objects as lists."""
-    out = {}
-    for name, values in batch.items():
+    return next(torch_batches(batch, _rows(batch), padding_mask))
+
+
+def torch_batches(run: dict, batch_size: int, padding_mask: bool):
+    """Cut a run of whole batches into dicts of tensors (views of one tensor per column) and lists.
+
+    Converting once per run and splitting there keeps the per-batch cost to a few views, whatever the column
+    count; the batches of a run share its memory.
+    """
+    parts = {}
+    for name, values in run.items():
         if name == stream.PADDING and not padding_mask:
             continue
         if values.dtype.kind in "OUS":
-            out[name] = values.tolist()
+            items = values.tolist()
+            parts[name] = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
             continue
         if values.dtype.kind in "mM":
             values = values.view(np.int64)
         if not values.flags.writeable:
             values = values.copy()  # Arrow buffers are read-only; tensors must be writable
-        out[name] = torch.from_numpy(values)
-    return out
+        parts[name] = torch.from_numpy(values).split(batch_size)
+    names, columns = list(parts), list(parts.values())
+    for i in range(_rows(run) // batch_size):
+        yield dict(zip(names, [column[i] for column in columns]))
+
+
+def _rows(columns: dict) -> int:
+    return len(next(iter(columns.values())))
 
 
 class _Settings:
@@ -204,16 +220,16 @@ class BalancedLoader:
         settings = self._settings
         epoch, done = run
         chunks = stream.petastorm_chunks(settings.plan, settings.columns, self._reader_options)
-        batches = stream.slot_batches(settings.fragments(epoch), chunks, batch_size=settings.batch_size,
-                                      shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
-                                      key=settings.key(epoch), batches_done=done)
+        runs = stream.slot_runs(settings.fragments(epoch), chunks, batch_size=settings.batch_size,
+                                shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
+                                key=settings.key(epoch), batches_done=done)
         try:
-            for batch in batches:
-                out = to_torch(batch, settings.padding_mask)
-                run[1] += 1
-                yield out
+            for batch_run in runs:
+                for batch in torch_batches(batch_run, settings.batch_size, settings.padding_mask):
+                    run[1] += 1
+                    yield batch
         finally:
-            batches.close()
+            runs.close()
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from . import fragments as fr
 from . import fs as fsutil
-from .batching import WindowBatcher, start_point, window_rows
+from .batching import WindowBatcher, split_batches, start_point, window_rows
 from .plan import Fragment, ShardPlan
 from .scan import load_unischema, partition_values
 
@@ -61,9 +61,9 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
     return Columns(tuple(names), used, {n: fields[n] for n in names} if fields else None)
 
 
-def slot_batches(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int, shuffle: bool,
-                 shuffle_window: int, key: Sequence[int], batches_done: int = 0) -> Iterator[dict]:
-    """Numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
+def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int, shuffle: bool,
+              shuffle_window: int, key: Sequence[int], batches_done: int = 0) -> Iterator[dict]:
+    """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
@@ -88,6 +88,16 @@ def slot_batches(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: i
         if close is not None:
             close()
     batcher.finish()
+
+
+def slot_batches(fragments: Sequence[Fragment], chunks: Chunks, **options) -> Iterator[dict]:
+    """``slot_runs`` cut into numpy batches."""
+    runs = slot_runs(fragments, chunks, **options)
+    try:
+        for run in runs:
+            yield from split_batches(run, options["batch_size"])
+    finally:
+        runs.close()
 
 
 def inline_chunks(plan: ShardPlan, columns: Columns) -> Chunks:

@@ -16,7 +16,7 @@ from petastorm.predicates import in_lambda
 from hypothesis import given, settings, strategies as st
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
-from petastorm_balanced.batching import WindowBatcher, start_point
+from petastorm_balanced.batching import WindowBatcher, split_batches, start_point
 from petastorm_balanced import fragments as fragments_module
 from petastorm_balanced.reader import OWNED_ARGUMENTS
 from resume_contract import check_resume_contract, fingerprint
@@ -59,7 +59,8 @@ def batches_from(rows, batch, window, shuffle, done):
     out = []
     for i in range(start.fragment, len(rows)):
         begin = (ends[i - 1] if i else 0) + (start.offset if i == start.fragment else 0)
-        out += [b["id"].tolist() for b in batcher.push({"id": np.arange(begin, ends[i])})]
+        out += [b["id"].tolist() for run in batcher.push({"id": np.arange(begin, ends[i])})
+                for b in split_batches(run, batch)]
     batcher.finish()
     return out
 
