@@ -238,6 +238,11 @@ def test_dataloader_workers_split_a_rank_without_changing_steps(plans, plain_dat
         got = np.concatenate([b["id"].numpy() for b in batches])
         slots = plan.assignment(2, epoch=1, world_size=3, num_workers=max(1, workers))
         assert sorted(got) == sorted(planned_ids(plain_dataset, slots))
+    # the documented recipe for a plain DataLoader: set the position by hand, same K
+    dataset = BalancedIterableDataset(plan, 2, 3, epoch=1)
+    dataset.load_state_dict({**dataset.state_dict(), "batches": 5, "num_workers": 3})
+    resumed = [fingerprint(b) for b in DataLoader(dataset, batch_size=None, num_workers=3)]
+    assert resumed == [fingerprint(b) for b in batches][5:]
     single = [fingerprint(b) for b in BalancedIterableDataset(plan, 2, 3, epoch=4)]
     assert single == [fingerprint(b) for b in make_loader(2, 3, plan=plan, epoch=4)]
 
