@@ -12,6 +12,7 @@ Only the predicate's ``get_fields()`` columns are read; hive partition columns c
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import types
 from typing import Iterable
@@ -79,8 +80,11 @@ def describe(obj) -> str:
     if isinstance(obj, (types.FunctionType, types.LambdaType)):
         code = obj.__code__
         cells = [describe(c.cell_contents) for c in (obj.__closure__ or ())]
+        defaults = [describe(obj.__defaults__ or ()), describe(obj.__kwdefaults__ or {})]  # lambda x, t=5: x > t
         return (f"fn({code.co_code.hex()},{[describe(c) for c in code.co_consts]},{code.co_names},"
-                f"{cells})")
+                f"{cells}{'' if defaults == ['[]', '{}'] else ',' + ','.join(defaults)})")
+    if isinstance(obj, functools.partial):
+        return f"partial({describe(obj.func)},{describe(obj.args)},{describe(obj.keywords)})"
     if isinstance(obj, types.CodeType):
         return f"code({obj.co_code.hex()},{obj.co_names})"
     if isinstance(obj, (set, frozenset)):

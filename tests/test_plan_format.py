@@ -1,5 +1,6 @@
 """Plan files: round trip, every kind of damage refused with the right PlanError, staleness, crash safety, G9."""
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -270,6 +271,23 @@ def test_predicate_changed_is_stale(saved):
                                       ("lang = 'en'", None, "kind 'petastorm' -> 'sql'")]:
         with pytest.raises(StalePlanError, match=pattern):
             plan_format.check_predicate(plan, predicate_info(where, predicate))
+
+
+def above(value, threshold):
+    return value > threshold
+
+
+@pytest.mark.parametrize("first, second", [
+    (in_lambda(["x"], lambda x, t=5: x > t), in_lambda(["x"], lambda x, t=6: x > t)),
+    (in_lambda(["x"], functools.partial(above, threshold=1)), in_lambda(["x"], functools.partial(above, threshold=2))),
+    (in_lambda(["x"], lambda x, s: x > s, 1), in_lambda(["x"], lambda x, s: x > s, 2)),
+], ids=["default argument", "partial keyword", "state_arg"])
+def test_predicate_fingerprint_sees_bound_values(first, second):
+    """Predicates that differ only in a bound value are different predicates (else G7 would miss the change)."""
+    a, b = predicate_info(None, first), predicate_info(None, second)
+    assert a.fingerprint != b.fingerprint
+    assert a == predicate_info(None, first)
+    assert "0x" not in a.text  # no memory address: the same predicate gets the same fingerprint in every process
 
 
 # ---- crash safety ----
