@@ -54,7 +54,7 @@ def best_rates(repeats, contenders):
     return best
 
 
-def raw_pyarrow(plan):
+def raw_pyarrow(plan, columns=NUMERIC):
     """The floor: one thread, each file opened once, ``read_row_group`` of every row group, columns to numpy."""
     import pyarrow.parquet as pq
     from petastorm_balanced import fs as fsutil
@@ -63,9 +63,9 @@ def raw_pyarrow(plan):
     for group in plan.catalog.row_groups:
         if group.path not in files:
             files[group.path] = pq.ParquetFile(f"{root}/{group.path}")
-        table = files[group.path].read_row_group(group.row_group, columns=NUMERIC)
-        columns = [table.column(c).to_numpy() for c in NUMERIC]
-        rows += len(columns[0])
+        table = files[group.path].read_row_group(group.row_group, columns=columns)
+        arrays = [table.column(c).to_numpy() for c in table.column_names]
+        rows += len(arrays[0])
     return rows
 
 
@@ -101,12 +101,17 @@ def throughput(url, args):
         "petastorm_shuffled": lambda: petastorm_batched(url, w, b, q),
         "balanced": lambda: balanced(plan, w, b, False, q),
         "balanced_shuffled": lambda: balanced(plan, w, b, True, q),
+        "raw_pyarrow_all_columns": lambda: raw_pyarrow(plan, columns=None),
+        "balanced_all_columns": lambda: balanced(plan, w, b, False, q, columns=None),
         "balanced_all_columns_shuffled": lambda: balanced(plan, w, b, True, q, columns=None),
     }))
     out["ratio_vs_petastorm"] = out["balanced"] / out["petastorm"]
     out["ratio_vs_petastorm_shuffled"] = out["balanced_shuffled"] / out["petastorm_shuffled"]
     out["ratio_vs_raw_pyarrow"] = out["balanced"] / out["raw_pyarrow"]
     out["ratio_shuffled_vs_raw_pyarrow"] = out["balanced_shuffled"] / out["raw_pyarrow"]
+    out["ratio_all_columns_vs_raw_pyarrow"] = out["balanced_all_columns"] / out["raw_pyarrow_all_columns"]
+    out["ratio_all_columns_shuffled_vs_raw_pyarrow"] = (out["balanced_all_columns_shuffled"]
+                                                        / out["raw_pyarrow_all_columns"])
     return out
 
 
@@ -147,16 +152,24 @@ def decode_work(plain_url, petastorm_url, args):
 
 
 def peak_rss(url, args):
-    """ru_maxrss (MiB) of a child process reading one rank's epoch."""
-    code = ("import sys, resource, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, %r)\n"
+    """Memory of a child process reading one rank's epoch (MiB): ru_maxrss, and the resident size sampled while
+    reading minus the size before the first batch (what reading adds on top of the imports and the plan)."""
+    code = ("import os, sys, resource, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, %r)\n"
             "from petastorm_balanced import plan_shards, make_loader\n"
+            "page = os.sysconf('SC_PAGE_SIZE')\n"
+            "def rss(): return int(open('/proc/self/statm').read().split()[1]) * page\n"
             "plan = plan_shards(%r, 2, batch_size=%d, engine='local')\n"
-            "n = sum(len(b['id']) for b in make_loader(0, 2, plan=plan, workers_count=%d, shuffle_window=%d))\n"
-            "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+            "loader = make_loader(0, 2, plan=plan, workers_count=%d, shuffle_window=%d)\n"
+            "base, top, n = rss(), 0, 0\n"
+            "for i, b in enumerate(loader):\n"
+            "    n += len(b['id'])\n"
+            "    top = max(top, rss()) if i %% 20 == 0 else top\n"
+            "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, base, top)\n"
             % (ROOT, url, args.batch, args.workers, args.window))
-    rows, kib = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                               text=True).stdout.split()
-    return int(rows), int(kib) / 1024
+    rows, peak, base, top = map(int, subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                                    text=True).stdout.split())
+    mib = 1024 * 1024
+    return {"rows": rows, "peak_rss_mib": peak / mib, "reading_adds_mib": (top - base) / mib}
 
 
 def resume_latency(url, args):
@@ -207,9 +220,9 @@ def main(argv=None):
     results["resume"] = resume_latency(url, args)
     if not args.skip_rss:
         big = dataset(os.path.join(workdir, f"plain_{args.rows * args.scale}"), args.rows * args.scale, seed=8)
-        (small_rows, small_mib), (big_rows, big_mib) = peak_rss(url, args), peak_rss(big, args)
-        results["rss"] = {"rows_read_1x": small_rows, "peak_rss_mib_1x": small_mib, "rows_read_big": big_rows,
-                          "peak_rss_mib_big": big_mib, "scale": args.scale, "ratio_big_vs_1x": big_mib / small_mib}
+        small, large = peak_rss(url, args), peak_rss(big, args)
+        results["rss"] = {"scale": args.scale, "1x": small, f"{args.scale}x": large,
+                          "peak_ratio": large["peak_rss_mib"] / small["peak_rss_mib"]}
     print(json.dumps(results, indent=1))
     return results
 

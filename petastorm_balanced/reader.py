@@ -97,8 +97,9 @@ class _PlannedWorkerMixin:
                             f"{fragment.row_group} of {fragment.path!r}: Petastorm's piece list changed")
         columns = task.columns or tuple(self._schema.fields)
         spec = fr.ReadSpec(columns, task.partition_types)
-        indices = fragment.row_indices()
+        indices = None  # the fragment's own rows (read_fragment slices them when they are one run)
         if task.shuffle_key is not None:
+            indices = fragment.row_indices()
             indices = indices[window_permutation(len(indices), (*task.shuffle_key, sequence))]
         try:
             if isinstance(self._local_cache, NullCache):
@@ -110,7 +111,7 @@ class _PlannedWorkerMixin:
             full = Fragment(fragment.path, fragment.row_group, False, 0, 0, fragment.total_rows,
                             fragment.total_rows)
             table = self._local_cache.get(key, lambda: fr.read_fragment(self._files().get(piece.path), full, spec))
-            return fr._cut(table, indices)
+            return fr._cut(table, fragment.row_indices() if indices is None else indices)
         except (OSError, pa.ArrowException) as exc:  # name the file and row group (StalePlanError passes as is)
             raise fr.read_error(fragment, exc) from exc
 
