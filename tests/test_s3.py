@@ -170,3 +170,21 @@ def test_cli_plans_and_inspects_on_s3(s3, plain_on_s3):
     assert plan.dataset_url == plain_on_s3 and plan.world_size == 3
     assert report["dataset_url"] == plain_on_s3 and report["plan_url"] == s3.join("plan")
     assert [r["steps"] for r in report["ranks"]] == [plan.steps_per_epoch()] * 3
+
+
+def test_spark_engine_plans_an_s3_dataset_like_the_local_engine(spark, s3, plain_on_s3, plain_dataset):
+    """G8 on S3: the Spark engine lists and reads footers through pyarrow on the driver, so no S3A jar is needed."""
+    on_s3 = plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="spark", spark=spark)
+    _same_catalog(on_s3, plan_shards(plain_dataset.url, WORLD, batch_size=BATCH, engine="local"))
+    assert on_s3.checksum == plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="local").checksum
+
+
+def test_spark_where_on_s3_says_what_to_install(spark, s3, plain_on_s3):
+    """where= makes Spark read the data, through Hadoop's S3A; pyspark's wheel has no S3A jar (offline here)."""
+    try:
+        plan = plan_shards(plain_on_s3, WORLD, batch_size=BATCH, where="lang = 'en'", engine="spark", spark=spark)
+    except ImportError as exc:
+        assert "hadoop-aws" in str(exc) and "engine='local'" in str(exc)
+    else:  # a Spark with S3A configured for this endpoint: then it must agree with the local engine
+        local = plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="local", predicate=in_set({"en"}, "lang"))
+        assert plan.catalog.row_groups == local.catalog.row_groups
