@@ -14,7 +14,9 @@ the three things that decide *which* rows come out and in what order:
 from __future__ import annotations
 
 import hashlib
+import contextlib
 import posixpath
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -262,8 +264,9 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
 
     check_pool_options(reader_pool_type, workers_count)
     from .remote import petastorm_filesystem  # s3:// needs a filesystem Petastorm 0.12.1 can list (remote.py)
-    fs, path = petastorm_filesystem(plan.dataset_url, filesystem=filesystem, storage_options=storage_options,
-                                    hdfs_driver=hdfs_driver)
+    with quiet_legacy_pyarrow():
+        fs, path = petastorm_filesystem(plan.dataset_url, filesystem=filesystem, storage_options=storage_options,
+                                        hdfs_driver=hdfs_driver)
     if cache_type in (None, "null"):
         cache = NullCache()
     elif cache_type == "local-disk":
@@ -282,14 +285,24 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
         raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of 'thread', 'process', 'dummy'")
     unischema = plan.catalog.kind == "petastorm"
     try:
-        return BalancedReader(fs, path, fragments=fragments, task=task,
-                              plan_files=[f.path for f in plan.catalog.files], dataset_url=plan.dataset_url,
-                              max_ahead=max_ahead, schema_fields=schema_fields, reader_pool=pool, cache=cache,
-                              transform_spec=transform_spec,
-                              worker_class=PlannedPyDictWorker if unischema else PlannedArrowWorker,
-                              is_batched_reader=not unischema)
+        with quiet_legacy_pyarrow():
+            return BalancedReader(fs, path, fragments=fragments, task=task,
+                                  plan_files=[f.path for f in plan.catalog.files],
+                                  dataset_url=plan.dataset_url, max_ahead=max_ahead, schema_fields=schema_fields,
+                                  reader_pool=pool, cache=cache, transform_spec=transform_spec,
+                                  worker_class=PlannedPyDictWorker if unischema else PlannedArrowWorker,
+                                  is_batched_reader=not unischema)
     except (OSError, pa.ArrowException) as exc:  # Petastorm reads every footer first; pyarrow names no file
         raise fr.unreadable_dataset_error(plan, exc) from exc
+
+
+@contextlib.contextmanager
+def quiet_legacy_pyarrow():
+    """Petastorm 0.12.1 on pyarrow 14 uses legacy APIs that warn a dozen FutureWarnings per reader (every epoch);
+    they say nothing the user can act on, so they are silenced while a reader is built."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"(petastorm|pyarrow)(\.|$)")
+        yield
 
 
 POOL_TYPES = ("thread", "process", "dummy")
