@@ -3,13 +3,20 @@
 Planning goes through ``pyarrow.fs.S3FileSystem`` (fs.resolve); Petastorm reads through ``remote.S3FSWrapper``.
 Both must see exactly what they see on local disk for the same files.
 """
+import json
+import os
+import pickle
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from petastorm import make_batch_reader, make_reader
 from petastorm.predicates import in_set
 
-from petastorm_balanced import StalePlanError, load_plan, plan_shards, remote
+from petastorm_balanced import (BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards,
+                                remote)
 from tests.s3_server import s3, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
@@ -102,7 +109,6 @@ def test_petastorm_reads_s3_through_the_wrapper(s3, petastorm_dataset, hive_data
 
 
 def test_wrapper_lists_like_the_local_disk(s3, hive_dataset):
-    import os
     remote.upload_folder(hive_dataset.path, s3.join("hive"))
     wrapper = remote.petastorm_source(s3.join("hive")).filesystem
     root = s3.join("hive")[len("s3://"):]
@@ -112,7 +118,6 @@ def test_wrapper_lists_like_the_local_disk(s3, hive_dataset):
     assert listed == local
     assert wrapper.isdir(root) and not wrapper.isfile(root)
     assert wrapper.isfile(f"{root}/{listed[-1]}") and not wrapper.isdir(f"{root}/{listed[-1]}")
-    import pickle
     again = pickle.loads(pickle.dumps(wrapper))  # Petastorm's process pool ships the filesystem to workers
     assert sorted(again.ls(root)) == sorted(wrapper.ls(root))
 
@@ -128,7 +133,6 @@ def _check_epoch(plan, batches_by_rank, world):
 
 
 def test_loader_reads_an_s3_plan_on_every_rank(s3, plain_on_s3):
-    from petastorm_balanced import make_loader
     plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="local", output_url=s3.join("plan"))
     plan = load_plan(s3.join("plan"))
     batches = [[b["id"].numpy() for b in make_loader(rank, WORLD, plan=s3.join("plan"), workers_count=2)]
@@ -139,7 +143,6 @@ def test_loader_reads_an_s3_plan_on_every_rank(s3, plain_on_s3):
 def test_process_pool_and_dataloader_workers_read_s3(s3, petastorm_dataset):
     """The S3 filesystem crosses process boundaries: Petastorm's process pool, torch DataLoader workers."""
     torch = pytest.importorskip("torch")
-    from petastorm_balanced import BalancedIterableDataset, make_loader
     remote.upload_folder(petastorm_dataset.path, s3.join("pet"))
     plan = plan_shards(s3.join("pet"), 2, batch_size=BATCH, engine="local")
     by_pool = [b["id"].numpy() for b in make_loader(0, 2, plan=plan, reader_pool_type="process", workers_count=1,
@@ -153,10 +156,6 @@ def test_process_pool_and_dataloader_workers_read_s3(s3, petastorm_dataset):
 
 
 def test_cli_plans_and_inspects_on_s3(s3, plain_on_s3):
-    import json
-    import os
-    import subprocess
-    import sys
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = ("import sys; from petastorm_balanced.cli import main; "
               "rc = main(sys.argv[1:5] + ['--world-size', '3', '--batch-size', '16', '--engine', 'local']); "
