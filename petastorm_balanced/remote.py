@@ -67,12 +67,13 @@ def s3fs_filesystem(url, **storage_options):
     except ImportError:  # pragma: no cover - depends on the installation
         raise ImportError("reading s3:// datasets needs s3fs: pip install 'petastorm-balanced[s3]'") from None
     options = dict(storage_options)
+    client = options["client_kwargs"] = dict(options.get("client_kwargs") or {})  # never edit the caller's dict
     endpoint = endpoint_url(url)
     if endpoint:
-        options.setdefault("client_kwargs", {}).setdefault("endpoint_url", endpoint)
+        client.setdefault("endpoint_url", endpoint)
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
-        options.setdefault("client_kwargs", {}).setdefault("region_name", region)
+        client.setdefault("region_name", region)
     return s3fs.S3FileSystem(**options)
 
 
