@@ -17,7 +17,6 @@ import pytest
 from petastorm_balanced import (BalancedIterableDataset, PlanError, StalePlanError, datagen, load_plan, make_loader,
                                 plan_shards, remote)
 from petastorm_balanced.plan_format import TEST_PAUSE_ENV
-from tests.s3_server import s3, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 

@@ -17,7 +17,6 @@ from petastorm.predicates import in_set
 
 from petastorm_balanced import (BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards,
                                 remote)
-from tests.s3_server import s3, s3_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
