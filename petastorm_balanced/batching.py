@@ -8,7 +8,8 @@ depends on everything read before it, so resuming exactly would mean replaying t
 row at any position is a function of the position alone, so resuming at batch ``k`` reads from the start of
 ``k``'s window (skipping every earlier fragment without opening it) and drops the batches before ``k`` inside it.
 
-Columns travel as ``{name: numpy array}`` with rows on axis 0 (object arrays for strings). The batcher hands out
+Columns travel as ``{name: numpy array}`` with rows on axis 0, or a ``pyarrow`` array for strings (permuted inside
+Arrow, turned into Python objects only when handed out). The batcher hands out
 *runs* of whole batches (a permuted window, or the whole batches buffered so far when not shuffling) and callers
 cut them into batches, so per-batch work is a slice, and conversions (to tensors) happen once per run.
 
@@ -28,22 +29,31 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 Columns = Dict[str, np.ndarray]
 
 
-def window_rows(batch_size: int, shuffle_window: int, shuffle: bool) -> int:
-    """Rows per shuffle window: ``shuffle_window`` rounded up to whole batches; one batch when not shuffling."""
-    if not shuffle:
-        return batch_size
+def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> int:
+    """Rows per window: ``shuffle_window`` rounded up to whole batches. Without shuffling windows only group
+    batches (fewer, larger conversions); they start at the next batch to deliver rather than at fixed rows."""
     return max(1, -(-shuffle_window // batch_size)) * batch_size
 
 
 def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
-    """A permutation of ``num_rows`` drawn from ``key``; argsort of raw PCG64 words, so it is the same on every
-    NumPy version (``Generator.permutation`` is not guaranteed to be). About 1 ms per 10,000 rows."""
+    """A permutation of ``num_rows`` drawn from ``key``, the same on every NumPy version.
+
+    The rows are stably sorted by 48 bits of raw PCG64 words (``Generator.permutation`` is not guaranteed to stay
+    the same across versions; the bit generator's stream is). A stable sort's result is defined by the keys alone,
+    whatever algorithm NumPy uses, and three 16-bit passes let NumPy use its radix sort: about 0.3 ms per 10,000
+    rows instead of 0.7 ms for sorting the 64-bit words.
+    """
     words = np.random.Generator(np.random.PCG64(list(key))).bit_generator.random_raw(num_rows)
-    return np.argsort(words, kind="stable")
+    order = np.argsort(words.astype(np.uint16), kind="stable")
+    for shift in (16, 32):  # least significant digit first: the last pass decides, earlier ones break ties
+        digits = (words >> np.uint64(shift)).astype(np.uint16)
+        order = order[np.argsort(digits[order], kind="stable")]
+    return order
 
 
 @dataclass(frozen=True)
@@ -80,9 +90,8 @@ def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int,
 class WindowBatcher:
     """Turns column chunks pushed in delivery order into batches of exactly ``batch_size`` rows.
 
-    ``key`` is the generator key prefix ``(seed, epoch, rank, slot)``; ``None`` means no shuffling (then every
-    whole batch is handed out as soon as its rows are there, and ``window_rows`` is not used). Memory is one
-    window plus the chunk being pushed. Batches are writable arrays.
+    ``key`` is the generator key prefix ``(seed, epoch, rank, slot)``; ``None`` means no shuffling. Memory is one
+    window plus the chunk being pushed. Numeric batches are writable arrays.
     """
 
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
@@ -111,11 +120,6 @@ class WindowBatcher:
                                f"{self._total - self._row} left; the reader delivered more rows than planned")
         self._parts.append(columns)
         self._buffered += rows
-        if self._key is None:  # no permutation: hand out every whole batch buffered, in one take
-            ready = self._buffered - self._buffered % self._batch
-            if ready:
-                yield from self._emit(ready)
-            return
         while not self.done and self._buffered >= min(self._window_rows, self._total - self._row):
             yield from self._emit(min(self._window_rows, self._total - self._row))
 
@@ -129,10 +133,10 @@ class WindowBatcher:
         window = self._take(size)
         if self._key is not None:
             order = window_permutation(size, (*self._key, self._window))
-            window = {name: values[order] for name, values in window.items()}
+            window = {name: _gather(values, order) for name, values in window.items()}
         else:  # batches are writable arrays (torch needs that); one copy per window, not one per batch
-            window = {name: values if values.flags.writeable or values.dtype == object else values.copy()
-                      for name, values in window.items()}
+            window = {name: values if isinstance(values, pa.Array) or values.flags.writeable
+                      or values.dtype == object else values.copy() for name, values in window.items()}
         skip, self._skip = self._skip, 0
         if skip < size:
             yield {name: values[skip:] for name, values in window.items()} if skip else window
@@ -156,7 +160,15 @@ class WindowBatcher:
         self._buffered -= size
         if len(taken) == 1:
             return taken[0]
-        return {name: np.concatenate([t[name] for t in taken]) for name in taken[0]}
+        return {name: _concat([t[name] for t in taken]) for name in taken[0]}
+
+
+def _concat(parts):
+    return pa.concat_arrays(parts) if isinstance(parts[0], pa.Array) else np.concatenate(parts)
+
+
+def _gather(values, order: np.ndarray):
+    return values.take(order) if isinstance(values, pa.Array) else values[order]
 
 
 def split_batches(run: Columns, batch_size: int) -> Iterator[Columns]:

@@ -111,12 +111,18 @@ def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
 
 def to_columns(table: pa.Table, fields: Optional[dict] = None) -> Dict[str, np.ndarray]:
     """Column arrays with rows on axis 0; Unischema ``fields`` are decoded (after the cut, so only delivered
-    rows pay for codecs). Strings become object arrays of ``str``."""
+    rows pay for codecs).
+
+    String and binary columns stay ``pyarrow`` arrays: the shuffle permutes them inside Arrow (contiguous
+    buffers) and Python ``str`` objects are made once, for the rows handed out (``as_list``).
+    """
     out = {}
     for name in table.column_names:
         column = table.column(name)
         unischema_field = fields.get(name) if fields else None
-        if unischema_field is None and _is_list(column.type):
+        if _is_text(column.type) and (unischema_field is None or _is_scalar(unischema_field)):
+            out[name] = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        elif unischema_field is None and _is_list(column.type):
             out[name] = _list_values(column)
         elif unischema_field is None or _is_scalar(unischema_field):
             values = column.to_numpy(zero_copy_only=False) if column.num_chunks != 1 else \
@@ -129,6 +135,18 @@ def to_columns(table: pa.Table, fields: Optional[dict] = None) -> Dict[str, np.n
         else:
             out[name] = _decode_cells(column, unischema_field)
     return out
+
+
+def _is_text(arrow_type) -> bool:
+    return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or
+            pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type))
+
+
+def as_list(values) -> list:
+    """Python values of a column: ``str``/``bytes`` for Arrow text arrays, items of numpy arrays."""
+    if isinstance(values, pa.Array):
+        return values.to_numpy(zero_copy_only=False).tolist()  # far faster than to_pylist in pyarrow 14
+    return values.tolist()
 
 
 def _is_list(arrow_type) -> bool:

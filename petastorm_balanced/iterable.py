@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from . import stream
 from .batching import split_batches
+from .fragments import as_list
 from .loader import Position, _require_torch, _Settings, to_torch, torch, torch_batches
 from .world import resolve_world
 
@@ -76,7 +79,9 @@ class BalancedIterableDataset(_Base):
                                 batches_done=(done + worker) // num_workers)
         for run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
-                keep = {k: v for k, v in run.items() if k != stream.PADDING or settings.padding_mask}
+                # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
+                keep = {k: v if isinstance(v, np.ndarray) else np.array(as_list(v), dtype=object)
+                        for k, v in run.items() if k != stream.PADDING or settings.padding_mask}
                 yield from split_batches(keep, settings.batch_size)
             else:
                 yield from torch_batches(run, settings.batch_size, settings.padding_mask)

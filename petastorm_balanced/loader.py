@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+import pyarrow as pa
 
 from . import stream
+from .fragments import as_list
 from .plan import ShardPlan
 from .reader import check_petastorm_kwargs, check_pool_options, resolve_plan
 from .world import World, resolve_world
@@ -53,8 +55,8 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool):
     for name, values in run.items():
         if name == stream.PADDING and not padding_mask:
             continue
-        if values.dtype.kind in "OUS":
-            items = values.tolist()
+        if isinstance(values, pa.Array) or values.dtype.kind in "OUS":
+            items = as_list(values)
             parts[name] = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
             continue
         if values.dtype.kind in "mM":

@@ -8,6 +8,7 @@ assignments (G5), and exact resume (G6, through the shared contract in ``resume_
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 import torch
@@ -59,8 +60,11 @@ def batches_from(rows, batch, window, shuffle, done):
     out = []
     for i in range(start.fragment, len(rows)):
         begin = (ends[i - 1] if i else 0) + (start.offset if i == start.fragment else 0)
-        out += [b["id"].tolist() for run in batcher.push({"id": np.arange(begin, ends[i])})
-                for b in split_batches(run, batch)]
+        ids = np.arange(begin, ends[i])
+        for run in batcher.push({"id": ids, "text": pa.array(ids.astype(str))}):  # strings stay Arrow arrays
+            for b in split_batches(run, batch):
+                assert b["text"].to_pylist() == b["id"].astype(str).tolist()
+                out.append(b["id"].tolist())
     batcher.finish()
     return out
 
