@@ -7,7 +7,8 @@ The work happens in ``petastorm_balanced.engines.spark`` (footers and filters in
 ``petastorm_balanced.planning`` (the same balancing as every other entry point). The package need not be installed:
 this file puts the repository it lives in on ``sys.path``, and the engine ships a zip of the package to the
 executors. Without ``--master`` spark-submit runs ``local[*]``. Exit codes: 0 plan written, 2 bad arguments or
-input (nothing written), 1 anything else.
+input (nothing written), 1 anything else. spark-submit prints this script's stdout and stderr (our log lines and
+errors, prefixed ``plan_shards:``) on its own stdout, and Spark's logging on stderr.
 """
 import argparse
 import logging
@@ -62,10 +63,10 @@ def main(argv=None) -> int:
     finally:
         if owned:
             spark.stop()
-    steps = plan.steps_per_epoch()
+    per_rank = (f"{plan.steps_per_epoch()} steps of {plan.batch_size} rows per rank" if plan.batch_size else
+                f"{plan.steps_per_epoch(batch_size=1)} rows per rank (no batch size planned)")
     print(f"{PROG}: wrote {args.output}: {plan.total_rows} matching rows in {len(plan.catalog.row_groups)} row "
-          f"groups, world_size={plan.world_size}, {steps} steps per epoch "
-          f"({'batches' if plan.batch_size else 'rows'} per rank), checksum {plan.checksum}")
+          f"groups, world_size={plan.world_size}, {per_rank}, checksum {plan.checksum}")
     return 0
 
 

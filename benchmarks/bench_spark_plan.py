@@ -1,0 +1,140 @@
+"""How much does Spark planning cost next to the query it is built on?
+
+Two figures:
+
+1. ``where`` planning time divided by a plain Spark ``spark.read.parquet(url).where(expr).count()`` on the same
+   data and session (goal: <= 1.5x). Both read the same columns with the same pushdown; planning also reads the
+   row index, folds matching rows into 64-row words, and encodes them per row group in pandas tasks.
+2. Metadata-only planning time (no filter) for many small files: footers in Spark tasks, on the driver, and with
+   the in-process engine for reference.
+
+Runs are interleaved (count, plan, count, plan, ...) after one warm-up of each, so a busy machine slows both
+sides alike; we report the median and the best of ``--repeat`` runs.
+
+    . scripts/env.sh && python benchmarks/bench_spark_plan.py [--rows 4000000] [--small-files 2000] [--repeat 5]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from petastorm_balanced import datagen, plan_shards  # noqa: E402
+from petastorm_balanced.engines import spark as spark_engine  # noqa: E402
+
+
+def dataset(path: str, make) -> datagen.DatasetInfo:
+    """Generate once per work folder: a rerun with the same arguments reuses the files."""
+    marker = os.path.join(path, "_BENCH_DONE")
+    if os.path.exists(marker):
+        with open(marker) as handle:
+            return datagen.DatasetInfo(**{k: tuple(v) if isinstance(v, list) else v
+                                          for k, v in json.load(handle).items()})
+    shutil.rmtree(path, ignore_errors=True)
+    info = make(path)
+    with open(marker, "w") as handle:
+        json.dump(info.__dict__, handle)
+    return info
+
+
+def timed(fn):
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def summary(times):
+    return {"median_s": round(statistics.median(times), 3), "best_s": round(min(times), 3)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--files", type=int, default=24)
+    parser.add_argument("--small-files", type=int, default=2000)
+    parser.add_argument("--where", default="lang = 'en' AND value > 3")
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bench_spark_plan"))
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args(argv)
+
+    big = dataset(os.path.join(args.workdir, f"big-{args.rows}-{args.files}"),
+                  lambda p: datagen.make_plain_dataset(p, num_files=args.files, total_rows=args.rows, seed=11,
+                                                       min_row_group_rows=20_000, max_row_group_rows=200_000))
+    small = dataset(os.path.join(args.workdir, f"small-{args.small_files}"),
+                    lambda p: datagen.make_plain_dataset(p, num_files=args.small_files,
+                                                         total_rows=args.small_files * 40, seed=12,
+                                                         min_row_group_rows=8, max_row_group_rows=64))
+
+    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master(args.master).appName("bench_spark_plan")
+             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    cores = spark.sparkContext.defaultParallelism
+
+    def count():
+        return spark.read.parquet(big.url).where(args.where).count()
+
+    def plan():
+        return plan_shards(big.url, args.world_size, where=args.where, engine="spark", spark=spark)
+
+    def metadata(in_tasks):
+        spark_engine.DRIVER_FOOTERS_MAX = -1 if in_tasks else 10 ** 9
+        return plan_shards(small.url, args.world_size, engine="spark", spark=spark)
+
+    # Warm-up: JIT, Python workers, OS page cache for both sides.
+    matched = count()
+    assert plan().total_rows == matched, "planning and Spark's count disagree"
+    counts, plans = [], []
+    for _ in range(args.repeat):
+        counts.append(timed(count)[0])
+        plans.append(timed(plan)[0])
+
+    metadata(True), metadata(False)
+    tasks, driver, local = [], [], []
+    for _ in range(args.repeat):
+        tasks.append(timed(lambda: metadata(True))[0])
+        driver.append(timed(lambda: metadata(False))[0])
+        local.append(timed(lambda: plan_shards(small.url, args.world_size, engine="local"))[0])
+    spark_engine.DRIVER_FOOTERS_MAX = 256
+
+    result = {
+        "cores": cores, "where": args.where, "rows": big.num_rows, "files": len(big.files),
+        "row_groups": big.num_row_groups, "matching_rows": matched,
+        "count": summary(counts), "plan_where": summary(plans),
+        "ratio_median": round(statistics.median(plans) / statistics.median(counts), 2),
+        "ratio_best": round(min(plans) / min(counts), 2),
+        "small_files": len(small.files), "small_row_groups": small.num_row_groups,
+        "metadata_spark_tasks": summary(tasks), "metadata_spark_driver": summary(driver),
+        "metadata_local_engine": summary(local),
+    }
+    spark.stop()
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"Spark {args.master} ({cores} cores), where {args.where!r}")
+    print(f"  {result['rows']:,} rows, {result['files']} files, {result['row_groups']} row groups, "
+          f"{matched:,} matching")
+    print(f"  count():        median {result['count']['median_s']:.2f} s  best {result['count']['best_s']:.2f} s")
+    print(f"  plan (where):   median {result['plan_where']['median_s']:.2f} s  best "
+          f"{result['plan_where']['best_s']:.2f} s")
+    print(f"  ratio plan/count: median {result['ratio_median']:.2f}x  best {result['ratio_best']:.2f}x "
+          f"(goal <= 1.5x)")
+    print(f"metadata-only planning, {result['small_files']} files, {result['small_row_groups']} row groups")
+    for label, key in (("footers in Spark tasks", "metadata_spark_tasks"),
+                       ("footers on the driver ", "metadata_spark_driver"),
+                       ("local engine          ", "metadata_local_engine")):
+        print(f"  {label}: median {result[key]['median_s']:.2f} s  best {result[key]['best_s']:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The Spark planning engine and the spark-submit job.
+
+In-process tests share the session's real SparkSession; the job tests launch real ``spark-submit`` (about 10 s
+each) from a folder outside the repository with no PYTHONPATH, so they also show the job needs no pip install.
+Ground truth comes from pyarrow + pandas (row positions) and from Spark itself (``where(...).count()``).
+"""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from petastorm.predicates import in_lambda, in_set
+
+from petastorm_balanced import load_plan, plan_shards
+from petastorm_balanced.engines import spark as spark_engine
+from petastorm_balanced.engines.spark import InvalidWhereError, build_catalog
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(REPO, "spark_jobs", "plan_shards.py")
+WORLD, BATCH = 3, 16
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+def _positions(catalog):
+    return {(r.path, r.row_group): r.positions() for r in catalog.row_groups}
+
+
+def _expected_positions(root, relpaths, mask_fn):
+    """(file, row group) -> matching positions, by reading every row group with pyarrow and filtering in pandas."""
+    out = {}
+    for rel in relpaths:
+        parquet = pq.ParquetFile(os.path.join(root, *rel.split("/")))
+        for i in range(parquet.num_row_groups):
+            frame = parquet.read_row_group(i).to_pandas()
+            mask = np.asarray(mask_fn(frame, rel), dtype=bool)
+            assert mask.shape == (len(frame),)
+            if mask.any():
+                out[(rel, i)] = np.flatnonzero(mask)
+    return out
+
+
+def _assert_same_positions(catalog, expected):
+    got = _positions(catalog)
+    assert sorted(got) == sorted(expected)
+    for key, positions in expected.items():
+        assert np.array_equal(got[key], positions), key
+    assert catalog.total_rows == sum(len(p) for p in expected.values())
+
+
+def _spark_count(spark, url, where):
+    return spark.read.parquet(url).where(where).count()
+
+
+def _year(rel):
+    return int(rel.split("/")[0].split("=")[1])
+
+
+# ------------------------------------------------------------------------------------------- G8: engines agree
+
+@pytest.mark.parametrize("name", ["plain_dataset", "hive_dataset", "petastorm_dataset"])
+@pytest.mark.parametrize("footers_in_tasks", [False, True], ids=["driver-footers", "task-footers"])
+def test_spark_and_local_engines_write_the_same_plan_without_filter(spark, request, name, footers_in_tasks,
+                                                                    monkeypatch):
+    info = request.getfixturevalue(name)
+    monkeypatch.setattr(spark_engine, "DRIVER_FOOTERS_MAX", 0 if footers_in_tasks else 10 ** 9)
+    local = plan_shards(info.url, WORLD, batch_size=BATCH, engine="local")
+    on_spark = plan_shards(info.url, WORLD, batch_size=BATCH, engine="spark", spark=spark)
+    assert on_spark.catalog == local.catalog
+    assert on_spark.checksum == local.checksum
+    assert on_spark.total_rows == info.num_rows == spark.read.parquet(info.url).count()
+
+
+@pytest.mark.parametrize("name, predicate", [
+    ("plain_dataset", in_lambda(["lang", "value"], lambda lang, value: (lang == "en") & (value > 4))),
+    ("hive_dataset", in_lambda(["year"], lambda year: year == "2021")),
+    ("petastorm_dataset", in_set({"en"}, "lang")),
+], ids=["plain-frame", "hive-partition", "petastorm-rows"])
+def test_spark_and_local_engines_agree_with_a_petastorm_predicate(spark, request, name, predicate):
+    info = request.getfixturevalue(name)
+    local = plan_shards(info.url, WORLD, batch_size=BATCH, engine="local", predicate=predicate)
+    on_spark = plan_shards(info.url, WORLD, batch_size=BATCH, engine="spark", spark=spark, predicate=predicate)
+    assert 0 < on_spark.total_rows < info.num_rows
+    assert on_spark.catalog == local.catalog
+    assert on_spark.checksum == local.checksum
+
+
+def test_active_session_is_reused(spark):
+    assert spark_engine.get_session() is spark
+    with pytest.raises(TypeError, match="spark="):
+        spark_engine.get_session("local[2]")
+
+
+# ------------------------------------------------------------------------------------------- where: row level
+
+def test_where_matches_exactly_the_rows_pandas_selects(spark, plain_dataset):
+    where = "lang = 'en' AND value > 3.5 AND label <> 7"
+    catalog = build_catalog(plain_dataset.url, where=where, spark=spark)
+    expected = _expected_positions(plain_dataset.path, plain_dataset.files,
+                                   lambda f, _: (f["lang"] == "en") & (f["value"] > 3.5) & (f["label"] != 7))
+    _assert_same_positions(catalog, expected)
+    assert catalog.total_rows == _spark_count(spark, plain_dataset.url, where)
+    assert catalog.files == build_catalog(plain_dataset.url, spark=spark).files  # every file, matching or not
+    assert any(r.selection for r in catalog.row_groups) and 0 < catalog.total_rows < plain_dataset.num_rows
+
+
+def test_where_on_hive_partition_column(spark, hive_dataset):
+    where = "year = 2021 OR (year = 2022 AND label < 3)"
+    catalog = build_catalog(hive_dataset.url, where=where, spark=spark)
+    expected = _expected_positions(hive_dataset.path, hive_dataset.files,
+                                   lambda f, rel: np.full(len(f), _year(rel) == 2021) |
+                                   ((_year(rel) == 2022) & (f["label"] < 3)))
+    _assert_same_positions(catalog, expected)
+    assert catalog.partition_columns == ("year",)
+    assert catalog.total_rows == _spark_count(spark, hive_dataset.url, where)
+    # Whole partition matched: its row groups carry the empty "all rows" selection.
+    assert all(r.selection == b"" for r in catalog.row_groups if r.path.startswith("year=2021/"))
+
+
+@pytest.fixture(scope="module")
+def nulls_dataset(tmp_path_factory):
+    """Two files with NULLs, a folder name needing URL encoding, and names Spark and pyarrow both skip."""
+    root = tmp_path_factory.mktemp("nulls") / "ds with space"
+    root.mkdir()
+    rng = np.random.default_rng(7)
+    for name, n in (("a.parquet", 700), ("b.parquet", 450)):
+        x = pa.array(np.where(rng.random(n) < 0.3, None, rng.integers(0, 6, n)).tolist(), type=pa.int64())
+        s = pa.array(np.where(rng.random(n) < 0.2, None, rng.choice(["p", "q"], n)).tolist(), type=pa.string())
+        pq.write_table(pa.table({"x": x, "s": s}), root / name, row_group_size=200)
+    shutil.copy(root / "a.parquet", root / ".hidden.parquet")
+    (root / "_tmp").mkdir()
+    shutil.copy(root / "b.parquet", root / "_tmp" / "b.parquet")
+    (root / "_SUCCESS").touch()
+    return root
+
+
+@pytest.mark.parametrize("where, mask", [
+    ("x > 2", lambda f: f["x"].notna() & (f["x"] > 2)),
+    ("NOT (x > 2)", lambda f: f["x"].notna() & ~(f["x"] > 2)),
+    ("s IS NULL OR x = 0", lambda f: f["s"].isna() | (f["x"] == 0)),
+])
+def test_where_null_means_no_match_and_skipped_names_agree(spark, nulls_dataset, where, mask):
+    catalog = build_catalog(str(nulls_dataset), where=where, spark=spark)
+    assert [f.path for f in catalog.files] == ["a.parquet", "b.parquet"]
+    _assert_same_positions(catalog, _expected_positions(str(nulls_dataset), ["a.parquet", "b.parquet"],
+                                                        lambda f, _: mask(f)))
+    assert catalog.total_rows == _spark_count(spark, "file://" + str(nulls_dataset), where)
+
+
+def test_file_spark_would_skip_but_we_read_is_refused(spark, tmp_path, nulls_dataset):
+    root = tmp_path / "ds"
+    shutil.copytree(nulls_dataset, root)
+    shutil.copy(root / "a.parquet", root / "c.parquet._COPYING_")  # Spark skips in-flight copies
+    with pytest.raises(ValueError, match=r"c\.parquet\._COPYING_.*Spark skips it"):
+        build_catalog(str(root), where="x > 2", spark=spark)
+
+
+# ------------------------------------------------------------------------------------------- where: errors
+
+@pytest.mark.parametrize("where, needle", [
+    ("lang === 'en'", "PARSE_SYNTAX_ERROR"),
+    ("no_such_column = 1", "no_such_column"),
+    ("value + 1", "not a boolean"),
+])
+def test_invalid_where_is_a_clear_value_error(spark, plain_dataset, where, needle):
+    with pytest.raises(InvalidWhereError) as caught:
+        plan_shards(plain_dataset.url, WORLD, where=where, engine="spark", spark=spark)
+    message = str(caught.value)
+    assert isinstance(caught.value, ValueError) and "\n" not in message
+    assert repr(where) in message and needle in message and "lang" in message  # names the columns too
+
+
+def test_where_matching_nothing_is_a_value_error(spark, plain_dataset, tmp_path):
+    with pytest.raises(ValueError, match="matches no row"):
+        plan_shards(plain_dataset.url, WORLD, where="lang = 'xx'", engine="spark", spark=spark,
+                    output_url=str(tmp_path / "plan"))
+    assert not (tmp_path / "plan").exists()
+
+
+def _load_job():
+    spec = importlib.util.spec_from_file_location("plan_shards_job", JOB)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("where", ["lang = 'xx'", "missing_col > 1"])
+def test_job_main_exits_2_with_one_line_and_keeps_the_session(spark, plain_dataset, tmp_path, capsys, where):
+    code = _load_job().main([plain_dataset.url, "--world-size", "2", "--output", str(tmp_path / "plan"),
+                             "--where", where])
+    assert code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and where in errors[0]
+    assert not (tmp_path / "plan" / "plan.json").exists()
+    assert spark.range(3).count() == 3  # the active session was borrowed, not stopped
+
+
+def test_package_zip_is_importable_alone(tmp_path):
+    path = spark_engine.package_zip()
+    assert path == spark_engine.package_zip()  # same content, same zip
+    names = zipfile.ZipFile(path).namelist()
+    assert "petastorm_balanced/engines/spark.py" in names and "petastorm_balanced/__init__.py" in names
+    code = "import petastorm_balanced.engines.spark as s, sys; assert s.__file__.startswith(sys.argv[1]), s.__file__"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, sys.argv[1]); {code}", path],
+                   cwd=tmp_path, env=env, check=True, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------- spark-submit
+
+def _submit(tmp_path, *args):
+    """Run the job like a user: plain spark-submit, no --master, outside the repo, package not importable."""
+    spark_submit = shutil.which("spark-submit") or os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_SUBMIT_ARGS")}
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    command = [spark_submit, "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN", JOB, *args]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _ours(result):
+    """Our lines: spark-submit merges the Python driver's stderr into its stdout; Spark logs on stderr."""
+    return [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("plan_shards:")]
+
+
+def _assert_ok(result):
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    lines = _ours(result)
+    assert any(" scanning " in line for line in lines) and any(" wrote " in line for line in lines), lines
+
+
+def test_job_plain_where_totals_equal_spark_count(spark, plain_dataset, tmp_path):
+    where = "lang = 'en' AND value > 2"
+    result = _submit(tmp_path, plain_dataset.url, "--world-size", str(WORLD), "--output", str(tmp_path / "plan"),
+                     "--where", where, "--batch-size", str(BATCH), "--seed", "5")
+    _assert_ok(result)
+    assert any(" matches " in line for line in _ours(result))
+    plan = load_plan(str(tmp_path / "plan"))
+    assert plan.total_rows == _spark_count(spark, plain_dataset.url, where)
+    assert (plan.world_size, plan.batch_size, plan.seed, plan.policy) == (WORLD, BATCH, 5, "drop")
+    again = plan_shards(plain_dataset.url, WORLD, where=where, batch_size=BATCH, seed=5, engine="spark",
+                        spark=spark)
+    assert again.checksum == plan.checksum  # another process, another session: the same plan
+
+
+def test_job_petastorm_dataset_equals_local_engine(petastorm_dataset, tmp_path):
+    result = _submit(tmp_path, petastorm_dataset.path, "--world-size", "4", "--output", str(tmp_path / "plan"),
+                     "--policy", "pad", "--batch-size", "8")
+    _assert_ok(result)
+    plan = load_plan(str(tmp_path / "plan"))
+    local = plan_shards(petastorm_dataset.url, 4, batch_size=8, policy="pad", engine="local")
+    assert plan.catalog.kind == "petastorm" and plan.checksum == local.checksum
+
+
+def test_job_hive_where_on_partition_column(spark, hive_dataset, tmp_path):
+    where = "year = 2021 AND lang = 'en'"
+    result = _submit(tmp_path, hive_dataset.url, "--world-size", "2", "--output", str(tmp_path / "plan"),
+                     "--where", where)
+    _assert_ok(result)
+    plan = load_plan(str(tmp_path / "plan"))
+    assert plan.total_rows == _spark_count(spark, hive_dataset.url, where) > 0
+    assert {r.path.split("/")[0] for r in plan.catalog.row_groups} == {"year=2021"}
+
+
+def test_job_invalid_sql_exits_2_and_writes_nothing(plain_dataset, tmp_path):
+    where = "lang === 'en'"
+    result = _submit(tmp_path, plain_dataset.url, "--world-size", "2", "--output", str(tmp_path / "plan"),
+                     "--where", where)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    errors = [line for line in _ours(result) if line.startswith("plan_shards: error:")]
+    assert len(errors) == 1 and "--where" in errors[0] and where in errors[0], output[-3000:]
+    assert "Traceback" not in output
+    assert not (tmp_path / "plan" / "plan.json").exists()
