@@ -32,7 +32,7 @@ from petastorm.workers_pool import EmptyResultError
 from . import fragments as fr
 from .batching import window_permutation
 from .errors import PlanError, StalePlanError
-from .ordering import Gate, OrderedResults, OrderedVentilator
+from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 from .plan import Fragment, ShardPlan
 from .world import resolve_world
 
@@ -260,7 +260,6 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     from petastorm.reader_impl.pickle_serializer import PickleSerializer
     from petastorm.workers_pool.dummy_pool import DummyPool
     from petastorm.workers_pool.process_pool import ProcessPool
-    from petastorm.workers_pool.thread_pool import ThreadPool
 
     check_pool_options(reader_pool_type, workers_count)
     from .remote import petastorm_filesystem  # s3:// needs a filesystem Petastorm 0.12.1 can list (remote.py)
@@ -275,7 +274,7 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     else:
         raise ValueError(f"cache_type={cache_type!r} is not one of None, 'null', 'local-disk'")
     if reader_pool_type == "thread":
-        pool = ThreadPool(workers_count, results_queue_size)
+        pool = BlockingThreadPool(workers_count, results_queue_size)
     elif reader_pool_type == "process":
         # (sequence, payload) pairs need pickling; Arrow tables pickle as their buffers.
         pool = ProcessPool(workers_count, PickleSerializer(), zmq_copy_buffers=zmq_copy_buffers)
