@@ -22,6 +22,7 @@ from .plan import Fragment
 from .scan import partition_values
 
 OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
+BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,30 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
         else:
             arrays.append(pa.array([values[name]] * len(rows), type=pa.string()))
     return pa.Table.from_arrays(arrays, names=list(spec.columns))
+
+
+def bundle(fragments: Sequence[Fragment], rows: int) -> List[List[Fragment]]:
+    """Consecutive fragments grouped until each group holds at least ``rows`` rows (0: one per group)."""
+    groups, current, count = [], [], 0
+    for fragment in fragments:
+        current.append(fragment)
+        count += fragment.num_rows
+        if count >= rows:
+            groups.append(current)
+            current, count = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+def concat_tables(tables: List[pa.Table]) -> pa.Table:
+    """One table from fragments of several files (types unified if the files disagree, e.g. int32 and int64)."""
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid:
+        return pa.concat_tables(tables, promote_options="permissive")
 
 
 def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:

@@ -134,14 +134,14 @@ class _PlannedWorkerMixin:
 
 
 class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
-    """Plain Parquet: publishes ``(sequence, pyarrow.Table)`` with exactly the fragment's rows."""
+    """Plain Parquet: publishes ``(sequence, pyarrow.Table)`` with exactly the item's fragments' rows."""
 
     # pylint: disable=arguments-differ
-    def process(self, piece_index, sequence, fragment, task):
-        table = self._read_planned(piece_index, sequence, fragment, task)
+    def process(self, piece_indexes, sequence, fragments, task):
+        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in zip(piece_indexes, fragments)])
         if task.mode == "batches" and self._transform_spec:
             self._pending = table
-            table = self._load_rows(None, self._split_pieces[piece_index], (0, 1))  # Petastorm's transform path
+            table = self._load_rows(None, self._split_pieces[piece_indexes[0]], (0, 1))  # Petastorm's transform
         self.publish_func((sequence, table))
 
     def _read_with_shuffle_row_drop(self, piece, pq_file, column_names, shuffle_row_drop_partition):
@@ -153,8 +153,8 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
     """Petastorm (Unischema) datasets: decoded rows (make_reader) or decoded column arrays (the loader)."""
 
     # pylint: disable=arguments-differ
-    def process(self, piece_index, sequence, fragment, task):
-        table = self._read_planned(piece_index, sequence, fragment, task)
+    def process(self, piece_indexes, sequence, fragments, task):
+        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in zip(piece_indexes, fragments)])
         if task.mode == "columns":
             payload = fr.to_columns(table, self._schema.fields)
         else:
@@ -193,7 +193,9 @@ class BalancedReader(Reader):
     """A Petastorm ``Reader`` over given fragments, in their order, each read once.
 
     Iterating gives what Petastorm's ``make_reader`` (Unischema rows) or ``make_batch_reader`` (one batch of numpy
-    arrays per fragment) would give, or ``(sequence, payload)`` pairs in the loader's ``columns`` mode.
+    arrays per fragment) would give, or, in the loader's ``columns`` mode, ``(sequence, payload)`` pairs where
+    ``payload`` holds the rows of the fragments ``bundles[sequence]``: consecutive small fragments travel together
+    (about ``BUNDLE_ROWS`` rows), so tiny row groups do not pay the pool's per-item cost one by one.
     """
 
     def __init__(self, pyarrow_filesystem, dataset_path, *, fragments: Sequence[Fragment], task: ReadTask,
@@ -201,6 +203,7 @@ class BalancedReader(Reader):
         if task.mode not in MODES:
             raise ValueError(f"mode={task.mode!r} is not one of {MODES}")
         self.fragments = list(fragments)
+        self.bundles = fr.bundle(self.fragments, fr.BUNDLE_ROWS if task.mode == "columns" else 0)
         self._task, self._plan_files, self._dataset_url, self._max_ahead = task, set(plan_files), dataset_url, \
             max_ahead
         super().__init__(pyarrow_filesystem, dataset_path, shuffle_row_groups=False, num_epochs=1, **reader_kwargs)
@@ -210,8 +213,9 @@ class BalancedReader(Reader):
 
     def _create_ventilator(self, row_group_indexes, *args, **kwargs):
         gate = Gate(self._max_ahead or self._workers_pool.workers_count + 2)
-        items = [dict(piece_index=p, sequence=i, fragment=f, task=self._task)
-                 for i, (p, f) in enumerate(zip(row_group_indexes, self.fragments))]
+        pieces = iter(row_group_indexes)
+        items = [dict(piece_indexes=[next(pieces) for _ in bundle], sequence=i, fragments=bundle, task=self._task)
+                 for i, bundle in enumerate(self.bundles)]
         self.ordered = OrderedResults(self._workers_pool, gate, len(items))
         self._results_queue_reader = _InOrder(self._results_queue_reader, self.ordered, self._task.mode)
         return OrderedVentilator(self._workers_pool.ventilate, items, gate)

@@ -23,7 +23,8 @@ from .scan import load_unischema, partition_values
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
 
-Chunks = Callable[[List[Fragment]], Iterable[Tuple[Fragment, dict]]]
+# Reads fragments in order and yields (the fragments of the chunk, their rows as columns).
+Chunks = Callable[[List[Fragment]], Iterable[Tuple[List[Fragment], dict]]]
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,8 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int,
                             key=tuple(key) if shuffle else None)
     stream = iter(chunks(todo))
     try:
-        for fragment, columns in stream:
-            columns[PADDING] = np.full(fragment.num_rows, fragment.padding)
+        for chunk, columns in stream:
+            columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
             yield from batcher.push(columns)
     finally:
         close = getattr(stream, "close", None)
@@ -106,12 +107,14 @@ def inline_chunks(plan: ShardPlan, columns: Columns) -> Chunks:
         filesystem, root = fsutil.resolve(plan.dataset_url)
         files = fr.FileCache(lambda path: pq.ParquetFile(filesystem.open_input_file(f"{root}/{path}")))
         spec = columns.spec
-        for fragment in todo:
-            try:
-                table = fr.read_fragment(files.get(fragment.path), fragment, spec)
-            except (OSError, pa.ArrowException) as exc:  # name the file and row group
-                raise fr.read_error(fragment, exc) from exc
-            yield fragment, fr.to_columns(table, columns.fields)
+        for chunk in fr.bundle(todo, fr.BUNDLE_ROWS):
+            tables = []
+            for fragment in chunk:
+                try:
+                    tables.append(fr.read_fragment(files.get(fragment.path), fragment, spec))
+                except (OSError, pa.ArrowException) as exc:  # name the file and row group
+                    raise fr.read_error(fragment, exc) from exc
+            yield chunk, fr.to_columns(fr.concat_tables(tables), columns.fields)
     return chunks
 
 
@@ -125,7 +128,7 @@ def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict) ->
                              **reader_options)
         try:
             for sequence, payload in reader:
-                yield todo[sequence], payload if isinstance(payload, dict) else fr.to_columns(payload)
+                yield reader.bundles[sequence], payload if isinstance(payload, dict) else fr.to_columns(payload)
         finally:
             reader.stop()
             reader.join()
