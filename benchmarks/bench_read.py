@@ -41,17 +41,22 @@ def dataset(path, rows, seed=7, kind="plain"):
     return make(path, num_files=max(4, rows // 20_000), total_rows=rows, seed=seed).url
 
 
-def best_rates(repeats, contenders):
-    """Best rows/s of each ``name -> fn`` (``fn`` returns the rows it delivered); runs are interleaved, so a
-    burst of load on a shared machine hits every contender alike, and the first (warm-up) round is dropped."""
-    best = dict.fromkeys(contenders, 0.0)
+def measure(repeats, contenders):
+    """Rows/s of each ``name -> fn`` (``fn`` returns the rows it delivered) per round; runs are interleaved, so a
+    burst of load on a shared machine hits every contender alike, and a first warm-up round is dropped."""
+    rates = {name: [] for name in contenders}
     for round_ in range(repeats + 1):
         for name, fn in contenders.items():
             start = time.perf_counter()
             rows = fn()
             if round_:
-                best[name] = max(best[name], rows / (time.perf_counter() - start))
-    return best
+                rates[name].append(rows / (time.perf_counter() - start))
+    return rates
+
+
+def ratio(rates, numerator, denominator):
+    """Median over rounds of the per-round ratio (robust to load bursts that best-of would reward)."""
+    return float(np.median(np.array(rates[numerator]) / np.array(rates[denominator])))
 
 
 def raw_pyarrow(plan, columns=NUMERIC):
@@ -95,7 +100,7 @@ def throughput(url, args):
     out = {"rows": plan.total_rows, "row_groups": len(plan.catalog.row_groups), "workers": args.workers,
            "batch_size": args.batch, "shuffle_rows": args.window}
     w, b, q = args.workers, args.batch, args.window
-    out.update(best_rates(args.repeats, {
+    rates = measure(args.repeats, {
         "raw_pyarrow": lambda: raw_pyarrow(plan),
         "petastorm": lambda: petastorm_batched(url, w, b, 0),
         "petastorm_shuffled": lambda: petastorm_batched(url, w, b, q),
@@ -104,14 +109,18 @@ def throughput(url, args):
         "raw_pyarrow_all_columns": lambda: raw_pyarrow(plan, columns=None),
         "balanced_all_columns": lambda: balanced(plan, w, b, False, q, columns=None),
         "balanced_all_columns_shuffled": lambda: balanced(plan, w, b, True, q, columns=None),
-    }))
-    out["ratio_vs_petastorm"] = out["balanced"] / out["petastorm"]
-    out["ratio_vs_petastorm_shuffled"] = out["balanced_shuffled"] / out["petastorm_shuffled"]
-    out["ratio_vs_raw_pyarrow"] = out["balanced"] / out["raw_pyarrow"]
-    out["ratio_shuffled_vs_raw_pyarrow"] = out["balanced_shuffled"] / out["raw_pyarrow"]
-    out["ratio_all_columns_vs_raw_pyarrow"] = out["balanced_all_columns"] / out["raw_pyarrow_all_columns"]
-    out["ratio_all_columns_shuffled_vs_raw_pyarrow"] = (out["balanced_all_columns_shuffled"]
-                                                        / out["raw_pyarrow_all_columns"])
+    })
+    out["median_rows_per_s"] = {name: float(np.median(r)) for name, r in rates.items()}
+    out["ratios (median of rounds)"] = {
+        "balanced / petastorm": ratio(rates, "balanced", "petastorm"),
+        "balanced_shuffled / petastorm_shuffled": ratio(rates, "balanced_shuffled", "petastorm_shuffled"),
+        "balanced / raw_pyarrow": ratio(rates, "balanced", "raw_pyarrow"),
+        "balanced_shuffled / raw_pyarrow": ratio(rates, "balanced_shuffled", "raw_pyarrow"),
+        "balanced_all_columns / raw_pyarrow_all_columns": ratio(rates, "balanced_all_columns",
+                                                                "raw_pyarrow_all_columns"),
+        "balanced_all_columns_shuffled / raw_pyarrow_all_columns": ratio(rates, "balanced_all_columns_shuffled",
+                                                                         "raw_pyarrow_all_columns"),
+    }
     return out
 
 
