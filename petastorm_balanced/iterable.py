@@ -37,6 +37,8 @@ class BalancedIterableDataset(_Base):
     ``make_loader(..., shuffle_window=...)`` with the same settings.
     """
 
+    # state_dict keys
+    EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
     NUM_WORKERS = "num_workers"
 
     def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,

@@ -110,8 +110,8 @@ class _Settings:
         """What a saved position is only valid for."""
         if self._checksum is None:
             self._checksum = self.plan.checksum
-        return {"plan_checksum": self._checksum, "world_size": self.world_size, "batch_size": self.batch_size,
-                "shuffle": self.shuffle, "shuffle_window": self.shuffle_window, "reshuffle": self.reshuffle}
+        values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
+        return dict(zip(Position.IDENTITY_KEYS, values))
 
 
 class Position:
@@ -123,7 +123,9 @@ class Position:
 
     EPOCH = "epoch"
     BATCHES = "batches"
-    IDENTITY_KEYS = ("plan_checksum", "world_size", "batch_size", "shuffle", "shuffle_window", "reshuffle")
+    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = "plan_checksum", "world_size", "batch_size"
+    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
+    IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
     def __init__(self, settings: _Settings, epoch: int):
         _check_epoch(epoch)
@@ -186,6 +188,9 @@ class BalancedLoader:
     ``padding_mask=True``. ``state_dict()`` is the same on every rank (all ranks take the same steps), so a
     checkpoint written by rank 0 resumes every rank.
     """
+
+    # state_dict keys
+    EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
 
     def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
                  shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
