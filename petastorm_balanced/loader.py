@@ -9,6 +9,7 @@ skipped arithmetically, and only the window in progress is read again.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -202,6 +203,8 @@ class BalancedLoader:
         self._position = Position(self._settings, epoch)
         self._reader_options = dict(reader_options or {})
         self._iterator = None
+        self._reader = stream.ReaderSlot()  # the pool lives from epoch to epoch; stopped when the loader goes
+        self._finalizer = weakref.finalize(self, self._reader.close)
 
     plan = property(lambda self: self._settings.plan)
     rank = property(lambda self: self._settings.rank)
@@ -226,7 +229,7 @@ class BalancedLoader:
     def _run(self, run):
         settings = self._settings
         epoch, done = run
-        chunks = stream.petastorm_chunks(settings.plan, settings.columns, self._reader_options)
+        chunks = stream.petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
         runs = stream.slot_runs(settings.fragments(epoch), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch), batches_done=done)
@@ -253,10 +256,11 @@ class BalancedLoader:
         self._position.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the reader's workers now (they stop by themselves when an epoch ends)."""
+        """Stop the reader's workers now (otherwise they wait for the next epoch, until the loader is collected)."""
         if self._iterator is not None:
             self._iterator.close()
             self._iterator = None
+        self._reader.close()
 
     def __enter__(self):
         return self

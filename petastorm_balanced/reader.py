@@ -209,6 +209,7 @@ class BalancedReader(Reader):
         super().__init__(pyarrow_filesystem, dataset_path, shuffle_row_groups=False, num_epochs=1, **reader_kwargs)
 
     def _filter_row_groups(self, dataset, row_groups, predicate, rowgroup_selector, cur_shard, shard_count, seed):
+        self._pieces, self._root = row_groups, dataset.paths
         return piece_indexes(self.fragments, row_groups, dataset.paths, self._plan_files, self._dataset_url), None
 
     def _create_ventilator(self, row_group_indexes, *args, **kwargs):
@@ -217,8 +218,30 @@ class BalancedReader(Reader):
         items = [dict(piece_indexes=[next(pieces) for _ in bundle], sequence=i, fragments=bundle, task=self._task)
                  for i, bundle in enumerate(self.bundles)]
         self.ordered = OrderedResults(self._workers_pool, gate, len(items))
-        self._results_queue_reader = _InOrder(self._results_queue_reader, self.ordered, self._task.mode)
+        self._petastorm_results = getattr(self, "_petastorm_results", None) or self._results_queue_reader
+        self._results_queue_reader = _InOrder(self._petastorm_results, self.ordered, self._task.mode)
         return OrderedVentilator(self._workers_pool.ventilate, items, gate)
+
+    @property
+    def idle(self) -> bool:
+        """Every item of the current fragments was handed out and the reader still runs: ``rearm`` may follow."""
+        return not self.stopped and self.ordered.delivered >= len(self.bundles) and self.ventilator.completed()
+
+    def rearm(self, fragments: Sequence[Fragment]) -> None:
+        """Serve other fragments (the next epoch) with the same pool and piece list.
+
+        Saves what building a reader costs every epoch: Petastorm lists the dataset and reads every footer, and a
+        process pool starts its processes. Only once the previous fragments were all handed out (``idle``).
+        """
+        if not self.idle:
+            raise RuntimeError("rearm() needs an idle reader: every fragment handed out, reader not stopped")
+        self.fragments = list(fragments)
+        self.bundles = fr.bundle(self.fragments, fr.BUNDLE_ROWS if self._task.mode == "columns" else 0)
+        indexes = piece_indexes(self.fragments, self._pieces, self._root, self._plan_files, self._dataset_url)
+        self.ventilator = self._create_ventilator(indexes)
+        self._workers_pool._ventilator = self.ventilator  # Petastorm's pools ask their ventilator when work ends
+        self.last_row_consumed = False
+        self.ventilator.start()
 
     def reset(self):
         raise NotImplementedError("a planned reader covers exactly one epoch; call make_reader(epoch=e) for another")

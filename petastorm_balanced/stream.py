@@ -118,18 +118,40 @@ def inline_chunks(plan: ShardPlan, columns: Columns) -> Chunks:
     return chunks
 
 
-def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict) -> Chunks:
+class ReaderSlot:
+    """Keeps one rank's ``BalancedReader`` between epochs, so the next epoch re-arms it instead of paying for a
+    new one (listing, footers, pool start). A reader left mid-epoch is stopped and replaced."""
+
+    def __init__(self):
+        self.reader = None
+
+    def close(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            reader.stop()
+            reader.join()
+
+
+def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict,
+                     slot: Optional[ReaderSlot] = None) -> Chunks:
     """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
     from .reader import ReadTask, open_reader
 
     def chunks(todo: List[Fragment]):
-        task = ReadTask("columns", columns=columns.names, partition_types=columns.partition_types)
-        reader = open_reader(plan, todo, task, schema_fields=[re.escape(n) for n in columns.names],
-                             **reader_options)
+        holder = slot or ReaderSlot()
+        if holder.reader is not None and holder.reader.idle:
+            holder.reader.rearm(todo)
+        else:
+            holder.close()
+            task = ReadTask("columns", columns=columns.names, partition_types=columns.partition_types)
+            holder.reader = open_reader(plan, todo, task, schema_fields=[re.escape(n) for n in columns.names],
+                                        **reader_options)
+        reader, finished = holder.reader, False
         try:
             for sequence, payload in reader:
                 yield reader.bundles[sequence], payload if isinstance(payload, dict) else fr.to_columns(payload)
+            finished = True
         finally:
-            reader.stop()
-            reader.join()
+            if not finished or slot is None:
+                holder.close()
     return chunks

@@ -141,12 +141,17 @@ def test_epochs_differ_and_same_config_repeats(plans):
 
 
 @pytest.mark.slow
-def test_process_pool_gives_the_same_batches(plans):
+def test_process_pool_gives_the_same_batches_and_lives_across_epochs(plans):
     plan, _ = plans["hive"]
-    thread = [fingerprint(b) for b in make_loader(1, 2, plan=plan, epoch=2, workers_count=2)]
-    process = [fingerprint(b) for b in make_loader(1, 2, plan=plan, epoch=2, workers_count=2,
-                                                    reader_pool_type="process")]
+    thread = [[fingerprint(b) for b in make_loader(1, 2, plan=plan, epoch=e, workers_count=2)] for e in (2, 3)]
+    loader = make_loader(1, 2, plan=plan, epoch=2, workers_count=2, reader_pool_type="process")
+    process = [fingerprint(b) for b in loader]
+    reader = loader._reader.reader
+    process = [process, [fingerprint(b) for b in loader]]
     assert process == thread
+    assert loader._reader.reader is reader, "a finished epoch's pool serves the next epoch"
+    loader.close()
+    assert reader.stopped
 
 
 def test_unshuffled_order_is_the_plans_and_iter_advances_epochs(plans, hive_dataset):
