@@ -158,9 +158,11 @@ def main(argv=None) -> int:
     args = parse_args(build_parser(__doc__.split("\n\n")[0]), argv)
     who = World.detect()  # torchrun env before init; a missing environment is an error, never rank 0
     cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", who.rank % torch.cuda.device_count())))
-    device = torch.device("cuda") if cuda else torch.device("cpu")
+    if cuda:  # one GPU per rank: torchrun's LOCAL_RANK picks it
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", who.rank % torch.cuda.device_count())))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo", rank=who.rank, world_size=who.size,
                             timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank, world = who.rank, who.size
