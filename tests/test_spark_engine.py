@@ -156,6 +156,16 @@ def test_where_null_means_no_match_and_skipped_names_agree(spark, nulls_dataset,
     assert catalog.total_rows == _spark_count(spark, "file://" + str(nulls_dataset), where)
 
 
+def test_files_of_equal_size_are_told_apart_by_path(spark, tmp_path, nulls_dataset):
+    root = tmp_path / "ds"
+    shutil.copytree(nulls_dataset, root)
+    shutil.copy(root / "a.parquet", root / "c.parquet")  # same size as a.parquet: the file key falls back to paths
+    catalog = build_catalog(str(root), where="x > 2", spark=spark)
+    names = ["a.parquet", "b.parquet", "c.parquet"]
+    _assert_same_positions(catalog, _expected_positions(str(root), names, lambda f, _: f["x"] > 2))
+    assert {r.path for r in catalog.row_groups} == set(names)
+
+
 def test_file_spark_would_skip_but_we_read_is_refused(spark, tmp_path, nulls_dataset):
     root = tmp_path / "ds"
     shutil.copytree(nulls_dataset, root)

@@ -5,10 +5,11 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
 - no filter: footers only. A handful of files are read by driver threads; past ``DRIVER_FOOTERS_MAX`` files the
   file list is parallelized and every task reads its footers with ``pyarrow.fs``.
 - ``where`` (Spark SQL): Spark evaluates the expression with its own semantics (NULL does not match, hive partition
-  columns usable) and reports each matching row as ``_metadata.file_path`` + ``_metadata.row_index``. Spark itself
-  folds those rows into 64-row bit words (a partial aggregate, so what is shuffled is at most rows / 64 words per
-  file when matches are dense), then one pandas task per file cuts its words into row groups with the footer row
-  counts and encodes each with ``selection.encode``. The driver collects one small record per matching row group.
+  columns usable) and reports each matching row as its file (``_metadata.file_size`` when that tells the files
+  apart, else ``_metadata.file_path``) and ``_metadata.row_index``. Spark itself folds those rows into 64-row bit
+  words (a map-side partial aggregate: what is shuffled is at most one word per 64 rows), then one pandas task per
+  file cuts its words into row groups with the footer row counts and encodes each with ``selection.encode``. The
+  driver collects one small record per matching row group.
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
@@ -214,48 +215,38 @@ def _quiet_pyspark_error_logs():
 
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str) -> List[RowGroupMatch]:
-    frame = _read_for_where(spark, url)
+    frame = spark.read.parquet(spark_url(url))
     columns = frame.columns
     if "_metadata" in columns:
         raise ValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file metadata "
                          "that where= needs; rename the column or plan with a Petastorm predicate=")
     _check_same_files(url, root, files, frame.inputFiles())
+    # Which file a row comes from: its size when that tells the files with rows apart (a number, so Spark's
+    # aggregation skips hashing a path per row: about 1.5x faster), else its path.
+    sizes = [f.size for f in files if f.num_rows > 0]
+    by_size = len(set(sizes)) == len(sizes)
+    key = F.col("_metadata.file_size") if by_size else F.col("_metadata.file_path")
     with _quiet_pyspark_error_logs():
         try:
             matching = frame.where(where)
         except AnalysisException as exc:  # includes ParseException
             raise InvalidWhereError(where, _first_line(exc), columns) from None
         # One 64-bit word per (file, 64 consecutive rows) with a matching row; Spark aggregates map-side first.
-        words = (matching.select(F.col("_metadata.file_path").alias("file_path"),
-                                 F.col("_metadata.row_index").alias("row_index"))
-                 .groupBy("file_path", F.expr("shiftright(row_index, 6)").alias("word"))
+        words = (matching.select(key.alias("file"), F.col("_metadata.row_index").alias("row_index"))
+                 .groupBy("file", F.expr("shiftright(row_index, 6)").alias("word"))
                  .agg(F.expr("bit_or(shiftleft(1L, cast(row_index & 63 as int)))").alias("bits")))
-        rows = spark.sparkContext.broadcast({f.path: f.row_group_rows for f in files})
+        lookup = {(f.size if by_size else f.path): (f.path, f.row_group_rows) for f in files if f.num_rows > 0}
+        shared = spark.sparkContext.broadcast(lookup)
         _ship_package(spark)
         try:
-            encoded = words.groupBy("file_path").applyInPandas(_file_encoder(root, rows), _MATCH_SCHEMA).collect()
+            encoder = _file_encoder(root, shared, by_size)
+            encoded = words.groupBy("file").applyInPandas(encoder, _MATCH_SCHEMA).collect()
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
                 SparkRuntimeException) as exc:
             raise InvalidWhereError(where, "it fails on the data: " + _first_line(exc), columns) from None
         finally:
-            rows.destroy()
+            shared.destroy()
     return [RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded]
-
-
-def _read_for_where(spark, url: str):
-    """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
-    have no S3A) is reported as what to install instead of a Java stack trace."""
-    try:
-        return spark.read.parquet(spark_url(url))
-    except Exception as exc:  # noqa: BLE001 - py4j wraps Hadoop's ClassNotFoundException / UnsupportedFileSystem
-        text = str(exc)
-        if "S3AFileSystem not found" in text or "No FileSystem for scheme" in text:
-            scheme = urlparse(spark_url(url)).scheme
-            raise ImportError(f"where= on {url} needs Spark to read it, and this Spark has no Hadoop filesystem for "
-                              f"{scheme}:// (for S3: the hadoop-aws jar matching Spark's Hadoop and the AWS SDK "
-                              "bundle it names, e.g. --packages org.apache.hadoop:hadoop-aws:3.4.1; see "
-                              "docs/remote.md); or plan with engine='local' and a Petastorm predicate=") from None
-        raise
 
 
 def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_files: Sequence[str]) -> None:
@@ -269,11 +260,18 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
                          "file that is not data) or remove it")
 
 
-def _file_encoder(root: str, rows_by_file):
-    """The per-file pandas function: bit words of one file -> one catalog record per matching row group."""
+def _file_encoder(root: str, lookup, by_size: bool):
+    """The per-file pandas function: bit words of one file -> one catalog record per matching row group.
+
+    ``lookup`` (broadcast) maps the file key (size, or the relative path) to (relative path, row group rows).
+    """
     def encode(words: pd.DataFrame) -> pd.DataFrame:
-        relpath = spark_relative_path(words["file_path"].iat[0], root)
-        rows = rows_by_file.value[relpath]
+        key = words["file"].iat[0]
+        entry = lookup.value.get(int(key) if by_size else spark_relative_path(key, root))
+        if entry is None:
+            raise ValueError(f"Spark read a file ({key!r}) that planning did not list; the dataset changed while "
+                             "planning: re-run planning")
+        relpath, rows = entry
         bounds = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
         # bits: (words in file,) little-endian, bit k of word w is row 64 * w + k
         bits = np.zeros((int(bounds[-1]) + 63) // 64, dtype="<u8")
