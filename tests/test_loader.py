@@ -69,7 +69,7 @@ def batches_from(rows, batch, window, shuffle, done):
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=12), batch=st.integers(1, 9),
        windows=st.integers(1, 5), shuffle=st.booleans(), data=st.data())
 def test_batching_resumes_at_any_batch(rows, batch, windows, shuffle, data):
