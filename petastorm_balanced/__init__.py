@@ -18,7 +18,8 @@ __all__ = sorted([
 
 # Names that need torch or Petastorm's reader machinery are imported on first use, so the planning side of the
 # package (and the Spark executors that run it) never pays for torch.
-_LAZY = {"BalancedIterableDataset": "loader", "BalancedLoader": "loader", "make_loader": "loader",
+_LAZY = {"BalancedDataLoader": "loader", "BalancedIterableDataset": "loader", "BalancedLoader": "loader",
+         "make_loader": "loader",
          "make_reader": "reader"}
 __all__ = sorted(__all__ + list(_LAZY))
 
