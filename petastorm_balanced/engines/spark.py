@@ -215,7 +215,7 @@ def _quiet_pyspark_error_logs():
 
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str) -> List[RowGroupMatch]:
-    frame = spark.read.parquet(spark_url(url))
+    frame = _read_for_where(spark, url)
     columns = frame.columns
     if "_metadata" in columns:
         raise ValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file metadata "
@@ -248,6 +248,22 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
             shared.destroy()
     return [RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded]
 
+
+
+def _read_for_where(spark, url: str):
+    """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
+    have no S3A) is reported as what to install instead of a Java stack trace."""
+    try:
+        return spark.read.parquet(spark_url(url))
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Hadoop's ClassNotFoundException / UnsupportedFileSystem
+        text = str(exc)
+        if "S3AFileSystem not found" in text or "No FileSystem for scheme" in text:
+            scheme = urlparse(spark_url(url)).scheme
+            raise ImportError(f"where= on {url} needs Spark to read it, and this Spark has no Hadoop filesystem for "
+                              f"{scheme}:// (for S3: the hadoop-aws jar matching Spark's Hadoop and the AWS SDK "
+                              "bundle it names, e.g. --packages org.apache.hadoop:hadoop-aws:3.4.1; see "
+                              "docs/remote.md); or plan with engine='local' and a Petastorm predicate=") from None
+        raise
 
 def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_files: Sequence[str]) -> None:
     """Spark lists files by its own rules; a plan keyed by our listing must see exactly the rows Spark filtered."""
