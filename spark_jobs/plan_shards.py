@@ -54,8 +54,7 @@ def main(argv=None) -> int:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output)
     except InvalidWhereError as exc:
-        print(f"{PROG}: error: --where {exc.expression!r} is not a valid Spark SQL boolean expression over the "
-              f"columns {exc.columns}: {exc.reason}", file=sys.stderr)
+        print(f"{PROG}: error: --where {exc.expression!r} {exc.problem}: {exc.reason}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, PlanError) as exc:
         print(f"{PROG}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)

@@ -68,16 +68,15 @@ def _year(rel):
 # ------------------------------------------------------------------------------------------- G8: engines agree
 
 @pytest.mark.parametrize("name", ["plain_dataset", "hive_dataset", "petastorm_dataset"])
-@pytest.mark.parametrize("footers_in_tasks", [False, True], ids=["driver-footers", "task-footers"])
-def test_spark_and_local_engines_write_the_same_plan_without_filter(spark, request, name, footers_in_tasks,
-                                                                    monkeypatch):
+def test_spark_and_local_engines_write_the_same_plan_without_filter(spark, request, name):
     info = request.getfixturevalue(name)
-    monkeypatch.setattr(spark_engine, "DRIVER_FOOTERS_MAX", 0 if footers_in_tasks else 10 ** 9)
     local = plan_shards(info.url, WORLD, batch_size=BATCH, engine="local")
     on_spark = plan_shards(info.url, WORLD, batch_size=BATCH, engine="spark", spark=spark)
     assert on_spark.catalog == local.catalog
     assert on_spark.checksum == local.checksum
     assert on_spark.total_rows == info.num_rows == spark.read.parquet(info.url).count()
+    # The path that scales: footers read inside Spark tasks give the very same catalog.
+    assert build_catalog(info.url, spark=spark, footers_in_tasks=True) == local.catalog
 
 
 @pytest.mark.parametrize("name, predicate", [
@@ -166,6 +165,15 @@ def test_files_of_equal_size_are_told_apart_by_path(spark, tmp_path, nulls_datas
     assert {r.path for r in catalog.row_groups} == set(names)
 
 
+@pytest.mark.parametrize("in_tasks", [False, True], ids=["driver", "tasks"])
+def test_a_file_that_is_not_parquet_is_named(spark, tmp_path, nulls_dataset, in_tasks):
+    root = tmp_path / "ds"
+    shutil.copytree(nulls_dataset, root)
+    (root / "notes.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match=r"'notes\.parquet'.*not a readable Parquet file"):
+        build_catalog(str(root), spark=spark, footers_in_tasks=in_tasks)
+
+
 def test_file_spark_would_skip_but_we_read_is_refused(spark, tmp_path, nulls_dataset):
     root = tmp_path / "ds"
     shutil.copytree(nulls_dataset, root)
@@ -203,7 +211,8 @@ def _load_job():
     return module
 
 
-@pytest.mark.parametrize("where", ["lang = 'xx'", "missing_col > 1"])
+@pytest.mark.parametrize("where", ["lang = 'xx'", "missing_col > 1", "cast(text AS int) > 0"],
+                         ids=["matches-nothing", "missing-column", "fails-halfway-on-data"])
 def test_job_main_exits_2_with_one_line_and_keeps_the_session(spark, plain_dataset, tmp_path, capsys, where):
     code = _load_job().main([plain_dataset.url, "--world-size", "2", "--output", str(tmp_path / "plan"),
                              "--where", where])
@@ -227,66 +236,62 @@ def test_package_zip_is_importable_alone(tmp_path):
 
 # ------------------------------------------------------------------------------------------- spark-submit
 
-def _submit(tmp_path, *args):
-    """Run the job like a user: plain spark-submit, no --master, outside the repo, package not importable."""
-    spark_submit = shutil.which("spark-submit") or os.path.join(os.path.dirname(sys.executable), "spark-submit")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_SUBMIT_ARGS")}
-    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    command = [spark_submit, "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN", JOB, *args]
-    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+HIVE_WHERE, BAD_WHERE = "year = 2021 AND lang = 'en'", "lang === 'en'"
 
 
-def _ours(result):
-    """Our lines: spark-submit merges the Python driver's stderr into its stdout; Spark logs on stderr."""
-    return [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("plan_shards:")]
+class _Job:
+    """One spark-submit run, like a user's: plain spark-submit, no --master (so local[*]), started outside the
+    repository with no PYTHONPATH, so the package is not importable unless the job makes it so."""
+
+    def __init__(self, folder, *args):
+        spark_submit = shutil.which("spark-submit") or os.path.join(os.path.dirname(sys.executable),
+                                                                    "spark-submit")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_SUBMIT_ARGS")}
+        env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                   SPARK_LOCAL_IP="127.0.0.1")
+        self.plan = folder / "plan"
+        command = [spark_submit, "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN", JOB, *args,
+                   "--output", str(self.plan)]
+        done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+        self.returncode, self.output = done.returncode, done.stdout + done.stderr
+        # spark-submit prints the Python driver's stdout and stderr on its stdout, Spark's logging on stderr.
+        self.ours = [line for line in self.output.splitlines() if line.startswith("plan_shards:")]
+
+    def plan_written(self):
+        assert self.returncode == 0, self.output[-3000:]
+        assert any(" scanning " in line for line in self.ours) and any(" wrote " in line for line in self.ours)
+        return load_plan(str(self.plan))
 
 
-def _assert_ok(result):
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    lines = _ours(result)
-    assert any(" scanning " in line for line in lines) and any(" wrote " in line for line in lines), lines
-
-
-def test_job_plain_where_totals_equal_spark_count(spark, plain_dataset, tmp_path):
-    where = "lang = 'en' AND value > 2"
-    result = _submit(tmp_path, plain_dataset.url, "--world-size", str(WORLD), "--output", str(tmp_path / "plan"),
-                     "--where", where, "--batch-size", str(BATCH), "--seed", "5")
-    _assert_ok(result)
-    assert any(" matches " in line for line in _ours(result))
-    plan = load_plan(str(tmp_path / "plan"))
-    assert plan.total_rows == _spark_count(spark, plain_dataset.url, where)
-    assert (plan.world_size, plan.batch_size, plan.seed, plan.policy) == (WORLD, BATCH, 5, "drop")
-    again = plan_shards(plain_dataset.url, WORLD, where=where, batch_size=BATCH, seed=5, engine="spark",
-                        spark=spark)
-    assert again.checksum == plan.checksum  # another process, another session: the same plan
+def test_job_plain_dataset_equals_local_engine(plain_dataset, tmp_path):
+    job = _Job(tmp_path, plain_dataset.url, "--world-size", str(WORLD), "--batch-size", str(BATCH), "--seed", "5",
+               "--policy", "pad")
+    plan = job.plan_written()
+    assert (plan.world_size, plan.batch_size, plan.seed, plan.policy) == (WORLD, BATCH, 5, "pad")
+    local = plan_shards(plain_dataset.url, WORLD, batch_size=BATCH, seed=5, policy="pad", engine="local")
+    assert plan.checksum == local.checksum  # G8 through the job: another process, the same plan
 
 
 def test_job_petastorm_dataset_equals_local_engine(petastorm_dataset, tmp_path):
-    result = _submit(tmp_path, petastorm_dataset.path, "--world-size", "4", "--output", str(tmp_path / "plan"),
-                     "--policy", "pad", "--batch-size", "8")
-    _assert_ok(result)
-    plan = load_plan(str(tmp_path / "plan"))
-    local = plan_shards(petastorm_dataset.url, 4, batch_size=8, policy="pad", engine="local")
+    plan = _Job(tmp_path, petastorm_dataset.path, "--world-size", "4", "--batch-size", "8").plan_written()
+    local = plan_shards(petastorm_dataset.url, 4, batch_size=8, engine="local")
     assert plan.catalog.kind == "petastorm" and plan.checksum == local.checksum
 
 
-def test_job_hive_where_on_partition_column(spark, hive_dataset, tmp_path):
-    where = "year = 2021 AND lang = 'en'"
-    result = _submit(tmp_path, hive_dataset.url, "--world-size", "2", "--output", str(tmp_path / "plan"),
-                     "--where", where)
-    _assert_ok(result)
-    plan = load_plan(str(tmp_path / "plan"))
-    assert plan.total_rows == _spark_count(spark, hive_dataset.url, where) > 0
+def test_job_hive_where_on_partition_column_totals_equal_spark_count(spark, hive_dataset, tmp_path):
+    job = _Job(tmp_path, hive_dataset.url, "--world-size", "2", "--where", HIVE_WHERE)
+    plan = job.plan_written()
+    assert any(" matches " in line for line in job.ours)
+    assert plan.total_rows == _spark_count(spark, hive_dataset.url, HIVE_WHERE) > 0
     assert {r.path.split("/")[0] for r in plan.catalog.row_groups} == {"year=2021"}
+    again = plan_shards(hive_dataset.url, 2, where=HIVE_WHERE, engine="spark", spark=spark)
+    assert again.checksum == plan.checksum  # another process, another session: the same plan
 
 
 def test_job_invalid_sql_exits_2_and_writes_nothing(plain_dataset, tmp_path):
-    where = "lang === 'en'"
-    result = _submit(tmp_path, plain_dataset.url, "--world-size", "2", "--output", str(tmp_path / "plan"),
-                     "--where", where)
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output[-3000:]
-    errors = [line for line in _ours(result) if line.startswith("plan_shards: error:")]
-    assert len(errors) == 1 and "--where" in errors[0] and where in errors[0], output[-3000:]
-    assert "Traceback" not in output
-    assert not (tmp_path / "plan" / "plan.json").exists()
+    job = _Job(tmp_path, plain_dataset.url, "--world-size", "2", "--where", BAD_WHERE)
+    assert job.returncode == 2, job.output[-3000:]
+    errors = [line for line in job.ours if line.startswith("plan_shards: error:")]
+    assert len(errors) == 1 and "--where" in errors[0] and BAD_WHERE in errors[0], job.output[-3000:]
+    assert "Traceback" not in job.output
+    assert not (job.plan / "plan.json").exists()
