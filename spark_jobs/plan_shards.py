@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     except InvalidWhereError as exc:
         print(f"{PROG}: error: --where {exc.expression!r} {exc.problem}: {exc.reason}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, PlanError) as exc:
+    except (ValueError, TypeError, PlanError, ImportError) as exc:  # ImportError: what to install, e.g. S3A
         print(f"{PROG}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
     finally:

@@ -265,7 +265,6 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     return [RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded]
 
 
-
 def _read_for_where(spark, url: str):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
     have no S3A) is reported as what to install instead of a Java stack trace."""
@@ -280,6 +279,7 @@ def _read_for_where(spark, url: str):
                               "bundle it names, e.g. --packages org.apache.hadoop:hadoop-aws:3.4.1; see "
                               "docs/remote.md); or plan with engine='local' and a Petastorm predicate=") from None
         raise
+
 
 def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_files: Sequence[str]) -> None:
     """Spark lists files by its own rules; a plan keyed by our listing must see exactly the rows Spark filtered."""
