@@ -23,13 +23,13 @@ import numpy as np
 from . import stream
 from .batching import split_batches
 from .fragments import as_list
-from .loader import Position, _require_torch, _Settings, to_torch, torch, torch_batches
+from .loader import Position, _PlannedView, _require_torch, _Settings, to_torch, torch, torch_batches
 from .world import resolve_world
 
 _Base = torch.utils.data.IterableDataset if torch is not None else object
 
 
-class BalancedIterableDataset(_Base):
+class BalancedIterableDataset(_PlannedView, _Base):
     """Batches of rank ``rank`` (default: ``World.detect()``), split over the DataLoader's workers.
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
@@ -51,18 +51,6 @@ class BalancedIterableDataset(_Base):
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
-
-    plan = property(lambda self: self._settings.plan)
-    rank = property(lambda self: self._settings.rank)
-    world_size = property(lambda self: self._settings.world_size)
-    batch_size = property(lambda self: self._settings.batch_size)
-
-    @property
-    def epoch(self) -> int:
-        return self._position.current()[0]
-
-    def __len__(self) -> int:
-        return self._settings.steps
 
     def __iter__(self):
         """This worker's batches; the position is read now, not at the first ``next()``."""

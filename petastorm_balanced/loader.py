@@ -182,7 +182,24 @@ def _check_epoch(epoch):
         raise ValueError(f"epoch={epoch!r} must be an int >= 0")
 
 
-class BalancedLoader:
+class _PlannedView:
+    """What both loaders say about themselves, read from their settings and position."""
+
+    plan = property(lambda self: self._settings.plan)
+    rank = property(lambda self: self._settings.rank)
+    world_size = property(lambda self: self._settings.world_size)
+    batch_size = property(lambda self: self._settings.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._position.current()[0]
+
+    def __len__(self) -> int:
+        return self._settings.steps
+
+
+class BalancedLoader(_PlannedView):
     """Batches of one rank: ``for batch in loader`` is one epoch; each new ``iter()`` is the next epoch.
 
     Batches are dicts of column name to tensor (strings as lists of str), plus a boolean ``_padding`` tensor with
@@ -205,19 +222,6 @@ class BalancedLoader:
         self._iterator = None
         self._reader = stream.ReaderSlot()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
-
-    plan = property(lambda self: self._settings.plan)
-    rank = property(lambda self: self._settings.rank)
-    world_size = property(lambda self: self._settings.world_size)
-    batch_size = property(lambda self: self._settings.batch_size)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the next batch."""
-        return self._position.current()[0]
-
-    def __len__(self) -> int:
-        return self._settings.steps
 
     def __iter__(self):
         if self._iterator is not None:
