@@ -254,7 +254,7 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
             encoder = _file_encoder(root, shared, by_size)
             # The words are small, so Spark would coalesce them into one partition and encode every file in one
             # Python worker; spreading files over the cores keeps that stage short.
-            spread = max(1, min(len(lookup), spark.sparkContext.defaultParallelism * 2))
+            spread = max(1, min(len(lookup), spark.sparkContext.defaultParallelism))
             encoded = (words.repartition(spread, "file").groupBy("file").applyInPandas(encoder, _MATCH_SCHEMA)
                        .collect())
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
@@ -384,6 +384,8 @@ def _ship_package(spark) -> None:
     sc = spark.sparkContext
     if sc.applicationId in _SHIPPED or sc.getConf().get(SHIP_CONF, "true").lower() == "false":
         return
+    if not os.path.isdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+        return  # imported from a zip (--py-files): Spark already ships that zip to the executors
     sc.addPyFile(package_zip())
     _SHIPPED.add(sc.applicationId)
 
