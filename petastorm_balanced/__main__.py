@@ -1,6 +1,4 @@
 """``python -m petastorm_balanced`` runs the ``petastorm-balanced`` command line."""
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()
