@@ -1,6 +1,6 @@
 """The Spark planning engine and the spark-submit job.
 
-In-process tests share the session's real SparkSession; the job tests launch real ``spark-submit`` (about 10 s
+In-process tests share the session's real SparkSession; the job tests launch real ``spark-submit`` (10-30 s
 each) from a folder outside the repository with no PYTHONPATH, so they also show the job needs no pip install.
 Ground truth comes from pyarrow + pandas (row positions) and from Spark itself (``where(...).count()``).
 """
@@ -12,7 +12,6 @@ import sys
 import zipfile
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest

@@ -29,7 +29,7 @@ import tempfile
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -100,22 +100,27 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
                   footers_in_tasks: Optional[bool] = None) -> Catalog:
     """The catalog of ``url`` (a normalized dataset URL) filtered by ``where`` or ``predicate``.
 
+    A session (``get_session(spark)``) is taken only when Spark has work: a filter, or footers in tasks.
+
     ``footers_in_tasks`` forces footer reading into Spark tasks (True) or onto the driver (False). By default
     Spark tasks read them for remote datasets (s3://, hdfs://) of more than ``DRIVER_FOOTERS_MAX`` files, where
     each footer is a network round trip; local footers are read fastest by driver threads (2,000 small files:
     about 0.4 s on the driver against about 2.5 s through Spark tasks on 2 cores, benchmarks/bench_spark_plan.py).
     """
-    spark = get_session(spark)
+    if spark is not None:
+        get_session(spark)  # refuse a wrong type before any work
     url = fsutil.normalize_url(url)
     _, root, entries = list_data_files(url)
     relpaths = [_relative(e.path, root) for e in entries]
     sizes = {p: e.size for p, e in zip(relpaths, entries)}
-    if footers_in_tasks is None:
-        footers_in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX and not fsutil.is_local(url)
     in_tasks = footers_in_tasks
+    if in_tasks is None:
+        in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX and not fsutil.is_local(url)
     log.info("scanning %d files (%.1f MB) of %s: footers %s", len(relpaths), sum(sizes.values()) / 1e6, url,
              "in Spark tasks" if in_tasks else "on the driver")
     started = time.perf_counter()
+    if in_tasks or where is not None or predicate is not None:
+        spark = get_session(spark)  # only now: footers of a local dataset need no Spark at all
     if in_tasks:
         _ship_package(spark)
         sc = spark.sparkContext
@@ -212,6 +217,18 @@ def spark_relative_path(spark_path: str, root: str) -> str:
 
 
 @contextlib.contextmanager
+def _sql_conf(spark, key: str, value: str):
+    """Set a SQL conf for one query and put the session's value back: the words are a small shuffle, and 200
+    partitions (the default) cost more to write and schedule than to aggregate (about 0.5 s here)."""
+    before = spark.conf.get(key)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+@contextlib.contextmanager
 def _quiet_pyspark_error_logs():
     """PySpark logs every AnalysisException with a stack trace; we turn it into one clear ValueError instead."""
     loggers = [logging.getLogger(n) for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
@@ -254,9 +271,11 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
             encoder = _file_encoder(root, shared, by_size)
             # The words are small, so Spark would coalesce them into one partition and encode every file in one
             # Python worker; spreading files over the cores keeps that stage short.
-            spread = max(1, min(len(lookup), spark.sparkContext.defaultParallelism))
-            encoded = (words.repartition(spread, "file").groupBy("file").applyInPandas(encoder, _MATCH_SCHEMA)
-                       .collect())
+            cores = spark.sparkContext.defaultParallelism
+            spread = max(1, min(len(lookup), cores))
+            with _sql_conf(spark, "spark.sql.shuffle.partitions", str(2 * cores)):
+                encoded = (words.repartition(spread, "file").groupBy("file").applyInPandas(encoder, _MATCH_SCHEMA)
+                           .collect())
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
                 SparkRuntimeException) as exc:
             raise InvalidWhereError(where, _first_line(exc), columns, on_data=True) from None
