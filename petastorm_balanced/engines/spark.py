@@ -105,7 +105,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     ``footers_in_tasks`` forces footer reading into Spark tasks (True) or onto the driver (False). By default
     Spark tasks read them for remote datasets (s3://, hdfs://) of more than ``DRIVER_FOOTERS_MAX`` files, where
     each footer is a network round trip; local footers are read fastest by driver threads (2,000 small files:
-    about 0.4 s on the driver against about 2.5 s through Spark tasks on 2 cores, benchmarks/bench_spark_plan.py).
+    0.8 s on the driver against 2.0 s through Spark tasks on 2 cores, benchmarks/bench_spark_plan.py).
     """
     if spark is not None:
         get_session(spark)  # refuse a wrong type before any work
