@@ -49,7 +49,7 @@ def petastorm_rank_counts(dataset_url: str, world_size: int, batch_size: int, pr
     from petastorm import TransformSpec, make_batch_reader
     from petastorm.pytorch import BatchedDataLoader
 
-    from petastorm_balanced.fs import normalize_url
+    from petastorm_balanced.io.fs import normalize_url
 
     dataset_url = normalize_url(dataset_url)  # Petastorm refuses scheme-less paths
     # Only ``id`` becomes a tensor (``lang`` is a string). Petastorm 0.12.1 calls the spec's func unconditionally

@@ -3,24 +3,23 @@
 Only the public API lives here. ``import petastorm_balanced`` needs neither pyspark nor torch; the features that
 use them import them when called.
 """
-__version__ = "0.1.0"
-
-from .errors import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError  # noqa: E402
-from .plan import Fragment, ShardPlan  # noqa: E402
-from .planning import plan_shards  # noqa: E402
-from .plan_io import load_plan  # noqa: E402
-from .world import World  # noqa: E402
+from ._version import __version__
+from .errors import InvalidWhereError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
+from .plan.load import load_plan
+from .plan.model import Fragment, ShardPlan
+from .planning.plan_shards import plan_shards
+from .world import World
 
 __all__ = sorted([
-    "Fragment", "PlanError", "PlanIntegrityError", "PlanVersionError", "ShardPlan", "StalePlanError", "World",
-    "load_plan", "plan_shards",
+    "Fragment", "InvalidWhereError", "PlanError", "PlanIntegrityError", "PlanVersionError", "ShardPlan",
+    "StalePlanError", "World", "load_plan", "plan_shards",
 ])
 
 # Names that need torch or Petastorm's reader machinery are imported on first use, so the planning side of the
 # package (and the Spark executors that run it) never pays for torch.
-_LAZY = {"BalancedDataLoader": "loader", "BalancedIterableDataset": "loader", "BalancedLoader": "loader",
-         "make_loader": "loader",
-         "make_reader": "reader"}
+_LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "reading.iterable",
+         "BalancedLoader": "reading.loader", "make_loader": "reading.loader",
+         "make_reader": "reading.petastorm_backend"}
 __all__ = sorted(__all__ + list(_LAZY))
 
 

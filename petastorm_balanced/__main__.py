@@ -1,4 +1,4 @@
 """``python -m petastorm_balanced`` runs the ``petastorm-balanced`` command line."""
-from .cli import run
+from .tools.cli import run
 
 run()

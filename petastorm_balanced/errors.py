@@ -4,6 +4,7 @@ Every error a user can act on names what was wrong and how to fix it. ``PlanErro
 can catch "this plan cannot be used" in one clause; bad arguments stay ``ValueError``/``TypeError`` as Python
 users expect.
 """
+from typing import Sequence
 
 
 class PlanError(Exception):
@@ -20,3 +21,17 @@ class PlanIntegrityError(PlanError):
 
 class PlanVersionError(PlanError):
     """The plan was written in a format version this package does not read."""
+
+
+class InvalidWhereError(ValueError):
+    """``where`` is not a Spark SQL boolean expression over the dataset's columns, or it fails on its rows."""
+
+    def __init__(self, expression: str, reason: str, columns: Sequence[str], *, on_data: bool = False):
+        self.expression, self.reason, self.columns, self.on_data = expression, reason, list(columns), on_data
+        super().__init__(f"where={expression!r} {self.problem}: {reason}; fix the expression")
+
+    @property
+    def problem(self) -> str:
+        if self.on_data:
+            return "fails on the rows of the dataset (columns " + ", ".join(self.columns) + ")"
+        return "is not a valid Spark SQL boolean expression over the columns " + ", ".join(self.columns)

@@ -3,8 +3,8 @@
     spark-submit spark_jobs/plan_shards.py DATASET_URL --world-size W --output PLAN_URL \\
         [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S]
 
-The work happens in ``petastorm_balanced.engines.spark`` (footers and filters in Spark tasks) and
-``petastorm_balanced.planning`` (the same balancing as every other entry point). The package need not be installed:
+The work happens in ``petastorm_balanced.planning.engines.spark`` (footers and filters in Spark tasks) and
+``petastorm_balanced.planning.plan_shards`` (the same balancing as every other entry point). The package need not be installed:
 this file puts the repository it lives in on ``sys.path``, and the engine ships a zip of the package to the
 executors. Without ``--master`` spark-submit runs ``local[*]``. Exit codes: 0 plan written, 2 bad arguments or
 input (nothing written), 1 anything else. spark-submit prints this script's stdout and stderr (our log lines and
@@ -45,7 +45,8 @@ def main(argv=None) -> int:
         ours.propagate = False
     ours.setLevel(logging.INFO)
     from petastorm_balanced import PlanError, plan_shards
-    from petastorm_balanced.engines.spark import InvalidWhereError, get_session
+    from petastorm_balanced.errors import InvalidWhereError
+    from petastorm_balanced.planning.engines.spark import get_session
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None  # stop only a session this job started

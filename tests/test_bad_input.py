@@ -255,7 +255,7 @@ def _has_pyspark() -> bool:
 
 DRIVER = textwrap.dedent("""
     import contextlib, io, json, sys, traceback
-    from petastorm_balanced import cli
+    from petastorm_balanced.tools import cli
     results = []
     for argv in json.loads(sys.argv[1]):
         out, err = io.StringIO(), io.StringIO()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from petastorm_balanced import balance
+from petastorm_balanced.plan import balance
 from strategies import BalanceCase, balance_cases, catalogs, seeds
 
 # Epochs compared for G5. The first piece of an epoch always comes from the first row group of its order, so two

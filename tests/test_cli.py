@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from petastorm_balanced import datagen, load_plan, plan_shards
-from petastorm_balanced.catalog import Catalog
-from petastorm_balanced.engines.local import build_catalog
-from petastorm_balanced.petastorm_sharding import petastorm_shards
-from petastorm_balanced.plan_format import read_plan, write_plan
-from petastorm_balanced.progress import Progress
+from petastorm_balanced.plan.catalog import Catalog
+from petastorm_balanced.planning.engines.local import build_catalog
+from petastorm_balanced.tools.petastorm_sharding import petastorm_shards
+from petastorm_balanced.plan.format import write_plan
+from petastorm_balanced.plan.load import read_plan
+from petastorm_balanced.tools.progress import Progress
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -84,7 +85,7 @@ def test_inspect_json_invariants(plans, plain_dataset, policy, extra):
 
 
 def test_inspect_text_shows_the_json_numbers(plans):
-    from petastorm_balanced.report import inspect_report
+    from petastorm_balanced.tools.report import inspect_report
     r = inspect_report(load_plan(str(plans["drop"])), plan_url="")
     text = cli("inspect", plans["drop"], expect=0).stdout
     table = [cells for cells in map(str.split, text.splitlines())
@@ -97,7 +98,7 @@ def test_inspect_text_shows_the_json_numbers(plans):
 
 def test_plot_writes_a_png_of_the_expected_size(plans, tmp_path):
     import matplotlib.image as mpimg
-    from petastorm_balanced.plot import DPI, FIGSIZE
+    from petastorm_balanced.tools.plot import DPI, FIGSIZE
     target = tmp_path / "sub" / "ranks.png"
     r = json.loads(cli("inspect", plans["drop"], "--world-size", 6, "--json", "--plot", target, expect=0).stdout)
     assert r["plot"] == str(target)
@@ -120,7 +121,7 @@ def test_exit_codes_for_bad_input(plans, tmp_path):
     ["compare", "{tmp}", "--world-size", "2", "--where", "lang = 'en'", "--engine", "local"],
 ])
 def test_bad_input_is_one_line_and_exit_2(plans, tmp_path, capsys, args):
-    from petastorm_balanced.cli import main
+    from petastorm_balanced.tools.cli import main
     assert main([a.format(tmp=tmp_path, drop=plans["drop"]) for a in args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "error:" in err
@@ -129,7 +130,7 @@ def test_bad_input_is_one_line_and_exit_2(plans, tmp_path, capsys, args):
 @pytest.mark.parametrize("args", [["inspect", "p", "--world-size", "0"], ["plan", "x", "--world-size", "2"],
                                   ["compare", "x", "--world-size", "2", "--policy", "keep"], ["frobnicate"], []])
 def test_bad_usage_exits_2(args, capsys):
-    from petastorm_balanced.cli import main
+    from petastorm_balanced.tools.cli import main
     with pytest.raises(SystemExit) as exit_:
         main(args)
     assert exit_.value.code == 2 and "usage:" in capsys.readouterr().err
@@ -159,7 +160,7 @@ def _drop_rows(plan, how):
         victim = next(i for i, r in enumerate(rows) if r.matching_rows >= plan.world_size * plan.batch_size)
         del rows[victim]
     else:  # lose a range of positions inside one row group
-        from petastorm_balanced import selection
+        from petastorm_balanced.plan import selection
         victim = max(range(len(rows)), key=lambda i: rows[i].matching_rows)
         keep = rows[victim].positions()
         keep = np.concatenate([keep[:10], keep[10 + plan.world_size * plan.batch_size:]])
@@ -182,8 +183,8 @@ def test_verify_read_fails_when_the_plan_drops_a_range(plans, tmp_path, policy, 
 
 def test_verify_read_through_make_loader(small_plan, tmp_path):
     """--id-column reads as training does (make_loader, batch by batch) and identifies rows by their id."""
-    pytest.importorskip("petastorm_balanced.loader")  # torch
-    from petastorm_balanced.verify import ReadCheck
+    pytest.importorskip("petastorm_balanced.reading.loader")  # torch
+    from petastorm_balanced.tools.verify import ReadCheck
     good = ReadCheck(small_plan, id_column="id").run(epochs=2)
     assert [c.ok for c in good] == [True] * 4 and "make_loader, by 'id'" in good[1].detail
     with pytest.raises(ValueError, match="repeated values"):
@@ -281,7 +282,7 @@ def test_plan_format_doc_example_is_what_the_code_writes(tmp_path):
     import re
     import pyarrow.parquet as pq
     from petastorm.predicates import in_set
-    from petastorm_balanced.plan_format import content_checksum
+    from petastorm_balanced.plan.format import content_checksum
     text = open(os.path.join(REPO, "docs", "plan-format.md")).read()
     doc = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
     ds = datagen.make_plain_dataset(tmp_path / "reviews", num_files=3, total_rows=1000, seed=7,

@@ -1,8 +1,8 @@
 """Faults: a plan writer killed mid-write (local disk and S3), failing reader workers, stale and corrupt files.
 
-The kill tests run the writer as a real subprocess that pauses at a named step (the test-only hook
-``PETASTORM_BALANCED_TEST_PAUSE_AFTER`` in plan_format.py), SIGKILL it there, and check that what is left is never
-served as a plan, and that re-running planning at the same URL succeeds.
+The kill tests run the writer as a real subprocess that pauses at a named step (the test wraps the format module's
+file writes in that subprocess; production code has no hook for it), SIGKILL it there, and check that what is left
+is never served as a plan, and that re-running planning at the same URL succeeds.
 """
 import os
 import re
@@ -15,21 +15,48 @@ import pyarrow.parquet as pq
 import pytest
 
 from petastorm_balanced import (BalancedIterableDataset, PlanError, StalePlanError, datagen, load_plan, make_loader,
-                                plan_shards, remote)
-from petastorm_balanced.plan_format import TEST_PAUSE_ENV
+                                plan_shards)
+from petastorm_balanced.io import remote
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD, BATCH = 3, 16
-WRITER = ("import sys; from petastorm_balanced import plan_shards; "
-          "plan_shards(sys.argv[1], 3, batch_size=16, seed=int(sys.argv[3]), engine='local', output_url=sys.argv[2])")
+# The writer pauses right after the step named in argv[4]: a data file written (``_put`` returned), or for
+# ``plan.json.tmp`` the temporary written but not yet renamed into place (``os.replace`` about to run).
+WRITER = """
+import os, sys, time
+from petastorm_balanced import plan_shards
+from petastorm_balanced.plan import format as plan_format
+step = sys.argv[4]
+
+def pause():
+    sys.stderr.write(f"pause after {step}\\n")
+    sys.stderr.flush()
+    time.sleep(600)
+
+put, replace = plan_format._put, os.replace
+
+def paused_put(filesystem, path, data, atomic=False):
+    digest = put(filesystem, path, data, atomic)
+    if path.rsplit("/", 1)[-1] == step:
+        pause()
+    return digest
+
+def paused_replace(source, target):
+    if step.endswith(".tmp") and os.path.basename(target) == step[:-4]:
+        pause()
+    return replace(source, target)
+
+plan_format._put, os.replace = paused_put, paused_replace
+plan_shards(sys.argv[1], 3, batch_size=16, seed=int(sys.argv[3]), engine="local", output_url=sys.argv[2])
+"""
 
 
 def _kill_writer_after(step, dataset_url, plan_url, seed, extra_env=None):
     """Start a plan writer, wait until it reports it wrote ``step``, SIGKILL it. Returns the dead process."""
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS="ignore", **{TEST_PAUSE_ENV: step}, **(extra_env or {}))
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, dataset_url, plan_url, str(seed)], env=env, cwd=REPO,
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS="ignore", **(extra_env or {}))
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, dataset_url, plan_url, str(seed), step], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = []
     try:

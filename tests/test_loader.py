@@ -17,9 +17,9 @@ from petastorm.predicates import in_lambda
 from hypothesis import given, settings, strategies as st
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
-from petastorm_balanced.batching import WindowBatcher, split_batches, start_point
-from petastorm_balanced import fragments as fragments_module
-from petastorm_balanced.reader import OWNED_ARGUMENTS
+from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
+from petastorm_balanced.reading import fragments as fragments_module
+from petastorm_balanced.reading.options import OWNED_ARGUMENTS
 from resume_contract import check_resume_contract, fingerprint
 
 WORLD_SIZES = (1, 2, 3, 8)

@@ -19,9 +19,10 @@ from petastorm.predicates import in_lambda, in_set
 
 from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan,
                                 plan_shards)
-from petastorm_balanced import plan_format
+from petastorm_balanced.plan import format as plan_format
 from petastorm_balanced.datagen import make_plain_dataset
-from petastorm_balanced.planning import predicate_info
+from petastorm_balanced.plan.predicate import predicate_info
+from petastorm_balanced.planning.scan import check_footers
 
 WORLD, BATCH = 3, 16
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,7 +237,7 @@ def test_changed_dataset_is_stale(fresh, change, pattern):
     with pytest.raises(StalePlanError, match=pattern):
         load_plan(plan_dir)
     with pytest.raises(StalePlanError):
-        plan_format.check_dataset(plan, footers=True)
+        check_footers(plan)
     assert load_plan(plan_dir, check_dataset=False) == plan
 
 
@@ -250,8 +251,8 @@ def test_row_counts_changed_found_by_footers(fresh):
     tampered = dataclasses.replace(plan, catalog=dataclasses.replace(plan.catalog, files=tuple(files)))
     plan_format.check_dataset(tampered)  # listing sees equal sizes
     with pytest.raises(StalePlanError, match=f"{files[target].path!r} changed row groups"):
-        plan_format.check_dataset(tampered, footers=True)
-    plan_format.check_dataset(plan, footers=True)
+        check_footers(tampered)
+    check_footers(plan)
 
 
 def test_rewritten_row_groups_are_stale(fresh):
@@ -259,7 +260,7 @@ def test_rewritten_row_groups_are_stale(fresh):
     target = next(f for f in plan.catalog.files if f.num_rows > 10)
     rewrite(os.path.join(copy, target.path), 3)
     with pytest.raises(StalePlanError, match=repr(target.path)):
-        plan_format.check_dataset(plan, footers=True)
+        check_footers(plan)
 
 
 def test_predicate_changed_is_stale(saved):

@@ -9,7 +9,7 @@ from petastorm.codecs import NdarrayCodec
 from petastorm.predicates import in_lambda
 
 from petastorm_balanced import StalePlanError, datagen, make_loader, make_reader, plan_shards
-from petastorm_balanced.reader import OWNED_ARGUMENTS
+from petastorm_balanced.reading.options import OWNED_ARGUMENTS
 
 
 def english(lang):
@@ -137,7 +137,7 @@ def test_added_file_and_stale_plan_url_are_refused(own_dataset, tmp_path):
 def test_list_columns_stack_like_make_batch_reader():
     """Equal-length list columns become (rows, length) arrays after the cut; ragged ones stay per-row arrays."""
     import pyarrow as pa
-    from petastorm_balanced.fragments import to_columns
+    from petastorm_balanced.reading.fragments import to_columns
     table = pa.table({"fixed": pa.array([[1, 2], [3, 4], [5, 6]]), "ragged": pa.array([[1], [2, 3], None])})
     out = to_columns(table.slice(1, 2))
     assert out["fixed"].tolist() == [[3, 4], [5, 6]] and out["fixed"].dtype == np.int64

@@ -15,8 +15,8 @@ import pytest
 from petastorm import make_batch_reader, make_reader
 from petastorm.predicates import in_set
 
-from petastorm_balanced import (BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards,
-                                remote)
+from petastorm_balanced import (BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards)
+from petastorm_balanced.io import remote
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -156,7 +156,7 @@ def test_process_pool_and_dataloader_workers_read_s3(s3, petastorm_dataset):
 
 def test_cli_plans_and_inspects_on_s3(s3, plain_on_s3):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = ("import sys; from petastorm_balanced.cli import main; "
+    script = ("import sys; from petastorm_balanced.tools.cli import main; "
               "rc = main(sys.argv[1:5] + ['--world-size', '3', '--batch-size', '16', '--engine', 'local']); "
               "rc = rc or main(['inspect', sys.argv[4], '--json']); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", script, "plan", plain_on_s3, "--output", s3.join("plan")],

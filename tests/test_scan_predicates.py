@@ -14,7 +14,8 @@ import pytest
 from petastorm.predicates import in_lambda, in_negate, in_reduce, in_set
 
 from petastorm_balanced import plan_shards
-from petastorm_balanced.scan import is_data_name, list_data_files, scan
+from petastorm_balanced.io.dataset import is_data_name, list_data_files
+from petastorm_balanced.planning.scan import scan
 
 WORLD, BATCH = 3, 8
 

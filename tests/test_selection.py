@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from petastorm_balanced import selection
+from petastorm_balanced.plan import selection
 from petastorm_balanced.errors import PlanIntegrityError
 from strategies import positions_in_row_group
 

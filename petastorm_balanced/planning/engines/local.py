@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import fs as fsutil
-from ..catalog import Catalog, full_catalog, match_from_mask
+from ...io import fs as fsutil
+from ...plan.catalog import Catalog, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
-from ..scan import load_unischema, scan
+from ...io.dataset import load_unischema
+from ..scan import scan
 
 
 def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None) -> Catalog:

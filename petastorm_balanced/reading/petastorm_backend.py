@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import contextlib
 import posixpath
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
@@ -30,53 +31,15 @@ from petastorm.utils import decode_row
 from petastorm.workers_pool import EmptyResultError
 
 from . import fragments as fr
+from . import stream
 from .batching import window_permutation
-from .errors import PlanError, StalePlanError
+from ..errors import PlanError, StalePlanError
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
-from .plan import Fragment, ShardPlan
-from .world import resolve_world
+from ..plan.model import Fragment, ShardPlan
+from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from ..world import resolve_world
 
-# Petastorm arguments the plan owns, and what to do instead.
-OWNED_ARGUMENTS = {
-    "cur_shard": "the plan assigns rows to ranks; pass rank= and world= instead",
-    "shard_count": "the plan assigns rows to ranks; pass rank= and world= instead",
-    "shard_seed": "the plan's seed (plan_shards(seed=...)) decides the assignment",
-    "predicate": "the plan already holds exactly the matching rows; pass where= or predicate= to plan_shards",
-    "filters": "the plan already holds exactly the matching rows; pass where= or predicate= to plan_shards",
-    "rowgroup_selector": "the plan selects the row groups; pass a predicate to plan_shards instead",
-    "num_epochs": "a planned reader covers one epoch; iterate the loader again, or pass epoch=, for the next one",
-    "shuffle_row_groups": "the plan orders row groups per epoch from [seed, epoch]; use make_loader(shuffle=...)",
-    "shuffle_row_drop_partitions": "the plan decides which rows each rank reads; use make_loader(shuffle_window=)",
-    "dataset_url": "the plan names its dataset; pass plan= only",
-    "dataset_url_or_urls": "the plan names its dataset; pass plan= only",
-}
-# Everything else Petastorm's make_reader / make_batch_reader accept passes through.
-PASS_THROUGH = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size", "shuffle_rows", "seed",
-                "cache_type", "cache_location", "cache_size_limit", "cache_row_size_estimate",
-                "cache_extra_settings", "hdfs_driver", "transform_spec", "storage_options", "zmq_copy_buffers",
-                "filesystem", "pyarrow_serialize")
 MODES = ("rows", "batches", "columns")  # make_reader on Unischema / on plain Parquet / the loader's columns
-
-
-def check_petastorm_kwargs(kwargs: dict, refused: Optional[dict] = None) -> None:
-    """Refuse owned arguments with what to do instead; unknown ones as Python would, with a TypeError."""
-    refused = {**OWNED_ARGUMENTS, **(refused or {})}
-    for name in kwargs:
-        if name in refused:
-            raise ValueError(f"{name}={kwargs[name]!r} is not accepted here: {refused[name]}")
-        if name not in PASS_THROUGH:
-            raise TypeError(f"unexpected keyword argument {name!r}; Petastorm reader arguments accepted here: "
-                            f"{', '.join(a for a in PASS_THROUGH if a not in refused)}")
-
-
-def resolve_plan(plan) -> ShardPlan:
-    """A ShardPlan as is, or a plan URL loaded and checked against its dataset (``StalePlanError``)."""
-    from .plan_io import load_plan
-    if isinstance(plan, ShardPlan):
-        return plan
-    if plan is None:
-        raise ValueError("plan=None: pass a ShardPlan or the URL of a saved plan (plan_shards(output_url=...))")
-    return load_plan(plan)
 
 
 @dataclass(frozen=True)
@@ -289,7 +252,7 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     from petastorm.workers_pool.process_pool import ProcessPool
 
     check_pool_options(reader_pool_type, workers_count)
-    from .remote import petastorm_filesystem  # s3:// needs a filesystem Petastorm 0.12.1 can list (remote.py)
+    from ..io.remote import petastorm_filesystem  # s3:// needs a filesystem Petastorm 0.12.1 can list (remote.py)
     with quiet_legacy_pyarrow():
         fs, path = petastorm_filesystem(plan.dataset_url, filesystem=filesystem, storage_options=storage_options,
                                         hdfs_driver=hdfs_driver)
@@ -331,17 +294,6 @@ def quiet_legacy_pyarrow():
         yield
 
 
-POOL_TYPES = ("thread", "process", "dummy")
-
-
-def check_pool_options(reader_pool_type, workers_count) -> None:
-    """Refuse a bad pool choice when the loader or reader is made, not at its first batch."""
-    if isinstance(workers_count, bool) or not isinstance(workers_count, int) or workers_count < 1:
-        raise ValueError(f"workers_count={workers_count!r} must be an int >= 1")
-    if reader_pool_type not in POOL_TYPES:
-        raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of {', '.join(map(repr, POOL_TYPES))}")
-
-
 def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,
                 reshuffle: str = "epoch", **petastorm_kwargs) -> BalancedReader:
     """A Petastorm reader over exactly rank ``rank``'s planned rows of ``epoch``, in plan order.
@@ -369,6 +321,29 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
                     partition_types=tuple(fr.partition_types([f.path for f in plan.catalog.files]).items()),
                     shuffle_key=key)
     return open_reader(plan, frags, task, **petastorm_kwargs)
+
+
+def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: dict,
+                     slot: Optional[stream.ReaderSlot] = None) -> Chunks:
+    """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
+    def chunks(todo: List[Fragment]):
+        holder = slot or stream.ReaderSlot()
+        if holder.reader is not None and holder.reader.idle:
+            holder.reader.rearm(todo)
+        else:
+            holder.close()
+            task = ReadTask("columns", columns=columns.names, partition_types=columns.partition_types)
+            holder.reader = open_reader(plan, todo, task, schema_fields=[re.escape(n) for n in columns.names],
+                                        **reader_options)
+        reader, finished = holder.reader, False
+        try:
+            for sequence, payload in reader:
+                yield reader.bundles[sequence], payload if isinstance(payload, dict) else fr.to_columns(payload)
+            finished = True
+        finally:
+            if not finished or slot is None:
+                holder.close()
+    return chunks
 
 
 __all__ = ["BalancedReader", "make_reader"]

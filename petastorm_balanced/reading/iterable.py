@@ -21,15 +21,18 @@ from typing import Optional
 import numpy as np
 
 from . import stream
+from .arrow_backend import arrow_chunks
+from .options import resolve_backend
 from .batching import split_batches
 from .fragments import as_list
-from .loader import Position, _PlannedView, _require_torch, _Settings, to_torch, torch, torch_batches
-from .world import resolve_world
+from .position import PlannedView, Position, Settings
+from .tensors import require_torch, to_torch, torch, torch_batches
+from ..world import resolve_world
 
 _Base = torch.utils.data.IterableDataset if torch is not None else object
 
 
-class BalancedIterableDataset(_PlannedView, _Base):
+class BalancedIterableDataset(PlannedView, _Base):
     """Batches of rank ``rank`` (default: ``World.detect()``), split over the DataLoader's workers.
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
@@ -43,9 +46,10 @@ class BalancedIterableDataset(_PlannedView, _Base):
 
     def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
-                 schema_fields=None, padding_mask: bool = False):
-        _require_torch()
-        self._settings = _Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
+                 schema_fields=None, padding_mask: bool = False, backend: str = "auto"):
+        require_torch()
+        self.backend = resolve_backend(backend)
+        self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
                                    reshuffle=reshuffle, shuffle_window=shuffle_window, schema_fields=schema_fields,
                                    padding_mask=padding_mask)
         self._position = Position(self._settings, epoch)
@@ -63,7 +67,12 @@ class BalancedIterableDataset(_PlannedView, _Base):
         settings = self._settings
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers) if f.worker == slot]
-        runs = stream.slot_runs(fragments, stream.inline_chunks(settings.plan, settings.columns),
+        if self.backend == "arrow":
+            chunks = arrow_chunks(settings.plan, settings.columns, reader_pool_type="dummy")
+        else:  # Petastorm's reader, in this process: the DataLoader's workers are the parallelism
+            from .petastorm_backend import petastorm_chunks
+            chunks = petastorm_chunks(settings.plan, settings.columns, {"reader_pool_type": "dummy"})
+        runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
                                 batches_done=(done + worker) // num_workers)

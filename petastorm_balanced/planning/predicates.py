@@ -12,9 +12,6 @@ Only the predicate's ``get_fields()`` columns are read; hive partition columns c
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import types
 from typing import Iterable
 
 import numpy as np
@@ -68,33 +65,3 @@ def _per_row(frame: pd.DataFrame, predicate, unischema) -> np.ndarray:
         from petastorm.utils import decode_row
         records = [decode_row(r, unischema) for r in records]
     return np.fromiter((bool(predicate.do_include(r)) for r in records), dtype=bool, count=len(records))
-
-
-def fingerprint(predicate) -> str:
-    """A stable digest of what a predicate does, so a plan can refuse a different one later."""
-    return hashlib.sha256(describe(predicate).encode()).hexdigest()
-
-
-def describe(obj) -> str:
-    """A canonical text for a predicate: class, fields, values and, for lambdas, the function's code."""
-    if isinstance(obj, (types.FunctionType, types.LambdaType)):
-        code = obj.__code__
-        cells = [describe(c.cell_contents) for c in (obj.__closure__ or ())]
-        defaults = [describe(obj.__defaults__ or ()), describe(obj.__kwdefaults__ or {})]  # lambda x, t=5: x > t
-        return (f"fn({code.co_code.hex()},{[describe(c) for c in code.co_consts]},{code.co_names},"
-                f"{cells}{'' if defaults == ['[]', '{}'] else ',' + ','.join(defaults)})")
-    if isinstance(obj, functools.partial):
-        return f"partial({describe(obj.func)},{describe(obj.args)},{describe(obj.keywords)})"
-    if isinstance(obj, types.CodeType):
-        return f"code({obj.co_code.hex()},{obj.co_names})"
-    if isinstance(obj, (set, frozenset)):
-        return "{" + ",".join(sorted(describe(v) for v in obj)) + "}"
-    if isinstance(obj, (list, tuple)):
-        return "[" + ",".join(describe(v) for v in obj) + "]"
-    if isinstance(obj, dict):
-        return "{" + ",".join(f"{k}:{describe(v)}" for k, v in sorted(obj.items())) + "}"
-    if hasattr(obj, "__dict__") and hasattr(obj, "do_include"):
-        return f"{type(obj).__qualname__}({describe(vars(obj))})"
-    if obj in (all, any, sum, min, max):
-        return obj.__name__
-    return repr(obj)

@@ -14,15 +14,7 @@ import numpy as np
 
 from . import balance, selection
 from .catalog import Catalog
-
-
-@dataclass(frozen=True)
-class PredicateInfo:
-    """Which rows planning kept: ``kind`` is 'none', 'sql' (a Spark SQL ``where``) or 'petastorm'."""
-
-    kind: str = "none"
-    text: str = ""
-    fingerprint: str = ""
+from .predicate import PredicateInfo
 
 
 @dataclass(frozen=True)
@@ -104,13 +96,13 @@ class ShardPlan:
 
     def save(self, output_url: str) -> str:
         """Write the plan directory (``plan.json`` last, so a partial write is never loadable)."""
-        from .plan_format import write_plan
+        from .format import write_plan
         return write_plan(self, output_url)
 
     @property
     def checksum(self) -> str:
         """sha256 over the plan's content; equal plans have equal checksums, whichever engine made them."""
-        from .plan_format import content_checksum
+        from .format import content_checksum
         return content_checksum(self)
 
     @cached_property

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import StalePlanError
-from .plan import Fragment
-from .scan import partition_values
+from ..errors import StalePlanError
+from ..plan.model import Fragment
+from ..io.dataset import partition_values
 
 OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
 BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
@@ -252,8 +252,8 @@ def read_error(fragment: Fragment, exc: BaseException) -> Exception:
 def unreadable_dataset_error(plan, exc: BaseException) -> Exception:
     """What to raise when opening the dataset failed with an error naming no file (pyarrow footer errors):
     ``StalePlanError`` if the listing differs from the plan's, else an ``OSError`` naming the unreadable file."""
-    from .plan_format import check_dataset
-    from .scan import unreadable_file
+    from ..plan.format import check_dataset
+    from ..io.dataset import unreadable_file
     check_dataset(plan)  # raises StalePlanError naming a removed, added or resized file
     bad = unreadable_file(plan.dataset_url, [f.path for f in plan.catalog.files])
     if bad is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import PlanIntegrityError
+from ..errors import PlanIntegrityError
 
 _ALL = b""
 _RUNS = b"R"

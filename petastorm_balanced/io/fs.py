@@ -47,11 +47,5 @@ def resolve(url: str) -> Tuple[pafs.FileSystem, str]:
     return fs, path.rstrip("/")
 
 
-def join(url: str, *parts: str) -> str:
-    """``url/part/...`` keeping the scheme and query of ``url``."""
-    parsed = urlparse(normalize_url(url))
-    return parsed._replace(path=posixpath.join(parsed.path, *parts)).geturl()
-
-
 def is_local(url: str) -> bool:
     return urlparse(normalize_url(url)).scheme == "file"

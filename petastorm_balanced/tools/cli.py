@@ -13,9 +13,9 @@ import sys
 import warnings
 from typing import List, Optional
 
-from . import fs as fsutil
-from .errors import PlanError
-from .plan_format import PLAN_JSON
+from ..io import fs as fsutil
+from ..errors import PlanError
+from ..plan.format import PLAN_JSON
 from .progress import Progress
 
 PROG = "petastorm-balanced"
@@ -44,7 +44,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .planning import plan_shards
+    from ..planning.plan_shards import plan_shards
     with Progress("reading footers") as bar, _spark(args) as spark:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine=args.engine, spark=spark,
@@ -113,7 +113,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .planning import plan_shards
+    from ..planning.plan_shards import plan_shards
     from .report import compare_report, format_compare
     engine = args.engine or ("spark" if args.where else "local")
     with Progress("reading footers") as bar, _spark(args, engine) as spark:
@@ -199,7 +199,7 @@ def _require_plan(url: str) -> None:
 
 
 def _load(url: str):
-    from .plan_io import load_plan
+    from ..plan.load import load_plan
     _require_plan(fsutil.normalize_url(url))
     return load_plan(url, check_dataset=False)
 

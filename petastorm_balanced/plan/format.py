@@ -1,4 +1,4 @@
-"""Plan format version 1: the one module that reads and writes plans (spec: docs/plan-format.md).
+"""Plan format version 1: how plans are written and checked (spec: docs/plan-format.md; ``load.py`` reads them).
 
 A plan is a directory holding ``catalog.parquet``, ``assignment.parquet`` and ``plan.json``. ``plan.json`` is
 written last and records the sha256 of the other two, so its presence commits the plan and a plan cut short by a
@@ -12,18 +12,23 @@ import json
 import os
 import uuid
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import __version__, balance
-from . import fs as fsutil
+from .._version import __version__
+from . import balance
+from ..io import fs as fsutil
 from .catalog import Catalog, FileInfo, RowGroupMatch
-from .errors import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
-from .plan import PredicateInfo, ShardPlan
+from ..errors import PlanIntegrityError, StalePlanError
+from ..io.dataset import list_data_files
+
+if TYPE_CHECKING:  # the model calls into this module (save, checksum); load.py builds models from it
+    from .model import ShardPlan
+    from .predicate import PredicateInfo
 
 FORMAT_NAME = "petastorm-balanced-plan"
 FORMAT_VERSION = 1
@@ -66,7 +71,7 @@ def write_plan(plan: ShardPlan, output_url: str) -> str:
     if filesystem.get_file_info(f"{root}/{PLAN_JSON}").type != pafs.FileType.NotFound:
         filesystem.delete_file(f"{root}/{PLAN_JSON}")  # uncommit first: a crash below leaves no valid plan
     digests = {CATALOG: _put(filesystem, f"{root}/{CATALOG}", _parquet_bytes(_catalog_table(plan.catalog))),
-               ASSIGNMENT: _put(filesystem, f"{root}/{ASSIGNMENT}", _parquet_bytes(_assignment_table(plan)))}
+               ASSIGNMENT: _put(filesystem, f"{root}/{ASSIGNMENT}", _parquet_bytes(assignment_table(plan)))}
     document = plan_document(plan, digests)
     _put(filesystem, f"{root}/{PLAN_JSON}", json.dumps(document, indent=1, sort_keys=True).encode(), atomic=True)
     return url
@@ -79,12 +84,12 @@ def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
         "package_version": __version__,
         "checksum": content_checksum(plan),
         "dataset_files": [[f.path, f.size, list(f.row_group_rows)] for f in plan.catalog.files],
-        "totals": _totals(plan),
+        "totals": totals(plan),
         "files": digests or {},
     }
 
 
-def _totals(plan: ShardPlan) -> dict:
+def totals(plan: ShardPlan) -> dict:
     """What the planned world size gets at epoch 0 (what ``inspect`` shows)."""
     pieces = plan.pieces(batch_size=plan.batch_size or 1)
     delivered = int(pieces.num_rows[~pieces.padding].sum())
@@ -102,43 +107,16 @@ def split_row_groups(pieces: balance.Pieces) -> int:
     return int(len(pairs[0]) - len(np.unique(pairs[0])))
 
 
-def read_plan(plan_url: str) -> ShardPlan:
-    """Load and fully check a plan; every defect raises a ``PlanError`` subclass."""
-    url = fsutil.normalize_url(plan_url)
-    filesystem, root = fsutil.resolve(url)
-    raw = _get(filesystem, f"{root}/{PLAN_JSON}", url)
-    try:
-        document = json.loads(raw.to_pybytes())
-        if not isinstance(document, dict):
-            raise ValueError("not an object")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PlanIntegrityError(f"{url}/{PLAN_JSON} is not valid JSON ({exc}); re-run planning") from None
-    if document.get("format") != FORMAT_NAME:
-        raise PlanError(f"{url} is not a petastorm-balanced plan (format={document.get('format')!r})")
-    version = document.get("format_version")
-    if version != FORMAT_VERSION:
-        raise PlanVersionError(f"{url} has plan format version {version!r}; this petastorm-balanced "
-                               f"{__version__} reads version {FORMAT_VERSION}; upgrade the package or re-plan")
-    try:
-        return _plan_from(document, filesystem, root, url)
-    except PlanError:
-        raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, pa.ArrowException) as exc:
-        raise PlanIntegrityError(f"{url} is malformed ({type(exc).__name__}: {exc}); re-run planning") from None
-
-
-def check_dataset(plan: ShardPlan, *, footers: bool = False) -> None:
+def check_dataset(plan: ShardPlan, *, files=None) -> None:
     """Raise ``StalePlanError`` naming the first difference between the plan's files and the dataset's.
 
-    Listing compares paths and sizes; ``footers=True`` also reads every footer to compare row group sizes (the
-    reader compares those anyway for the row groups it reads).
+    Without ``files`` the dataset is listed and paths and sizes are compared; ``files`` (``FileInfo``s from a fresh
+    footer scan, as ``verify`` passes) also compares row group sizes (the reader compares those anyway for the row
+    groups it reads).
     """
-    from .scan import list_data_files, scan
+    footers = files is not None
     if footers:
-        try:
-            current = {f.path: f for f in scan(plan.dataset_url).files}
-        except ValueError as exc:  # gone, emptied, or a file no longer readable as Parquet
-            raise StalePlanError(f"the plan's dataset changed since planning: {exc}") from None
+        current = {f.path: f for f in files}
     else:
         try:
             _, root, entries = list_data_files(plan.dataset_url)
@@ -161,7 +139,7 @@ def check_dataset(plan: ShardPlan, *, footers: bool = False) -> None:
 
 
 def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
-    """Raise ``StalePlanError`` when ``predicate_info`` (see ``planning.predicate_info``) is not the plan's.
+    """Raise ``StalePlanError`` when ``predicate_info`` (see ``predicate.predicate_info``) is not the plan's.
 
     A plan's catalog holds only the rows its predicate kept, so serving it for another predicate would deliver the
     wrong rows; the kind is compared first, then the fingerprint, and the message names both texts.
@@ -187,45 +165,13 @@ def _header(plan: ShardPlan) -> dict:
     }
 
 
-def _plan_from(document, filesystem, root, url) -> ShardPlan:
-    digests = document["files"]
-    tables = {}
-    for name in (CATALOG, ASSIGNMENT):
-        data = _get(filesystem, f"{root}/{name}", url)
-        if hashlib.sha256(data).hexdigest() != digests[name]:
-            raise PlanIntegrityError(f"{url}/{name} does not match the sha256 in plan.json (truncated, edited or "
-                                     "from another plan); re-run planning")
-        # ParquetFile, not read_table: read_table's dataset scanner releases its file source later on an Arrow
-        # pool thread, and when that happens during interpreter exit its PyBuffer takes the GIL and aborts the
-        # process ("terminate called without an active exception", ~5% of runs). ParquetFile reads synchronously.
-        tables[name] = pq.ParquetFile(pa.BufferReader(data)).read()
-    params, dataset, predicate = document["parameters"], document["dataset"], document["predicate"]
-    if (params["algorithm"], params["algorithm_version"]) != (balance.ALGORITHM, balance.ALGORITHM_VERSION):
-        raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "
-                               f"package has {balance.ALGORITHM} v{balance.ALGORITHM_VERSION}; re-plan")
-    files = tuple(FileInfo(p, int(s), tuple(int(n) for n in rows)) for p, s, rows in document["dataset_files"])
-    cat = tables[CATALOG].to_pydict()
-    row_groups = tuple(RowGroupMatch(*r) for r in zip(cat["file"], cat["row_group"], cat["total_rows"],
-                                                        cat["matching_rows"], cat["selection"]))
-    catalog = Catalog(files, row_groups, dataset["kind"], tuple(dataset["partition_columns"]))
-    plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
-                     params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
-    if content_checksum(plan) != document["checksum"] or dataset_fingerprint(files) != dataset["fingerprint"]:
-        raise PlanIntegrityError(f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning")
-    if not _assignment_table(plan).equals(tables[ASSIGNMENT]):
-        raise PlanIntegrityError(f"{url}/{ASSIGNMENT} disagrees with the catalog and parameters; re-run planning")
-    if document["totals"] != _totals(plan):  # not in the checksum, but shown to users
-        raise PlanIntegrityError(f"{url}/plan.json totals disagree with its catalog (edited?); re-run planning")
-    return plan
-
-
 def _catalog_table(catalog: Catalog) -> pa.Table:
     rows = catalog.row_groups
     return pa.table([[r.path for r in rows], [r.row_group for r in rows], [r.total_rows for r in rows],
                      [r.matching_rows for r in rows], [r.selection for r in rows]], schema=_CATALOG_SCHEMA)
 
 
-def _assignment_table(plan: ShardPlan) -> pa.Table:
+def assignment_table(plan: ShardPlan) -> pa.Table:
     """Epoch 0 for the planned world size and one worker per rank; a batch-less plan is balanced per row."""
     p = plan.pieces(batch_size=plan.batch_size or 1)
     sequence = np.arange(len(p.rank)) - np.searchsorted(p.rank, p.rank)  # position inside the rank
@@ -247,27 +193,12 @@ def _put(filesystem, path: str, data: bytes, atomic: bool = False) -> str:
         target = f"{path}.{uuid.uuid4().hex}.tmp"
     with filesystem.open_output_stream(target) as out:
         out.write(data)
-    _test_pause(path.rsplit("/", 1)[-1] + (".tmp" if target != path else ""))
     if target != path:
         os.replace(target, path)
     return hashlib.sha256(data).hexdigest()
 
 
-TEST_PAUSE_ENV = "PETASTORM_BALANCED_TEST_PAUSE_AFTER"
-
-
-def _test_pause(name: str) -> None:
-    """Test-only hook: with ``PETASTORM_BALANCED_TEST_PAUSE_AFTER=<file name>`` the writer announces on stderr that
-    it wrote that file and sleeps, so a test can kill it at that exact point (tests/test_faults.py)."""
-    if os.environ.get(TEST_PAUSE_ENV) == name:
-        import sys
-        import time
-        sys.stderr.write(f"petastorm-balanced test pause after {name}\n")
-        sys.stderr.flush()
-        time.sleep(600)
-
-
-def _get(filesystem, path: str, url: str) -> pa.Buffer:
+def get_bytes(filesystem, path: str, url: str) -> pa.Buffer:
     """The file's bytes as an Arrow-owned buffer.
 
     Parsing Parquet from a buffer that wraps Python ``bytes`` made pyarrow 14 abort the interpreter at exit now

@@ -1,12 +1,11 @@
 """One slot's epoch as a stream of numpy batches: where to start, what to read, how to batch.
 
-Shared by ``BalancedLoader`` (fragments read by a Petastorm worker pool) and ``BalancedIterableDataset``
-(fragments read in the DataLoader worker itself). Both hand fragments, in plan order, to the same
-``WindowBatcher``, so for the same slot they deliver the same batches.
+Shared by ``BalancedLoader`` (fragments read by the Arrow backend's threads or a Petastorm worker pool) and
+``BalancedIterableDataset`` (fragments read in the DataLoader worker itself). All hand fragments, in plan order, to
+the same ``WindowBatcher``, so for the same slot they deliver the same batches, whatever the backend.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -15,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import fragments as fr
-from . import fs as fsutil
-from .batching import WindowBatcher, split_batches, start_point, window_rows
-from .plan import Fragment, ShardPlan
-from .scan import load_unischema, partition_values
+from ..io import fs as fsutil
+from .batching import WindowBatcher, start_point, window_rows
+from ..plan.model import Fragment, ShardPlan
+from ..io.dataset import load_unischema, partition_values
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
@@ -91,33 +90,6 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int,
     batcher.finish()
 
 
-def slot_batches(fragments: Sequence[Fragment], chunks: Chunks, **options) -> Iterator[dict]:
-    """``slot_runs`` cut into numpy batches."""
-    runs = slot_runs(fragments, chunks, **options)
-    try:
-        for run in runs:
-            yield from split_batches(run, options["batch_size"])
-    finally:
-        runs.close()
-
-
-def inline_chunks(plan: ShardPlan, columns: Columns) -> Chunks:
-    """Read fragments one after the other in this process (DataLoader workers bring their own parallelism)."""
-    def chunks(todo: List[Fragment]):
-        filesystem, root = fsutil.resolve(plan.dataset_url)
-        files = fr.FileCache(lambda path: pq.ParquetFile(filesystem.open_input_file(f"{root}/{path}")))
-        spec = columns.spec
-        for chunk in fr.bundle(todo, fr.BUNDLE_ROWS):
-            tables = []
-            for fragment in chunk:
-                try:
-                    tables.append(fr.read_fragment(files.get(fragment.path), fragment, spec))
-                except (OSError, pa.ArrowException) as exc:  # name the file and row group
-                    raise fr.read_error(fragment, exc) from exc
-            yield chunk, fr.to_columns(fr.concat_tables(tables), columns.fields)
-    return chunks
-
-
 class ReaderSlot:
     """Keeps one rank's ``BalancedReader`` between epochs, so the next epoch re-arms it instead of paying for a
     new one (listing, footers, pool start). A reader left mid-epoch is stopped and replaced."""
@@ -130,28 +102,3 @@ class ReaderSlot:
         if reader is not None:
             reader.stop()
             reader.join()
-
-
-def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict,
-                     slot: Optional[ReaderSlot] = None) -> Chunks:
-    """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
-    from .reader import ReadTask, open_reader
-
-    def chunks(todo: List[Fragment]):
-        holder = slot or ReaderSlot()
-        if holder.reader is not None and holder.reader.idle:
-            holder.reader.rearm(todo)
-        else:
-            holder.close()
-            task = ReadTask("columns", columns=columns.names, partition_types=columns.partition_types)
-            holder.reader = open_reader(plan, todo, task, schema_fields=[re.escape(n) for n in columns.names],
-                                        **reader_options)
-        reader, finished = holder.reader, False
-        try:
-            for sequence, payload in reader:
-                yield reader.bundles[sequence], payload if isinstance(payload, dict) else fr.to_columns(payload)
-            finished = True
-        finally:
-            if not finished or slot is None:
-                holder.close()
-    return chunks

@@ -9,11 +9,11 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import balance
-from .catalog import Catalog
+from ..plan import balance
+from ..plan.catalog import Catalog
 from .petastorm_sharding import petastorm_shards
-from .plan import ShardPlan
-from .plan_format import split_row_groups
+from ..plan.model import ShardPlan
+from ..plan.format import split_row_groups
 
 JSON_VERSION = 1
 _BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)",

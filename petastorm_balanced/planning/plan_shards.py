@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import balance
-from . import fs as fsutil
-from .catalog import Catalog
-from .plan import PredicateInfo, ShardPlan
-from .plan_format import dataset_fingerprint
-from . import predicates
+from ..io import fs as fsutil
+from ..plan import balance
+from ..plan.catalog import Catalog
+from ..plan.format import dataset_fingerprint
+from ..plan.model import ShardPlan
+from ..plan.predicate import PredicateInfo, predicate_info
 
 ENGINES = ("spark", "local")
 
@@ -32,6 +32,7 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise ValueError(f"where={where!r} must be a non-empty Spark SQL boolean expression")
     url = fsutil.normalize_url(dataset_url)
+    described = predicate_info(where, predicate)  # before scanning: a predicate we cannot fingerprint fails fast
     if engine == "local":
         if where is not None:
             raise ValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
@@ -42,19 +43,10 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
         from .engines.spark import build_catalog
         catalog = build_catalog(url, where=where, predicate=predicate, spark=spark)
     plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
-                     predicate=predicate_info(where, predicate))
+                     predicate=described)
     if output_url is not None:
         plan.save(output_url)
     return plan
-
-
-def predicate_info(where: Optional[str], predicate) -> PredicateInfo:
-    if where is not None:
-        import hashlib
-        return PredicateInfo("sql", where, hashlib.sha256(where.strip().encode()).hexdigest())
-    if predicate is not None:
-        return PredicateInfo("petastorm", predicates.describe(predicate)[:2000], predicates.fingerprint(predicate))
-    return PredicateInfo()
 
 
 def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Optional[int], policy: str, seed: int,

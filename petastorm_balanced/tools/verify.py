@@ -4,7 +4,7 @@
 and for every epoch asked the assignment gives every rank the same steps (G1), never gives a row twice and leaves
 out fewer than ``world_size x batch_size`` rows (G2), and splits at most ``slots - 1`` row groups (G3).
 
-``read_checks`` reads every rank's rows (with pyarrow as the loader would: whole row group, then the planned
+``ReadCheck`` reads every rank's rows (with pyarrow as the loader would: whole row group, then the planned
 positions; or through ``make_loader`` itself, identified by a unique column) and checks G1 and G2 again on what
 was read, against ground truth taken from the data files: with no predicate every
 row of every file must be delivered (``pad``) or all but fewer than ``world_size x batch_size`` (``drop``). A
@@ -19,11 +19,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow.parquet as pq
 
-from . import balance
-from . import fs as fsutil
-from .errors import PlanError
-from .plan import ShardPlan
-from .plan_format import check_dataset, split_row_groups
+from ..plan import balance
+from ..io import fs as fsutil
+from ..errors import PlanError
+from ..plan.model import ShardPlan
+from ..plan.format import split_row_groups
+from ..planning.scan import check_footers
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,6 @@ def plan_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] =
         pieces = plan.pieces(epoch=epoch, batch_size=batch)
         checks += [_g1_pieces(plan, pieces, epoch), _g2_pieces(plan, pieces, epoch), _g3_pieces(pieces, epoch)]
     return checks
-
-
-def read_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] = None,
-                progress: Optional[Callable[[int], None]] = None, id_column: Optional[str] = None) -> List[Check]:
-    """Read every rank's rows for ``epochs`` epochs and check G1 and G2 on them (see ``ReadCheck``)."""
-    return ReadCheck(plan, batch_size=batch_size, id_column=id_column).run(epochs=epochs, progress=progress)
 
 
 class ReadCheck:
@@ -103,8 +98,8 @@ class _LoaderRows:
             raise ValueError(f"--id-column {column!r} has repeated values, so it cannot identify rows; pick a "
                              "unique column or leave --id-column out to check rows by position")
         try:
-            from .loader import make_loader
-            from .stream import PADDING
+            from ..reading.loader import make_loader
+            from ..reading.stream import PADDING
         except ImportError as exc:
             raise ValueError(f"--id-column needs the loader and torch ({exc}); leave it out to check rows by "
                              "position with pyarrow") from None
@@ -196,7 +191,7 @@ class _RowReader:
 
 def _dataset_check(plan: ShardPlan) -> Check:
     try:
-        check_dataset(plan, footers=True)
+        check_footers(plan)
     except (PlanError, ValueError) as exc:
         return Check("dataset unchanged (G7)", False, str(exc))
     return Check("dataset unchanged (G7)", True, f"{len(plan.catalog.files)} files, sizes and row groups as planned")

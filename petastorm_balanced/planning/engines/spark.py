@@ -35,10 +35,12 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pandas as pd
 
-from .. import fs as fsutil
-from ..catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
+from ...errors import InvalidWhereError
+from ...io import fs as fsutil
+from ..scan import footer_error, read_footer
+from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
-from ..scan import list_data_files, load_unischema, partition_values
+from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
 
 try:
     from pyspark.errors import (AnalysisException, ArithmeticException, DateTimeException,
@@ -57,21 +59,6 @@ SHIP_CONF = "spark.petastorm_balanced.shipPackage"
 _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
 _MATCH_SCHEMA = "path string, row_group int, total_rows long, matching_rows long, selection binary"
 _SHIPPED = set()  # application ids that already got the package zip
-
-
-
-class InvalidWhereError(ValueError):
-    """``where`` is not a Spark SQL boolean expression over the dataset's columns, or it fails on its rows."""
-
-    def __init__(self, expression: str, reason: str, columns: Sequence[str], *, on_data: bool = False):
-        self.expression, self.reason, self.columns, self.on_data = expression, reason, list(columns), on_data
-        super().__init__(f"where={expression!r} {self.problem}: {reason}; fix the expression")
-
-    @property
-    def problem(self) -> str:
-        if self.on_data:
-            return "fails on the rows of the dataset (columns " + ", ".join(self.columns) + ")"
-        return "is not a valid Spark SQL boolean expression over the columns " + ", ".join(self.columns)
 
 
 def get_session(spark=None):
@@ -111,7 +98,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         get_session(spark)  # refuse a wrong type before any work
     url = fsutil.normalize_url(url)
     _, root, entries = list_data_files(url)
-    relpaths = [_relative(e.path, root) for e in entries]
+    relpaths = [relative_path(e.path, root) for e in entries]
     sizes = {p: e.size for p, e in zip(relpaths, entries)}
     in_tasks = footers_in_tasks
     if in_tasks is None:
@@ -129,7 +116,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     else:
         results = read_footers(url, root, relpaths)
     files = _file_infos(url, results, sizes)
-    kind = "petastorm" if load_unischema(url) is not None else "plain"
+    kind = "petastorm" if has_unischema(url) else "plain"
     partition_columns = tuple(sorted({k for f in files for k in partition_values(f.path)}))
     log.info("%d files, %d row groups, %d rows (footers read in %.1f s)", len(files),
              sum(len(f.row_group_rows) for f in files), sum(f.num_rows for f in files),
@@ -158,16 +145,13 @@ def read_footers(url: str, root: str, relpaths: Sequence[str], threads: int = FO
     """``(relpath, row group rows, column names)`` per file, or ``(relpath, None, error text)`` for a file that is
     not Parquet: errors travel back as values so the driver raises one clear ``ValueError``, not a task failure."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
     filesystem, _ = fsutil.resolve(url)
 
     def footer(relpath):
         try:
-            with filesystem.open_input_file(f"{root}/{relpath}" if root else relpath) as handle:
-                meta = pq.ParquetFile(handle).metadata
-        except (pa.ArrowInvalid, OSError) as exc:
-            return relpath, None, str(exc).splitlines()[0]
-        rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+            rows, meta = read_footer(filesystem, f"{root}/{relpath}" if root else relpath)
+        except (pa.ArrowException, OSError) as exc:
+            return relpath, None, f"{type(exc).__name__}: {exc}"
         return relpath, rows, tuple(meta.schema.to_arrow_schema().names)
 
     with ThreadPoolExecutor(max(1, min(threads, len(relpaths)))) as pool:
@@ -185,8 +169,7 @@ def _file_infos(url: str, results: Sequence[tuple], sizes: Dict[str, int]) -> Li
     results = sorted(results, key=lambda r: r[0])
     for relpath, rows, detail in results:
         if rows is None:
-            raise ValueError(f"{relpath!r} in dataset_url={url!r} is not a readable Parquet file ({detail}); "
-                             "remove it or rename it with a leading '_'")
+            raise footer_error(relpath, url, detail)
     first = results[0]
     for relpath, _, names in results:
         if set(names) != set(first[2]):
@@ -407,10 +390,6 @@ def _ship_package(spark) -> None:
         return  # imported from a zip (--py-files): Spark already ships that zip to the executors
     sc.addPyFile(package_zip())
     _SHIPPED.add(sc.applicationId)
-
-
-def _relative(path: str, root: str) -> str:
-    return path[len(root):].lstrip("/") if root else path
 
 
 def _first_line(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from .catalog import Catalog
+from ..plan.catalog import Catalog
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,102 @@
+"""A dataset on its filesystem: which files hold data, hive partition values, the Unischema, unreadable files.
+
+Files are listed through ``pyarrow.fs`` in a stable sorted order; names that Spark and pyarrow treat as metadata
+(leading ``_`` or ``.``, except hive ``key=value`` folders) are skipped. Planning, staleness checks and readers all
+list datasets here, so they agree on what a data file is.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Dict, List, Optional, Tuple
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from . import fs as fsutil
+
+UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
+
+
+def is_data_name(name: str) -> bool:
+    """Spark's rule: ``_x`` and ``.x`` are metadata unless ``_x`` is a ``key=value`` folder; ``.crc`` is a checksum."""
+    if name.startswith("."):
+        return False
+    if name.startswith("_") and "=" not in name:
+        return False
+    return not name.endswith(".crc")
+
+
+def partition_values(relative_path: str) -> Dict[str, str]:
+    """Hive partition values from the ``key=value`` folders of a relative path."""
+    return dict(part.split("=", 1) for part in relative_path.split("/")[:-1] if "=" in part)
+
+
+def list_data_files(url: str) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]]:
+    """The data files under ``url`` (a folder or a single file), sorted by relative path."""
+    filesystem, root = fsutil.resolve(url)
+    info = filesystem.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise ValueError(f"dataset_url={url!r} does not exist; check the path or URL")
+    if info.type == pafs.FileType.File:
+        return filesystem, root.rsplit("/", 1)[0], [info]
+    entries = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+    files = [e for e in entries if e.type == pafs.FileType.File
+             and all(is_data_name(part) for part in relative_path(e.path, root).split("/"))]
+    if not files:
+        raise ValueError(f"dataset_url={url!r} holds no Parquet data file (files named _* or .* are metadata); "
+                         "point it at a folder of Parquet files")
+    return filesystem, root, sorted(files, key=lambda e: relative_path(e.path, root))
+
+
+def has_unischema(url: str) -> bool:
+    """Whether the dataset is a Petastorm dataset (a Unischema in ``_common_metadata``); needs no Petastorm."""
+    return _unischema_bytes(url) is not None
+
+
+def load_unischema(url: str):
+    """The Petastorm Unischema in ``_common_metadata``, or None for plain Parquet.
+
+    Unpickling it needs Petastorm (its fields hold Petastorm codecs); without Petastorm this raises an
+    ``ImportError`` that says what to install, since no other code can decode such a dataset's cells.
+    """
+    payload = _unischema_bytes(url)
+    if payload is None:
+        return None
+    try:
+        import petastorm  # noqa: F401  (the pickle names Petastorm's classes)
+    except ImportError as exc:
+        raise ImportError(f"{url} is a Petastorm dataset (a Unischema in _common_metadata): its cells are encoded by "
+                          f"Petastorm codecs, and Petastorm cannot be imported here ({exc}). Install the petastorm "
+                          "stack (pip install 'petastorm-balanced[petastorm]', pyarrow < 15; docs/stacks.md), or "
+                          "rewrite the dataset as plain Parquet") from None
+    return pickle.loads(payload)
+
+
+def _unischema_bytes(url: str) -> Optional[bytes]:
+    filesystem, root = fsutil.resolve(url)
+    meta_path = root + "/_common_metadata"
+    if filesystem.get_file_info(meta_path).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_file(meta_path) as handle:
+        metadata = pq.read_metadata(handle).metadata or {}
+    return metadata.get(UNISCHEMA_KEY)
+
+
+def unreadable_file(url: str, paths) -> Optional[Tuple[str, Exception]]:
+    """The first of ``paths`` (relative to ``url``) whose footer cannot be read, with the error; None if all can.
+
+    Used after a read failed with an error that does not say which file (pyarrow's footer errors do not), to name it.
+    """
+    filesystem, root = fsutil.resolve(url)
+    for path in paths:
+        try:
+            with filesystem.open_input_file(f"{root}/{path}") as handle:
+                pq.ParquetFile(handle).metadata  # noqa: B018 - parsing the footer is the check
+        except (pa.ArrowException, OSError) as exc:
+            return path, exc
+    return None
+
+
+def relative_path(path: str, root: str) -> str:
+    return path[len(root):].lstrip("/") if root else path

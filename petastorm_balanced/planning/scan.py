@@ -1,0 +1,133 @@
+"""Footers to file infos: the first step of planning (both engines read footers here).
+
+Files are listed by ``io.dataset``. Footers are read in parallel threads
+because each one is a small, latency-bound read, which is what dominates on object stores.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from ..io import fs as fsutil
+from ..io.dataset import has_unischema, list_data_files, partition_values, relative_path
+from ..errors import StalePlanError
+from ..plan.catalog import FileInfo
+from ..plan.format import check_dataset
+
+FOOTER_THREADS = 16
+FOOTER_CHUNK = 64  # files per thread task
+
+
+@dataclass(frozen=True)
+class DatasetListing:
+    """The data files of a dataset and what the dataset is (plain Parquet or Petastorm)."""
+
+    url: str
+    files: Tuple[FileInfo, ...]
+    kind: str  # 'petastorm' or 'plain'
+    partition_columns: Tuple[str, ...]
+    schema: Optional[pa.Schema] = None
+
+
+def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None) -> DatasetListing:
+    """List the dataset and read every footer: row counts per row group, sizes, kind, partition columns.
+
+    Footers are read in chunks of files per thread task: on a local disk a footer costs ~0.1 ms of CPU, so one
+    future per file spent as much time in thread hand-offs as in parsing; chunks keep enough tasks in flight for
+    object-store latency while cutting that overhead (10,000 small files: about 40% less CPU).
+    """
+    url = fsutil.normalize_url(url)
+    filesystem, root, entries = list_data_files(url)
+
+    def read(entry):
+        path = relative_path(entry.path, root)
+        try:
+            rows, meta = read_footer(filesystem, entry.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise footer_error(path, url, exc) from exc
+        return FileInfo(path, entry.size, rows), meta
+
+    first, first_meta = read(entries[0])
+    reference = first_meta.schema
+    try:
+        schema = reference.to_arrow_schema()
+    except pa.ArrowException as exc:
+        raise footer_error(first.path, url, exc) from exc
+
+    def footers(chunk):
+        """(FileInfo, column names if the schema differs from the first file's else None) per file.
+
+        Footers are not kept: a large file's footer can weigh hundreds of KB.
+        """
+        out = []
+        for entry in chunk:
+            info, meta = read(entry)
+            same = meta.schema.equals(reference)  # the common case, compared in C++ without an Arrow schema
+            out.append((info, None if same else set(meta.schema.to_arrow_schema().names)))
+        return out
+
+    rest = entries[1:]
+    workers = max(1, min(threads, len(rest)))
+    size = max(1, min(FOOTER_CHUNK, len(rest) // (4 * workers)))  # >= 4 tasks per thread when there are few files
+    results = [(first, None)]
+    if progress is not None:
+        progress(1)
+    with ThreadPoolExecutor(workers) as pool:
+        for items in pool.map(footers, [rest[i:i + size] for i in range(0, len(rest), size)]):
+            results.extend(items)
+            if progress is not None:
+                progress(len(items))
+    files = tuple(r[0] for r in results)
+    _check_same_columns(url, files, [r[1] for r in results], set(schema.names))
+    columns = sorted({k for f in files for k in partition_values(f.path)})
+    return DatasetListing(url, files, "petastorm" if has_unischema(url) else "plain", tuple(columns),
+                          schema)
+
+
+def _check_same_columns(url, files, names_per_file, names):
+    """Every file must have the first file's column names (``None``: its schema equals the first file's)."""
+    for f, other in zip(files, names_per_file):
+        if other is not None and other != names:
+            raise ValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but {files[0].path!r} has "
+                             f"{sorted(names)}; all files of a dataset must share one schema")
+
+
+def check_footers(plan) -> None:
+    """``StalePlanError`` naming the first file whose listing or row group sizes differ from the plan's (G7), by
+    reading every footer again (``load_plan`` only lists; ``verify`` and the reader look deeper)."""
+    try:
+        files = scan(plan.dataset_url).files
+    except ValueError as exc:  # gone, emptied, or a file no longer readable as Parquet
+        raise StalePlanError(f"the plan's dataset changed since planning: {exc}") from None
+    check_dataset(plan, files=files)
+
+
+def read_footer(filesystem, path: str):
+    """``(rows per row group, FileMetaData)`` of one Parquet file; pyarrow's error if it cannot be read.
+
+    The one footer reader: the local engine, the Spark engine's tasks and ``verify`` all read footers here.
+    """
+    with filesystem.open_input_file(path) as handle:
+        meta = pq.ParquetFile(handle).metadata
+    return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), meta
+
+
+def footer_error(path: str, url: str, exc) -> ValueError:
+    """The error for a footer that cannot be read: a type this pyarrow does not know is not a broken file.
+
+    Current writers (arrow-rs, pyarrow >= 16) write view types (``Utf8View``, ``BinaryView``) that old pyarrow
+    versions cannot read; telling users to delete such a file would be wrong advice for valid data.
+    """
+    text = " ".join(str(exc).split())  # an exception, or its text when it crossed from a Spark task
+    if isinstance(exc, pa.ArrowNotImplementedError) or "Unrecognized type" in text or "NotImplemented" in text:
+        return ValueError(f"{path!r} in dataset_url={url!r} uses a Parquet/Arrow type that pyarrow {pa.__version__} "
+                          f"cannot read ({text}); it is probably valid data from a newer writer (view types such as "
+                          "Utf8View need pyarrow >= 16): upgrade pyarrow (the modern stack, docs/stacks.md) or "
+                          "rewrite the file with plain string/binary types")
+    return ValueError(f"{path!r} in dataset_url={url!r} is not a readable Parquet file ({text}); it is corrupt or not "
+                      "Parquet: restore it, or rename it with a leading '_' so it is not data")

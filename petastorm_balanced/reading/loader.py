@@ -1,0 +1,140 @@
+"""``make_loader`` / ``BalancedLoader``: equal steps on every rank, as batches of torch tensors.
+
+Every rank yields exactly ``len(loader) == plan.steps_per_epoch(world, batch_size)`` batches of exactly
+``batch_size`` rows (G1). The rows are the plan's assignment for the epoch (a fresh one per epoch, G5), read in
+plan order, then shuffled in fixed windows seeded by ``[seed, epoch, rank, slot, window]`` (G4: same plan, epoch, world, rank give the same batches for any pool and worker count). Resuming
+(G6) needs only the epoch and the number of batches delivered: fragments before the current shuffle window are
+skipped arithmetically, and only the window in progress is read again. The row groups are read by the Arrow
+backend (``arrow_backend.py``) or Petastorm's reader (``petastorm_backend.py``); the batches are the same.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+from . import stream
+from ..world import World, resolve_world
+from .arrow_backend import arrow_chunks, check_pool_type
+from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend
+from .position import Position, Settings, PlannedView
+from .tensors import require_torch, torch_batches
+
+# What the loader owns on top of the reader's owned arguments, and what to do instead.
+LOADER_REFUSED = {
+    "seed": "rows are shuffled from the plan's seed (plan_shards(seed=...)), the epoch and the rank",
+    "shuffle_rows": "use shuffle= and shuffle_window= of make_loader",
+    "transform_spec": "transform the batches (dicts of tensors) in the training loop, or use make_reader",
+}
+
+
+class BalancedLoader(PlannedView):
+    """Batches of one rank: ``for batch in loader`` is one epoch; each new ``iter()`` is the next epoch.
+
+    Batches are dicts of column name to tensor (strings as lists of str), plus a boolean ``_padding`` tensor with
+    ``padding_mask=True``. ``state_dict()`` is the same on every rank (all ranks take the same steps), so a
+    checkpoint written by rank 0 resumes every rank.
+    """
+
+    # state_dict keys
+    EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
+
+    def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
+                 shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
+                 reader_options: Optional[dict] = None, backend: str = "auto"):
+        require_torch()
+        self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
+                                   shuffle_window=shuffle_window, schema_fields=schema_fields,
+                                   padding_mask=padding_mask)
+        self._position = Position(self._settings, epoch)
+        self.backend = resolve_backend(backend)
+        self._reader_options = dict(reader_options or {})
+        self._iterator = None
+        self._reader = stream.ReaderSlot()  # the pool lives from epoch to epoch; stopped when the loader goes
+        self._finalizer = weakref.finalize(self, self._reader.close)
+
+    def __iter__(self):
+        if self._iterator is not None:
+            self._iterator.close()  # one pool at a time
+        run = self._position.begin()
+        self._iterator = self._run(run)
+        return self._iterator
+
+    def _run(self, run):
+        settings = self._settings
+        epoch, done = run
+        if self.backend == "arrow":
+            chunks = arrow_chunks(settings.plan, settings.columns, **self._reader_options)
+        else:
+            from .petastorm_backend import petastorm_chunks
+            chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
+        runs = stream.slot_runs(settings.fragments(epoch), chunks, batch_size=settings.batch_size,
+                                shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
+                                key=settings.key(epoch), batches_done=done)
+        try:
+            for batch_run in runs:
+                for batch in torch_batches(batch_run, settings.batch_size, settings.padding_mask):
+                    run[1] += 1
+                    yield batch
+        finally:
+            runs.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by
+        ``load_state_dict`` is kept, so calling ``set_epoch`` at the top of every epoch is safe after resuming."""
+        self._position.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """Epoch and batches delivered (plus the settings they are valid for); the end of an epoch is saved as the
+        start of the next one."""
+        return self._position.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next ``iter()`` continues exactly where ``state`` was saved."""
+        self._position.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the reader's workers now (otherwise they wait for the next epoch, until the loader is collected)."""
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+        self._reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None, epoch: int = 0,
+                shuffle: bool = True, reshuffle: str = "epoch", workers_count: int = 4,
+                reader_pool_type: str = "thread", schema_fields=None, padding_mask: bool = False,
+                shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto",
+                **petastorm_kwargs) -> BalancedLoader:
+    """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
+
+    ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
+    serves any ``world`` (G9). ``batch_size`` defaults to the plan's. ``shuffle_window`` rows (rounded up to
+    whole batches) are shuffled together; memory per rank is about ``shuffle_window + (workers_count + 2) x row
+    group`` rows.
+
+    ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
+    (Petastorm's reader and pools; pyarrow < 15) or ``"auto"`` (Petastorm where it imports). Both give identical
+    batches (G12). With Petastorm, its other reader arguments (``results_queue_size``, ``cache_type``,
+    ``storage_options``, ``filesystem``, ...) pass through; the ones the plan owns are refused with what to do
+    instead, and so are Petastorm-only ones with the Arrow backend.
+    """
+    check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
+    check_pool_options(reader_pool_type, workers_count)
+    chosen = resolve_backend(backend)
+    if chosen == "arrow":
+        check_arrow_kwargs(petastorm_kwargs)
+        check_pool_type(reader_pool_type)
+        options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
+    else:
+        options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
+    who = resolve_world(rank, world)
+    return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,
+                          shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                          reader_options=options, backend=chosen)
+
