@@ -365,7 +365,7 @@ def _predicate_task(url, root, predicate, fields, kind):
 
 def package_zip() -> str:
     """A zip of this package's sources, named by their digest so one content is built and shipped once."""
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_dir = _package_dir()
     sources = sorted(os.path.relpath(os.path.join(d, n), os.path.dirname(package_dir))
                      for d, _, names in os.walk(package_dir) for n in names if n.endswith(".py"))
     digest = hashlib.sha256()
@@ -382,11 +382,19 @@ def package_zip() -> str:
     return target
 
 
+def _package_dir() -> str:
+    """The folder of the top-level package (this module sits ``__name__.count('.')`` folders below it)."""
+    path = os.path.abspath(__file__)
+    for _ in range(__name__.count(".")):
+        path = os.path.dirname(path)
+    return path
+
+
 def _ship_package(spark) -> None:
     sc = spark.sparkContext
     if sc.applicationId in _SHIPPED or sc.getConf().get(SHIP_CONF, "true").lower() == "false":
         return
-    if not os.path.isdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+    if not os.path.isdir(_package_dir()):
         return  # imported from a zip (--py-files): Spark already ships that zip to the executors
     sc.addPyFile(package_zip())
     _SHIPPED.add(sc.applicationId)
