@@ -127,7 +127,7 @@ def throughput(url, args):
 def decode_work(plain_url, petastorm_url, args):
     """Rows turned into arrays (plain) or through codecs (Petastorm) per row delivered, with a predicate plan."""
     from petastorm.codecs import NdarrayCodec
-    from petastorm.predicates import in_lambda
+    from petastorm_balanced.predicates import in_lambda
     from petastorm_balanced.reading import fragments, make_loader, plan_shards
     english = in_lambda(["lang"], lambda lang: lang == "en")
     out = {}

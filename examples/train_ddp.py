@@ -37,6 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from petastorm_balanced import World, load_plan, make_loader
+from petastorm_balanced.tools.coverage import Check, coverage_check, steps_check
 
 # Petastorm 0.12.1 on pyarrow 14 warns about the legacy dataset API on every reader; keep the log readable.
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -76,29 +77,17 @@ def log(rank: int, message: str) -> None:
 
 def check_epoch(steps: list, expected_steps: int, ids: list, padding: list, *, matching_rows: int,
                 batch_size: int, policy: str) -> list:
-    """(name, ok, detail) for G1 and G2 over every rank's delivered ids of one epoch. Pure: no collective."""
+    """(name, ok, detail) for G1 and G2 over every rank's delivered ids of one epoch, judged by the package's one
+    coverage checker. Pure: no collective."""
     world = len(steps)
-    checks = [("equal steps", all(s == expected_steps for s in steps),
-               f"steps per rank {steps}, len(loader)={expected_steps}")]
-    sizes = [len(i) for i in ids]
-    checks.append(("full batches", all(n == s * batch_size for n, s in zip(sizes, steps)),
-                   f"rows per rank {sizes}, batch_size={batch_size}"))
-    all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-    flags = np.concatenate(padding) if padding else np.zeros(0, bool)
-    real = all_ids[~flags]
-    unique = np.unique(real)
-    duplicates = len(real) - len(unique)
-    checks.append(("no id twice", duplicates == 0,
-                   f"{len(real)} non-padding ids, {duplicates} repeated, {int(flags.sum())} padding rows"))
-    pad_outside = np.setdiff1d(all_ids[flags], unique)
-    checks.append(("padding repeats delivered rows", len(pad_outside) == 0,
-                   f"{len(pad_outside)} padding ids that no non-padding row carries"))
-    missing = matching_rows - len(unique)
-    limit = 0 if policy == "pad" else world * batch_size - 1
-    checks.append(("coverage", 0 <= missing <= limit,
-                   f"{len(unique)} of {matching_rows} matching rows delivered, {missing} left out "
-                   f"(allowed 0..{limit} with policy {policy!r}, world={world}, batch_size={batch_size})"))
-    return checks
+    sizes = [[batch_size] * (len(i) // batch_size) + ([len(i) % batch_size] if len(i) % batch_size else [])
+             for i in ids]
+    checks = [Check("equal steps", all(s == expected_steps for s in steps),
+                    f"steps per rank {steps}, len(loader)={expected_steps}"),
+              steps_check(sizes, steps=expected_steps, batch_size=batch_size, name="full batches"),
+              coverage_check(ids, padding, expected=matching_rows, policy=policy, global_batch=world * batch_size,
+                             name="coverage")]
+    return [(c.name, c.ok, c.detail) for c in checks]
 
 
 def report(rank: int, epoch: int, checks: list) -> list:

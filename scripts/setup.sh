@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) with the pinned stack and this package in editable mode. Safe to run again.
+# Create a stack's venv (if needed) with its pins and this package in editable mode. Safe to run again.
+#   scripts/setup.sh [petastorm|modern]   (default: $PB_STACK, else petastorm)
+# petastorm: .venv, requirements/pins.txt (Petastorm 0.12.1, pyarrow 14, numpy 1); the Horovod wheel when present.
+# modern:    .venv-modern, requirements/modern.txt (pyarrow 26, numpy 2, pandas 3, pyspark 4.3; no Petastorm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+stack=${1:-${PB_STACK:-petastorm}}
+case "$stack" in
+  petastorm) venv=.venv; pins=requirements/pins.txt ;;
+  modern) venv=.venv-modern; pins=requirements/modern.txt ;;
+  *) echo "setup: unknown stack '$stack' (petastorm or modern)" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+if [ ! -x "$venv/bin/python" ]; then
+  "$PY" -m venv "$venv"
 fi
-. .venv/bin/activate
-stamp=.venv/.pins-$(cat requirements/pins.txt requirements/test.txt setup.cfg | sha256sum | cut -c1-16)
+extras=()
+[ -f requirements/frameworks.txt ] && extras+=(-r requirements/frameworks.txt)
+stamp=$venv/.pins-$(cat "$pins" requirements/test.txt setup.cfg "${extras[@]:1}" scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  python -m pip install -q --upgrade pip wheel setuptools
-  python -m pip install -q -r requirements/pins.txt -r requirements/test.txt
-  python -m pip install -q --no-deps -e .
+  echo "setup: installing the $stack stack into $venv (first time: a few minutes)"
+  "$venv/bin/python" -m pip install -q --upgrade pip wheel setuptools
+  "$venv/bin/python" -m pip install -q -r "$pins" -r requirements/test.txt "${extras[@]}" -c "$pins"
+  "$venv/bin/python" -m pip install -q --no-deps -e .
+  rm -f "$venv"/.pins-*
   touch "$stamp"
+fi
+if [ "$stack" = petastorm ] && [ -x scripts/install_horovod.sh ]; then
+  VIRTUAL_ENV=$PWD/$venv PATH=$PWD/$venv/bin:$PATH ./scripts/install_horovod.sh
 fi
 java -version >/dev/null 2>&1 || { echo "setup: Java 17 is needed by Spark (apt-get install openjdk-17-jre-headless)" >&2; exit 2; }

@@ -1,7 +1,29 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite. Extra arguments go to pytest.
+# Set up (idempotent) and run the test suite on both supported stacks (what CI runs). Extra arguments go to pytest.
+#   scripts/test.sh                      both stacks: everything on the petastorm stack, then the modern stack
+#   PB_STACKS=modern scripts/test.sh -m "not slow"     one stack, the fast tier (daily work, under 3 minutes)
+# On the modern stack the slow tests run only where the stack matters (marker `stack`: reading, planning, Spark,
+# torchrun); Petastorm-only tests skip there by themselves. The cross-stack test (same plan, same batches on both)
+# runs on the modern stack with the petastorm stack's python as the other side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-. scripts/env.sh
-python -m pytest -q -ra "$@"
+stacks=${PB_STACKS:-petastorm modern}
+status=0
+for stack in $stacks; do
+  ./scripts/setup.sh "$stack"
+done
+for stack in $stacks; do
+  echo "== tests on the $stack stack"
+  (
+    export PB_STACK=$stack
+    . scripts/env.sh
+    [ -x .venv/bin/python ] && export PB_PETASTORM_PYTHON=$PWD/.venv/bin/python
+    [ -x .venv-modern/bin/python ] && export PB_MODERN_PYTHON=$PWD/.venv-modern/bin/python
+    if [ "$stack" = modern ] && [ $# -eq 0 ]; then
+      python -m pytest -q -ra -m "not slow or stack"
+    else
+      python -m pytest -q -ra "$@"
+    fi
+  ) || status=1
+done
+exit $status

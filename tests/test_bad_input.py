@@ -16,7 +16,7 @@ from typing import Callable, Tuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from petastorm.predicates import in_lambda, in_set
+from petastorm_balanced.predicates import in_lambda, in_set
 
 import petastorm_balanced as pb
 from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, datagen, load_plan,

@@ -246,7 +246,7 @@ def test_compare_table_is_what_petastorm_really_does(request, name, world):
 @pytest.mark.parametrize("name", ["plain_dataset", "petastorm_dataset"])
 def test_petastorm_sharding_model_with_a_predicate_and_a_seed(request, name):
     """A predicate filters rows inside each rank's pieces and a seed only reorders them: the model must agree."""
-    from petastorm.predicates import in_lambda
+    from petastorm_balanced.predicates import in_lambda
     info = request.getfixturevalue(name)
     predicate = in_lambda(["lang"], lambda lang: lang == "en")
     model = petastorm_shards(build_catalog(info.url, predicate=predicate), 3)
@@ -281,7 +281,7 @@ def test_plan_format_doc_example_is_what_the_code_writes(tmp_path):
     """docs/plan-format.md shows a full plan; regenerate it and compare every value that is not path-bound."""
     import re
     import pyarrow.parquet as pq
-    from petastorm.predicates import in_set
+    from petastorm_balanced.predicates import in_set
     from petastorm_balanced.plan.format import content_checksum
     text = open(os.path.join(REPO, "docs", "plan-format.md")).read()
     doc = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))

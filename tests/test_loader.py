@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 import torch
-from petastorm.predicates import in_lambda
+from petastorm_balanced.predicates import in_lambda
 
 from hypothesis import given, settings, strategies as st
 

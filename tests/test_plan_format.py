@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, strategies as st
-from petastorm.predicates import in_lambda, in_set
+from petastorm_balanced.predicates import in_lambda, in_set
 
 from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan,
                                 plan_shards)

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from petastorm.codecs import NdarrayCodec
-from petastorm.predicates import in_lambda
+from petastorm_balanced.predicates import in_lambda
 
 from petastorm_balanced import StalePlanError, datagen, make_loader, make_reader, plan_shards
 from petastorm_balanced.reading.options import OWNED_ARGUMENTS

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from petastorm import make_batch_reader, make_reader
-from petastorm.predicates import in_set
+from petastorm_balanced.predicates import in_set
 
 from petastorm_balanced import (BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards)
 from petastorm_balanced.io import remote

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from petastorm.predicates import in_lambda, in_set
+from petastorm_balanced.predicates import in_lambda, in_set
 
 from petastorm_balanced import load_plan, plan_shards
 from petastorm_balanced.planning.engines import spark as spark_engine

@@ -13,7 +13,6 @@ catalog (that they exist, are in range, and are each delivered once); the output
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -25,16 +24,7 @@ from ..errors import PlanError
 from ..plan.model import ShardPlan
 from ..plan.format import split_row_groups
 from ..planning.scan import check_footers
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-    def line(self) -> str:
-        return f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
+from .coverage import Check, bounds_check, coverage_check, steps_check
 
 
 def plan_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] = None) -> List[Check]:
@@ -242,7 +232,8 @@ def _g2_pieces(plan: ShardPlan, pieces: balance.Pieces, epoch: int) -> Check:
     overlap = int(((row[1:] == row[:-1]) & (start[1:] < stop[:-1])).sum())
     left_out = plan.total_rows - int((stop - start).sum())
     padded = int(pieces.num_rows[pieces.padding].sum())
-    return _coverage(name, plan.policy, pieces.world_size * pieces.batch_size, overlap, 0, left_out, padded)
+    return bounds_check(name, plan.policy, pieces.world_size * pieces.batch_size, duplicates=overlap, foreign=0,
+                        left_out=left_out, padded=padded)
 
 
 def _g3_pieces(pieces: balance.Pieces, epoch: int) -> Check:
@@ -252,41 +243,13 @@ def _g3_pieces(pieces: balance.Pieces, epoch: int) -> Check:
 
 
 def _g1_rows(plan: ShardPlan, per_rank, batch: int, epoch: int, how: str) -> Check:
-    name = f"G1 equal steps, epoch {epoch} (read)"
-    want = plan.steps_per_epoch(plan.world_size, batch)
-    for rank, (_, _, sizes) in enumerate(per_rank):
-        if len(sizes) != want or any(n != batch for n in sizes):
-            short = [n for n in sizes if n != batch]
-            return Check(name, False, f"rank {rank} read {len(sizes)} batches ({len(short)} not of {batch} rows); "
-                                      f"every rank must read {want} x {batch} ({how})")
-    return Check(name, True, f"every rank read {want} full batches of {batch} rows")
+    check = steps_check([sizes for _, _, sizes in per_rank], steps=plan.steps_per_epoch(plan.world_size, batch),
+                        batch_size=batch, name=f"G1 equal steps, epoch {epoch} (read)")
+    return Check(check.name, check.ok, f"{check.detail} ({how})")
 
 
 def _g2_rows(plan: ShardPlan, per_rank, batch: int, epoch: int, expected: np.ndarray, source: str) -> Check:
-    real = np.concatenate([keys[~pad] for keys, pad, _ in per_rank])
-    padded = np.concatenate([keys[pad] for keys, pad, _ in per_rank])
-    unique = np.unique(real)
-    duplicates = len(real) - len(unique)
-    foreign = len(np.setdiff1d(np.concatenate([unique, padded]), expected))
-    left_out = len(np.setdiff1d(expected, unique))
-    check = _coverage(f"G2 coverage, epoch {epoch} (read)", plan.policy, plan.world_size * batch, duplicates,
-                      foreign, left_out, len(padded))
+    check = coverage_check([keys for keys, _, _ in per_rank], [pad for _, pad, _ in per_rank], expected=expected,
+                           policy=plan.policy, global_batch=plan.world_size * batch,
+                           name=f"G2 coverage, epoch {epoch} (read)")
     return Check(check.name, check.ok, f"{check.detail}; checked against {source}")
-
-
-def _coverage(name, policy, global_batch, duplicates, foreign, left_out, padded) -> Check:
-    """G2 from counts: nothing twice, nothing foreign, and the left-out / padded rows within bounds."""
-    problems = []
-    if duplicates:
-        problems.append(f"{duplicates} row(s) delivered twice")
-    if foreign:
-        problems.append(f"{foreign} row(s) that should not be delivered")
-    if policy == "drop" and not 0 <= left_out < global_batch:
-        problems.append(f"{left_out} matching row(s) left out, policy 'drop' allows fewer than {global_batch}")
-    if policy == "pad" and left_out:
-        problems.append(f"{left_out} matching row(s) never delivered, policy 'pad' delivers every one")
-    if padded >= global_batch or (policy == "drop" and padded):
-        problems.append(f"{padded} padding row(s), the bound is {0 if policy == 'drop' else global_batch - 1}")
-    if problems:
-        return Check(name, False, "; ".join(problems))
-    return Check(name, True, f"no row twice, {left_out} left out, {padded} padded (bound {global_batch - 1})")
