@@ -47,6 +47,7 @@ def hive_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def petastorm_dataset(tmp_path_factory):
-    """A Petastorm (Unischema) dataset with codec-encoded array fields."""
+    """A Petastorm (Unischema) dataset with codec-encoded array fields (writing one needs Petastorm's codecs)."""
+    pytest.importorskip("petastorm.codecs", reason="Petastorm does not import on this stack (pyarrow >= 16)")
     return datagen.make_petastorm_dataset(tmp_path_factory.mktemp("petastorm") / "ds", num_files=6,
                                           total_rows=3_000, seed=3)

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from petastorm_balanced.datagen import main, make_petastorm_dataset, make_plain_dataset
+from stacks import petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # petastorm 0.12.1 uses pyarrow's legacy API
 
@@ -52,6 +53,7 @@ def _batch_reader_columns(info):
     return {k: np.concatenate(v) for k, v in cols.items()}
 
 
+@petastorm_only
 @pytest.mark.parametrize("hive", [False, True])
 def test_make_batch_reader_returns_every_id_once(tmp_path, hive):
     info = make_plain_dataset(tmp_path / "ds", num_files=6, total_rows=3000, seed=2, hive=hive, empty_files=1)
@@ -66,6 +68,7 @@ def test_make_batch_reader_returns_every_id_once(tmp_path, hive):
         assert "year" not in cols
 
 
+@petastorm_only
 def test_make_reader_decodes_petastorm_dataset(tmp_path):
     from petastorm import make_reader
     info = make_petastorm_dataset(tmp_path / "ds", num_files=5, total_rows=1500, seed=3, empty_files=1)
@@ -89,7 +92,7 @@ def _tree_bytes(root):
     return out
 
 
-@pytest.mark.parametrize("kind", ["plain", "hive", "petastorm"])
+@pytest.mark.parametrize("kind", ["plain", "hive", pytest.param("petastorm", marks=petastorm_only)])
 def test_same_seed_same_bytes(tmp_path, kind):
     def gen(name, seed):
         if kind == "petastorm":

@@ -16,7 +16,7 @@ import pytest
 
 from petastorm_balanced import (BalancedIterableDataset, PlanError, StalePlanError, datagen, load_plan, make_loader,
                                 plan_shards)
-from petastorm_balanced.io import remote
+from stacks import petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -97,7 +97,7 @@ def test_local_plan_write_killed_at_each_step_is_never_loadable(plain_dataset, t
 
 
 def test_s3_plan_write_killed_at_each_step_is_never_loadable(s3, plain_dataset):
-    remote.upload_folder(plain_dataset.path, s3.join("ds"))
+    s3.upload(plain_dataset.path, "ds")
     # One step (each writer costs ~3 s of interpreter start here); the local test covers every step.
     _check_kill_points(s3.join("ds"), s3.join("plan"), ["assignment.parquet"])
     assert not [k for k in s3.keys("plan") if k.endswith(".tmp")]  # object stores publish each PUT whole
@@ -142,7 +142,7 @@ def _epoch(plan, rank, **kw):
     return [b["id"].numpy() for b in make_loader(rank, RANKS, plan=plan, **kw)]
 
 
-@pytest.mark.parametrize("pool", ["thread", "process"])
+@pytest.mark.parametrize("pool", ["thread", pytest.param("process", marks=petastorm_only)])
 def test_corrupt_row_group_fails_that_rank_quickly_naming_file_and_row_group(small, pool):
     info, plan, plan_url = small
     victim = plan.catalog.row_groups[len(plan.catalog.row_groups) // 2]

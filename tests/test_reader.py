@@ -5,7 +5,8 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from petastorm.codecs import NdarrayCodec
+pytest.importorskip("petastorm.reader", reason="make_reader is a Petastorm reader: petastorm stack only")
+from petastorm.codecs import NdarrayCodec  # noqa: E402
 from petastorm_balanced.predicates import in_lambda
 
 from petastorm_balanced import StalePlanError, datagen, make_loader, make_reader, plan_shards

@@ -1,7 +1,7 @@
 """s3:// datasets and plans against a real S3 protocol server (moto_server on 127.0.0.1, see tests/s3_server.py).
 
-Planning goes through ``pyarrow.fs.S3FileSystem`` (fs.resolve); Petastorm reads through ``remote.S3FSWrapper``.
-Both must see exactly what they see on local disk for the same files.
+Planning and the Arrow backend go through ``pyarrow.fs.S3FileSystem`` (fs.resolve); Petastorm reads through
+``remote.S3FSWrapper`` (petastorm stack only). All must see exactly what they see on local disk for the same files.
 """
 import json
 import os
@@ -12,11 +12,9 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from petastorm import make_batch_reader, make_reader
+from petastorm_balanced import BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards
 from petastorm_balanced.predicates import in_set
-
-from petastorm_balanced import (BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards)
-from petastorm_balanced.io import remote
+from stacks import HAVE_PETASTORM, petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -25,7 +23,7 @@ WORLD, BATCH = 3, 16
 
 @pytest.fixture
 def plain_on_s3(s3, plain_dataset):
-    remote.upload_folder(plain_dataset.path, s3.join("plain"))
+    s3.upload(plain_dataset.path, "plain")
     return s3.join("plain")
 
 
@@ -56,13 +54,16 @@ def test_endpoint_in_url_query_works_without_environment(s3, plain_on_s3, plain_
                        output_url=s3.join("plan") + query)
     _same_catalog(plan, plan_shards(plain_dataset.url, WORLD, batch_size=BATCH, engine="local"))
     assert load_plan(s3.join("plan") + query).checksum == plan.checksum
+    if not HAVE_PETASTORM:
+        return
+    from petastorm_balanced.io import remote
     source = remote.petastorm_source(plain_on_s3 + query)
     assert "?" not in source.url and source.path == plain_on_s3[len("s3://"):]
     assert remote.endpoint_url(plain_on_s3 + query) == s3.server.endpoint
 
 
 def test_predicate_plan_and_hive_partitions_on_s3_equal_local(s3, hive_dataset):
-    remote.upload_folder(hive_dataset.path, s3.join("hive"))
+    s3.upload(hive_dataset.path, "hive")
     predicate = in_set({"en"}, "lang")
     local = plan_shards(hive_dataset.url, WORLD, batch_size=BATCH, engine="local", predicate=predicate)
     on_s3 = plan_shards(s3.join("hive"), WORLD, batch_size=BATCH, engine="local", predicate=predicate)
@@ -90,10 +91,13 @@ def test_missing_s3_dataset_is_a_clear_value_error(s3):
         plan_shards(s3.join("nothing-here"), WORLD, batch_size=BATCH, engine="local")
 
 
+@petastorm_only
 def test_petastorm_reads_s3_through_the_wrapper(s3, petastorm_dataset, hive_dataset):
     """Petastorm 0.12.1 lists and reads S3 with remote.petastorm_source (it cannot with pyarrow.fs or bare s3fs)."""
-    remote.upload_folder(petastorm_dataset.path, s3.join("pet"))
-    remote.upload_folder(hive_dataset.path, s3.join("hive"))
+    from petastorm import make_batch_reader, make_reader
+    from petastorm_balanced.io import remote
+    s3.upload(petastorm_dataset.path, "pet")
+    s3.upload(hive_dataset.path, "hive")
     source = remote.petastorm_source(s3.join("pet"))
     with make_reader(source.url, filesystem=source.filesystem, num_epochs=1, workers_count=2,
                      schema_fields=["id", "vec"]) as reader:
@@ -107,8 +111,10 @@ def test_petastorm_reads_s3_through_the_wrapper(s3, petastorm_dataset, hive_data
     assert np.array_equal(np.sort(ids), np.sort(expected))
 
 
+@petastorm_only
 def test_wrapper_lists_like_the_local_disk(s3, hive_dataset):
-    remote.upload_folder(hive_dataset.path, s3.join("hive"))
+    from petastorm_balanced.io import remote
+    s3.upload(hive_dataset.path, "hive")
     wrapper = remote.petastorm_source(s3.join("hive")).filesystem
     root = s3.join("hive")[len("s3://"):]
     listed = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in wrapper.walk(root) for f in fs)
@@ -131,18 +137,21 @@ def _check_epoch(plan, batches_by_rank, world):
     assert plan.total_rows - len(ids) < world * plan.batch_size  # fewer than one global batch left out
 
 
-def test_loader_reads_an_s3_plan_on_every_rank(s3, plain_on_s3):
+@pytest.mark.parametrize("backend", ["arrow", pytest.param("petastorm", marks=petastorm_only)])
+def test_loader_reads_an_s3_plan_on_every_rank(s3, plain_on_s3, backend):
     plan_shards(plain_on_s3, WORLD, batch_size=BATCH, engine="local", output_url=s3.join("plan"))
     plan = load_plan(s3.join("plan"))
-    batches = [[b["id"].numpy() for b in make_loader(rank, WORLD, plan=s3.join("plan"), workers_count=2)]
+    batches = [[b["id"].numpy() for b in make_loader(rank, WORLD, plan=s3.join("plan"), workers_count=2,
+                                                     backend=backend)]
                for rank in range(WORLD)]
     _check_epoch(plan, batches, WORLD)
 
 
+@petastorm_only
 def test_process_pool_and_dataloader_workers_read_s3(s3, petastorm_dataset):
     """The S3 filesystem crosses process boundaries: Petastorm's process pool, torch DataLoader workers."""
     torch = pytest.importorskip("torch")
-    remote.upload_folder(petastorm_dataset.path, s3.join("pet"))
+    s3.upload(petastorm_dataset.path, "pet")
     plan = plan_shards(s3.join("pet"), 2, batch_size=BATCH, engine="local")
     by_pool = [b["id"].numpy() for b in make_loader(0, 2, plan=plan, reader_pool_type="process", workers_count=1,
                                                     schema_fields=["id", "vec"])]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import posixpath
 import warnings
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional
 from urllib.parse import parse_qs, urlparse
 
 import pyarrow.filesystem as legacyfs
@@ -170,23 +170,3 @@ def _sanitize(path) -> str:
         if path.startswith(scheme + "://"):
             return path[len(scheme) + 3:]
     return path
-
-
-def upload_folder(local_dir, url, **storage_options) -> Tuple[str, int]:
-    """Copy a local folder (a dataset, a plan) to ``url`` file by file with s3fs single PUTs.
-
-    Why not pyarrow: its multipart upload of Parquet files fails against some S3-compatible servers (moto);
-    one PUT per file works everywhere. Returns the URL and the number of files copied.
-    """
-    filesystem = s3fs_filesystem(url, **storage_options)
-    root = s3_path(url)
-    count = 0
-    for folder, _, names in os.walk(os.fspath(local_dir)):
-        for name in sorted(names):
-            local = os.path.join(folder, name)
-            key = posixpath.join(root, os.path.relpath(local, local_dir).replace(os.sep, "/"))
-            with open(local, "rb") as handle:
-                filesystem.pipe_file(key, handle.read())
-            count += 1
-    filesystem.invalidate_cache()
-    return url, count

@@ -50,6 +50,9 @@ def predicate_info(where: Optional[str], predicate) -> PredicateInfo:
     if where is not None:
         return PredicateInfo("sql", where, hashlib.sha256(where.strip().encode()).hexdigest())
     if predicate is not None:
+        if not hasattr(predicate, "get_fields") or not hasattr(predicate, "do_include"):
+            raise TypeError(f"predicate={predicate!r} is not a Petastorm PredicateBase (get_fields, do_include); wrap "
+                            "a function with petastorm_balanced.predicates.in_lambda, or use where= for Spark SQL")
         text = describe(predicate)
         return PredicateInfo("petastorm", text[:TEXT_LIMIT], hashlib.sha256(text.encode()).hexdigest())
     return PredicateInfo()
@@ -117,8 +120,12 @@ def _source_of(fn) -> str:
     if not nodes and not lam:  # decorated: the code starts at the first decorator's line
         nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                  and n.name == fn.__name__ and n.decorator_list and n.decorator_list[0].lineno == line]
-    if len(nodes) > 1:
-        nodes = [n for n in nodes if _encloses(n, fn)] or [n for n in nodes if _same_code(n, fn)] or nodes
+    if len(nodes) > 1:  # same first line: same argument names, then the innermost node holding the code
+        code = fn.__code__
+        names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+        nodes = [n for n in nodes if [a.arg for a in n.args.args + n.args.kwonlyargs] == names] or nodes
+        enclosing = sorted((n for n in nodes if _encloses(n, fn)), key=lambda n: (n.lineno, n.col_offset))
+        nodes = enclosing[-1:] or [n for n in nodes if _same_code(n, fn)] or nodes
         if len({ast.unparse(n) for n in nodes}) > 1:
             raise TypeError(f"predicate function {fn.__qualname__!r} shares line {line} with other lambdas that cannot "
                             "be told apart; put it on a line of its own")

@@ -36,6 +36,7 @@ class BundleReader:
     per thread: a ``ParquetFile`` is not safe to share between threads)."""
 
     def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None):
+        self._plan = plan
         self._filesystem, self._root = fsutil.resolve(plan.dataset_url)
         self._spec, self._fields = spec, fields
         self._local = threading.local()
@@ -57,7 +58,11 @@ class BundleReader:
         files, tables = self._files(), []
         for fragment in bundle:
             try:
-                tables.append(fr.read_fragment(files.get(fragment.path), fragment, self._spec))
+                handle = files.get(fragment.path)
+            except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
+                raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
+            try:
+                tables.append(fr.read_fragment(handle, fragment, self._spec))
             except (OSError, pa.ArrowException) as exc:  # name the file and row group
                 raise fr.read_error(fragment, exc) from exc
         return fr.to_columns(fr.concat_tables(tables), self._fields)

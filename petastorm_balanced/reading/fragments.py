@@ -249,13 +249,13 @@ def read_error(fragment: Fragment, exc: BaseException) -> Exception:
                    "corrupt or changed since planning: check it with `petastorm-balanced verify PLAN_URL`")
 
 
-def unreadable_dataset_error(plan, exc: BaseException) -> Exception:
-    """What to raise when opening the dataset failed with an error naming no file (pyarrow footer errors):
+def unreadable_dataset_error(plan, exc: BaseException, path: Optional[str] = None) -> Exception:
+    """What to raise when opening a file of the dataset (``path``, or one pyarrow's error did not name) failed:
     ``StalePlanError`` if the listing differs from the plan's, else an ``OSError`` naming the unreadable file."""
     from ..plan.format import check_dataset
     from ..io.dataset import unreadable_file
     check_dataset(plan)  # raises StalePlanError naming a removed, added or resized file
-    bad = unreadable_file(plan.dataset_url, [f.path for f in plan.catalog.files])
+    bad = (path, exc) if path is not None else unreadable_file(plan.dataset_url, [f.path for f in plan.catalog.files])
     if bad is None:
         return exc if isinstance(exc, Exception) else OSError(str(exc))
     path, error = bad

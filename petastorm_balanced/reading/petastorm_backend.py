@@ -23,12 +23,20 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
-from petastorm.arrow_reader_worker import ArrowReaderWorker
-from petastorm.cache import NullCache
-from petastorm.py_dict_reader_worker import PyDictReaderWorker, _apply_transform_spec
-from petastorm.reader import Reader
-from petastorm.utils import decode_row
-from petastorm.workers_pool import EmptyResultError
+
+try:
+    from petastorm.arrow_reader_worker import ArrowReaderWorker
+    from petastorm.cache import NullCache
+    from petastorm.py_dict_reader_worker import PyDictReaderWorker, _apply_transform_spec
+    from petastorm.reader import Reader
+    from petastorm.utils import decode_row
+    from petastorm.workers_pool import EmptyResultError
+except ImportError as _missing:
+    raise ImportError(f"make_reader returns a Petastorm reader and the Petastorm backend reads through one, but "
+                      f"Petastorm cannot be imported here ({_missing}; Petastorm needs pyarrow < 15). For the same "
+                      "planned rows on this stack use make_loader(..., backend='arrow') or BalancedIterableDataset; "
+                      "or install the petastorm stack: pip install 'petastorm-balanced[petastorm]' "
+                      "(docs/stacks.md)") from None
 
 from . import fragments as fr
 from . import stream
