@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from .params import check_int
+
 # (rank variable, size variable, launcher), in the order they are trusted.
 _ENV_PAIRS = (
     ("RANK", "WORLD_SIZE", "torchrun"),
@@ -64,13 +66,9 @@ def resolve_world(rank, world) -> World:
 
 
 def check_rank_world(rank, size) -> None:
-    for name, value in (("rank", rank), ("world_size", size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if size < 1:
-        raise ValueError(f"world_size={size} must be >= 1")
-    if not 0 <= rank < size:
-        raise ValueError(f"rank={rank} must be in [0, world_size={size}); ranks count from 0")
+    check_int("rank", rank)
+    size = check_int("world_size", size, minimum=1)
+    check_int("rank", rank, minimum=0, maximum=size - 1, hint=f" (world_size={size}; ranks count from 0)")
 
 
 def _parse_env_int(environ, name) -> int:

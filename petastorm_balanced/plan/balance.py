@@ -15,6 +15,8 @@ The order is drawn from ``[seed, epoch]`` (never ``seed + epoch``), so every ran
 with no communication. No I/O, no torch, no pyspark in here.
 
 >>> import numpy as np
+
+from ..params import check_int
 >>> pieces = assign(np.array([10, 3, 7]), world_size=2, batch_size=4, policy="drop", seed=0, epoch=0)
 >>> [int(pieces.rows_of_rank(r)) for r in range(2)]
 [8, 8]
@@ -24,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..params import check_int
 
 POLICIES = ("drop", "pad")
 RESHUFFLES = ("epoch", "fixed")
@@ -147,7 +151,4 @@ def check_params(**params) -> None:
     """Reject non-integers and out-of-range sizes, naming the parameter."""
     minimum = {"world_size": 1, "batch_size": 1, "num_workers": 1, "seed": 0, "epoch": 0}
     for name, value in params.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        if value < minimum[name]:
-            raise ValueError(f"{name}={value} must be >= {minimum[name]}")
+        check_int(name, value, minimum=minimum[name])

@@ -13,6 +13,7 @@ from typing import List, Optional
 import numpy as np
 
 from . import balance, selection
+from ..world import check_rank_world
 from .catalog import Catalog
 from .predicate import PredicateInfo
 
@@ -85,8 +86,7 @@ class ShardPlan:
                    batch_size: Optional[int] = None, reshuffle: str = "epoch") -> List[Fragment]:
         """The fragments rank ``rank`` reads in ``epoch``, worker by worker, in delivery order."""
         world = self.world_size if world_size is None else world_size
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
-            raise ValueError(f"rank={rank!r} must be an int in [0, world_size={world})")
+        check_rank_world(rank, world)
         mine = self.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch_size,
                            reshuffle=reshuffle).of_rank(rank)
         groups = self.catalog.row_groups

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..params import check_int
 from ..plan.model import ShardPlan
 
 # Petastorm arguments the plan owns, and what to do instead.
@@ -95,7 +96,6 @@ POOL_TYPES = ("thread", "process", "dummy")
 
 def check_pool_options(reader_pool_type, workers_count) -> None:
     """Refuse a bad pool choice when the loader or reader is made, not at its first batch."""
-    if isinstance(workers_count, bool) or not isinstance(workers_count, int) or workers_count < 1:
-        raise ValueError(f"workers_count={workers_count!r} must be an int >= 1")
+    check_int("workers_count", workers_count, minimum=1)
     if reader_pool_type not in POOL_TYPES:
         raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of {', '.join(map(repr, POOL_TYPES))}")

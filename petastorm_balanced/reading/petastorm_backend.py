@@ -43,6 +43,7 @@ from . import stream
 from .batching import window_permutation
 from ..errors import PlanError, StalePlanError
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
+from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
 from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
 from ..world import resolve_world
@@ -318,8 +319,8 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
     frags = plan.assignment(who.rank, epoch=epoch, world_size=who.size, batch_size=batch_size, reshuffle=reshuffle)
     seed = petastorm_kwargs.pop("seed", None)
     shuffle_rows = petastorm_kwargs.pop("shuffle_rows", False)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed={seed!r} must be an int >= 0 (or None for the plan's seed)")
+    if seed is not None:
+        check_int("seed", seed, minimum=0, hint=" (or None for the plan's seed)")
     key = (plan.seed if seed is None else seed, epoch, who.rank) if shuffle_rows else None
     schema_fields = petastorm_kwargs.get("schema_fields")
     if schema_fields is not None and not isinstance(schema_fields, (list, tuple)):

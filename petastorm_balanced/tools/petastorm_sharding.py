@@ -18,6 +18,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from ..plan.balance import check_params
 from ..plan.catalog import Catalog
 
 
@@ -50,10 +51,7 @@ def piece_keys(catalog: Catalog) -> Tuple[Tuple[str, int, int], ...]:
 
 def petastorm_shards(catalog: Catalog, world_size: int, batch_size: int = 1) -> PetastormShards:
     """Rows, steps and row groups each of ``world_size`` ranks gets from Petastorm's own sharding."""
-    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r} must be an int >= 1")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
+    check_params(world_size=world_size, batch_size=batch_size)
     matching: Dict[Tuple[str, int], int] = {(r.path, r.row_group): r.matching_rows for r in catalog.row_groups}
     pieces = piece_keys(catalog)
     # (pieces,) arrays: the rank of each piece, its matching rows and its total rows
