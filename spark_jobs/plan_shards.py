@@ -4,8 +4,8 @@
         [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S]
 
 The work happens in ``petastorm_balanced.planning.engines.spark`` (footers and filters in Spark tasks) and
-``petastorm_balanced.planning.plan_shards`` (the same balancing as every other entry point). The package need not be installed:
-this file puts the repository it lives in on ``sys.path``, and the engine ships a zip of the package to the
+``petastorm_balanced.planning.plan_shards`` (the same balancing as every other entry point); the arguments are
+the CLI's own (``tools/cli.add_planning_arguments``). The package need not be installed: this file puts the repository it lives in on ``sys.path``, and the engine ships a zip of the package to the
 executors. Without ``--master`` spark-submit runs ``local[*]``. Exit codes: 0 plan written, 2 bad arguments or
 input (nothing written), 1 anything else. spark-submit prints this script's stdout and stderr (our log lines and
 errors, prefixed ``plan_shards:``) on its own stdout, and Spark's logging on stderr.
@@ -19,6 +19,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isdir(os.path.join(_REPO, "petastorm_balanced")) and _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from petastorm_balanced.tools.cli import add_planning_arguments  # noqa: E402  (after the path is set)
+
 PROG = "plan_shards"
 
 
@@ -26,12 +28,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog=f"spark-submit spark_jobs/{PROG}.py",
                                      description=__doc__.strip().splitlines()[0])
     parser.add_argument("dataset_url", help="dataset folder or file: a path, file://, s3://, hdfs://")
-    parser.add_argument("--world-size", type=int, required=True, help="number of ranks to balance over")
     parser.add_argument("--output", required=True, help="plan folder to write (plan.json is written last)")
-    parser.add_argument("--where", help="Spark SQL boolean expression; rows where it is NULL do not match")
-    parser.add_argument("--batch-size", type=int, help="rows per batch; without it rows are balanced, not batches")
-    parser.add_argument("--policy", choices=("drop", "pad"), default="drop")
-    parser.add_argument("--seed", type=int, default=0)
+    add_planning_arguments(parser, engine_options=False)  # the CLI's own definitions: one set of rules
     return parser.parse_args(argv)
 
 

@@ -132,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="scan a dataset and write a balanced plan")
     p.add_argument("dataset_url", metavar="DATASET_URL")
     p.add_argument("--output", required=True, metavar="PLAN_URL", help="plan directory to write")
-    _planning_args(p, default_engine="spark")
+    add_planning_arguments(p, default_engine="spark")
     p.set_defaults(run=cmd_plan)
 
     p = sub.add_parser("inspect", help="per-rank rows, steps, padding and read cost of a plan")
@@ -156,21 +156,26 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="Petastorm's cur_shard/shard_count per-rank counts beside a balanced plan")
     p.add_argument("dataset_url", metavar="DATASET_URL")
-    _planning_args(p, default_engine=None)
+    add_planning_arguments(p, default_engine=None)
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.set_defaults(run=cmd_compare)
     return parser
 
 
-def _planning_args(p, default_engine) -> None:
-    p.add_argument("--world-size", type=_positive, required=True, metavar="W")
-    p.add_argument("--where", metavar="SQL", help="Spark SQL filter on the rows (needs --engine spark)")
-    p.add_argument("--batch-size", type=_positive, metavar="B")
+def add_planning_arguments(p, default_engine=None, *, engine_options: bool = True) -> None:
+    """The planning arguments, shared by ``plan``, ``compare`` and the spark-submit job (which has no
+    ``--engine``/``--master``: spark-submit decides both)."""
+    p.add_argument("--world-size", type=_positive, required=True, metavar="W", help="number of ranks to balance over")
+    p.add_argument("--where", metavar="SQL", help="Spark SQL boolean filter on the rows (needs the Spark engine); "
+                   "rows where it is NULL do not match")
+    p.add_argument("--batch-size", type=_positive, metavar="B",
+                   help="rows per batch; without it rows are balanced, not batches")
     p.add_argument("--policy", choices=("drop", "pad"), default="drop")
     p.add_argument("--seed", type=_non_negative, default=0, metavar="S")
-    p.add_argument("--engine", choices=("spark", "local"), default=default_engine,
-                   help="default: spark" if default_engine else "default: spark with --where, else local")
-    p.add_argument("--master", default="local[*]", help="Spark master for --engine spark (default local[*])")
+    if engine_options:
+        p.add_argument("--engine", choices=("spark", "local"), default=default_engine,
+                       help="default: spark" if default_engine else "default: spark with --where, else local")
+        p.add_argument("--master", default="local[*]", help="Spark master for --engine spark (default local[*])")
 
 
 def _positive(text: str) -> int:
