@@ -48,6 +48,34 @@ from ..plan.model import Fragment, ShardPlan
 from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
 from ..world import resolve_world
 
+# Every private member of Petastorm 0.12 this backend and ordering.py override or read, in one place; a test checks
+# each still exists in the installed Petastorm (the extra bounds Petastorm to the versions tested: < 0.14).
+# (class, name, how): "method" is a class attribute, "attribute" an instance attribute set in __init__ or start.
+PETASTORM_PRIVATE = (
+    ("petastorm.reader.Reader", "_filter_row_groups", "method"),
+    ("petastorm.reader.Reader", "_create_ventilator", "method"),
+    ("petastorm.reader.Reader", "_results_queue_reader", "attribute"),
+    ("petastorm.reader.Reader", "_workers_pool", "attribute"),
+    ("petastorm.arrow_reader_worker.ArrowReaderWorker", "_load_rows", "method"),
+    ("petastorm.arrow_reader_worker.ArrowReaderWorker", "_read_with_shuffle_row_drop", "method"),
+    ("petastorm.arrow_reader_worker.ArrowReaderWorker", "_split_pieces", "attribute"),
+    ("petastorm.arrow_reader_worker.ArrowReaderWorker", "_local_cache", "attribute"),
+    ("petastorm.arrow_reader_worker.ArrowReaderWorker", "_schema", "attribute"),
+    ("petastorm.arrow_reader_worker.ArrowReaderWorker", "_transform_spec", "attribute"),
+    ("petastorm.py_dict_reader_worker.PyDictReaderWorker", "_split_pieces", "attribute"),
+    ("petastorm.py_dict_reader_worker", "_apply_transform_spec", "function"),
+    ("petastorm.workers_pool.thread_pool.ThreadPool", "_stop_event", "attribute"),
+    ("petastorm.workers_pool.thread_pool.ThreadPool", "_results_queue_size", "attribute"),
+    ("petastorm.workers_pool.thread_pool.ThreadPool", "_stop_aware_put", "method"),
+    ("petastorm.workers_pool.thread_pool.ThreadPool", "_ventilator_queue", "attribute"),
+    ("petastorm.workers_pool.thread_pool.ThreadPool", "_workers", "attribute"),
+    ("petastorm.workers_pool.thread_pool.ThreadPool", "_ventilator", "attribute"),
+    ("petastorm.workers_pool.thread_pool.WorkerThread", "_worker_impl", "attribute"),
+    ("petastorm.workers_pool.thread_pool.WorkerThread", "_stop_event", "attribute"),
+    ("petastorm.workers_pool.thread_pool.WorkerThread", "_ventilator_queue", "attribute"),
+    ("petastorm.workers_pool.thread_pool.WorkerThread", "_results_queue", "attribute"),
+)
+
 MODES = ("rows", "batches", "columns")  # make_reader on Unischema / on plain Parquet / the loader's columns
 
 
