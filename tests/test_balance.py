@@ -182,3 +182,22 @@ def test_doc_example_and_shapes():
     assert [p.rows_of_rank(r) for r in range(2)] == [8, 8]
     assert len({len(a) for a in (p.rank, p.worker, p.catalog_row, p.start, p.stop, p.padding)}) == 1
     assert balance.worker_steps(7, 3).tolist() == [3, 2, 2] and balance.worker_steps(2, 4).sum() == 2
+
+
+@given(balance_cases())
+def test_pad_repeats_exactly_the_last_rows_of_the_sequence(case):
+    """Policy pad: the padding rows are the last ``delivered - total`` rows of the epoch's delivery sequence, in
+    order, so they sit in the row groups the last slots read anyway (the partial tail segment must start inside its
+    row group, at the right row)."""
+    pieces = case.assign(policy="pad")
+    counts = np.asarray(case.counts, dtype=np.int64)
+    extra = pieces.steps_per_rank * pieces.world_size * pieces.batch_size - case.total
+    tail = []  # (catalog row, matching row) of the sequence's last ``extra`` rows, in sequence order
+    for row in balance.epoch_order(len(counts), case.seed, case.epoch)[::-1]:
+        if len(tail) >= extra:
+            break
+        take = min(int(counts[row]), extra - len(tail))
+        tail = [(int(row), i) for i in range(int(counts[row]) - take, int(counts[row]))] + tail
+    padded = [(int(r), i) for r, s, e, p in zip(pieces.catalog_row, pieces.start, pieces.stop, pieces.padding)
+              if p for i in range(int(s), int(e))]
+    assert padded == tail
