@@ -160,16 +160,46 @@ def test_horovod_environment_ranks_read_balanced_shards(skewed, tmp_path):
     assert left_out[0] != left_out[1] or not left_out[0], "the same rows were left out in both epochs (G2)"
 
 
-def test_horovod_training_when_installed(skewed, tmp_path):
-    """The real Horovod path (horovodrun with gloo), only where Horovod is installed (docs/distributed.md)."""
-    pytest.importorskip("horovod.torch")
+def horovod_or_skip():
+    """Skip with the reason Horovod cannot run here: no wheel, or one that does not fit this stack. Where the
+    prebuilt wheel fits, a missing Horovod is an install step that did not run: a failure in CI (CI=true), a skip
+    that says what to run elsewhere."""
+    try:
+        import horovod.torch  # noqa: F401
+        return
+    except ImportError as error:
+        problem = f"import horovod.torch: {error}"
+    reason = _load_script("horovod_wheel").skip_reason()
+    if reason:
+        pytest.skip(f"{reason} ({problem})")
+    message = f"the prebuilt Horovod wheel fits this stack but {problem}; run scripts/install_horovod.sh"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def horovodrun(nproc: int, plan_url: str, ids_out: Path, *extra: str):
+    cmd = [sys.executable, "-m", "horovod.runner.launch", "-np", str(nproc), "-H", f"localhost:{nproc}", "--gloo",
+           "--gloo-timeout-seconds", "60", sys.executable, str(EXAMPLES / "train_horovod.py"), "--plan", plan_url,
+           "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--ids-out", str(ids_out), *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+
+
+@pytest.mark.parametrize("backend", ["petastorm", "arrow"])
+def test_horovod_training_two_ranks_gloo(skewed, tmp_path, backend):
+    """The real Horovod path: horovodrun -np 2 --gloo trains two epochs of a skewed, filtered plan; the job's own
+    checks (allgather of steps and ids) pass on every rank, and the ids rank 0 wrote match the dataset: equal steps,
+    no row twice, fewer than world * batch_size matching rows left out, a different order each epoch."""
+    horovod_or_skip()
+    if backend == "petastorm":
+        pytest.importorskip("petastorm")
     info, matching = skewed
     plan, url = make_plan(info, tmp_path, 2)
-    cmd = [sys.executable, "-m", "horovod.runner.launch", "-np", "2", "-H", "localhost:2", "--gloo",
-           sys.executable, str(EXAMPLES / "train_horovod.py"), "--plan", url, "--epochs", str(EPOCHS),
-           "--batch-size", str(BATCH), "--ids-out", str(tmp_path / "ids")]
-    done = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    done = horovodrun(2, url, tmp_path / "ids", "--backend", backend)
     check_ddp_job(done, tmp_path / "ids", plan, 2, matching)
+    assert f"reader={backend} (horovod)" in done.stdout, excerpt(done.stdout + done.stderr)
+    firsts = [json.loads((tmp_path / "ids" / f"epoch{e}.json").read_text())["ids"][0][:BATCH] for e in range(2)]
+    assert firsts[0] != firsts[1], "epoch 1 repeated epoch 0's first batch (G5: a fresh order each epoch)"
 
 
 def test_petastorm_contrast_shows_unequal_steps(skewed, tmp_path):
@@ -188,6 +218,13 @@ def test_petastorm_contrast_shows_unequal_steps(skewed, tmp_path):
     balanced = report["balanced_steps"]
     assert balanced == plan.steps_per_epoch(world_size=4, batch_size=BATCH)
     assert balanced * 4 * BATCH <= len(matching) < (balanced + 1) * 4 * BATCH  # policy drop: all but < W*B rows
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _load_example(name):
