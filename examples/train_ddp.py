@@ -77,9 +77,10 @@ def log(rank: int, message: str) -> None:
 
 
 def check_epoch(steps: list, expected_steps: int, ids: list, padding: list, *, matching_rows: int,
-                batch_size: int, policy: str) -> list:
-    """(name, ok, detail) for G1 and G2 over every rank's delivered ids of one epoch. Pure: no collective."""
-    world = len(steps)
+                batch_size: int, policy: str, world: int = None) -> list:
+    """(name, ok, detail) for G1 and G2 over every rank's delivered ids of one epoch. Pure: no collective.
+    ``world`` (default: one entry per rank) sets the coverage limit when entries are not ranks (elastic epochs)."""
+    world = len(steps) if world is None else world
     checks = [("equal steps", all(s == expected_steps for s in steps),
                f"steps per rank {steps}, len(loader)={expected_steps}")]
     sizes = [len(i) for i in ids]
