@@ -23,6 +23,10 @@ rows left out (world: the last one of the epoch; policy pad: none). Any failure 
 ``--shrink-at STEP --hosts-file FILE`` is the test's way to remove a rank at a known point: at global step STEP of
 the first epoch rank 0 rewrites the discovery script's hosts file with one slot fewer, waits ``--shrink-wait``
 seconds for Horovod's driver (it polls the script every second) to notify the workers, and commits.
+``--crash-at STEP`` makes the last rank exit abruptly (``os._exit``) when batch STEP of epoch 0 arrives: the others
+fail in that step's allreduce, roll back to the last commit and go on without it. Horovod then blacklists the
+crashed rank's host, so on one machine list two names for it in the discovery script (``localhost:1`` and
+``127.0.0.1:1``): with a single ``localhost:2`` the whole host is blacklisted and the job stops.
 """
 from __future__ import annotations
 
@@ -95,6 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--commit-every", type=int, default=8, help="steps between elastic commits")
     parser.add_argument("--shrink-at", type=int, help="global step of epoch 0 at which rank 0 removes a slot")
     parser.add_argument("--hosts-file", help="the file the discovery script prints (rewritten by --shrink-at)")
+    parser.add_argument("--crash-at", type=int, help="step of epoch 0 at which the last rank exits abruptly")
     parser.add_argument("--shrink-wait", type=float, default=5.0,
                         help="seconds rank 0 waits after rewriting --hosts-file, for Horovod to notice")
     args = parse_args(parser, argv)
@@ -124,6 +129,10 @@ def main(argv=None) -> int:
                 log(hvd.rank(), f"epoch {epoch}: world={hvd.size()} steps={len(loader)} from {where(state.loader)}")
                 pending = []
                 for batch in loader:
+                    step = loader.state_dict()[loader.BATCHES]  # batches of this epoch delivered so far
+                    if args.crash_at == step and epoch == 0 and hvd.size() > 1 and hvd.rank() == hvd.size() - 1:
+                        log(hvd.rank(), f"crashing at step {step} of epoch 0 (--crash-at)")
+                        os._exit(3)  # no cleanup, like a lost node: the others fail in the next collective
                     x, y = features(batch, column, torch.device("cpu"))
                     loss = torch.nn.functional.cross_entropy(model(x), y)
                     optimizer.zero_grad()
@@ -131,7 +140,7 @@ def main(argv=None) -> int:
                     optimizer.step()
                     pending.append((batch["id"].numpy().astype(np.int64), batch["_padding"].numpy().astype(bool)))
                     shrink = (args.shrink_at is not None and not state.shrunk and epoch == 0
-                              and loader.state_dict()[loader.BATCHES] >= args.shrink_at and hvd.size() > 1)
+                              and step >= args.shrink_at and hvd.size() > 1)
                     if shrink:
                         state.shrunk = True
                         if hvd.rank() == 0:
