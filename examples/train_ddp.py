@@ -54,7 +54,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--plan", required=True, help="plan URL written by plan_shards / spark_jobs/plan_shards.py")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--workers", type=int, default=2, help="reader threads per rank")
+    parser.add_argument("--workers", type=int, default=2, help="Petastorm reader threads per rank")
     parser.add_argument("--backend", choices=("auto", "arrow", "petastorm"), default="auto",
                         help="who reads the row groups (make_loader(backend=...)); batches are the same")
     parser.add_argument("--lr", type=float, default=0.05)
@@ -77,10 +77,9 @@ def log(rank: int, message: str) -> None:
 
 
 def check_epoch(steps: list, expected_steps: int, ids: list, padding: list, *, matching_rows: int,
-                batch_size: int, policy: str, world: int = None) -> list:
-    """(name, ok, detail) for G1 and G2 over every rank's delivered ids of one epoch. Pure: no collective.
-    ``world`` (default: one entry per rank) sets the coverage limit when entries are not ranks (elastic epochs)."""
-    world = len(steps) if world is None else world
+                batch_size: int, policy: str) -> list:
+    """(name, ok, detail) for G1 and G2 over every rank's delivered ids of one epoch. Pure: no collective."""
+    world = len(steps)
     checks = [("equal steps", all(s == expected_steps for s in steps),
                f"steps per rank {steps}, len(loader)={expected_steps}")]
     sizes = [len(i) for i in ids]

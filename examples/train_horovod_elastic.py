@@ -76,22 +76,33 @@ def epoch_records(log_entries, epoch: int) -> list:
 
 
 def check_elastic_epoch(records: list, *, matching_rows: int, batch_size: int, policy: str) -> list:
-    """(name, ok, detail) for one epoch served by one or more worlds. Pure: no collective."""
-    phases = []  # [world, {rank: steps}] per stretch of commits at one world size
+    """(name, ok, detail) for one epoch served by one or more worlds, judged by ``check_epoch``. Pure.
+
+    Each world's stretch is checked like a plain epoch for its steps: every rank took the same number, all full
+    batches. Rows are checked over the whole epoch with the bound of its last world W' (elastic resume leaves out
+    fewer than W' * batch_size rows): the epoch's ids go to ``check_epoch`` as W' entries, all in the first one.
+    """
+    phases = []  # [world, {rank: (steps, [ids...])}] per stretch of commits at one world size
     for world, ranks in records:
         if not phases or phases[-1][0] != world:
             phases.append([world, {}])
-        for rank, steps, _, _ in ranks:
-            phases[-1][1][rank] = phases[-1][1].get(rank, 0) + steps
+        for rank, steps, ids, _ in ranks:
+            done, chunks = phases[-1][1].get(rank, (0, []))
+            phases[-1][1][rank] = (done + steps, chunks + [ids])
     checks = []
-    for world, steps in phases:
-        counts = [steps.get(r, 0) for r in range(world)]
-        checks.append((f"equal steps at world {world}", len(set(counts)) == 1, f"steps per rank {counts}"))
+    for world, per_rank in phases:
+        steps = [per_rank.get(r, (0, []))[0] for r in range(world)]
+        ids = [np.concatenate(per_rank[r][1]) if r in per_rank else np.zeros(0, np.int64) for r in range(world)]
+        checks += [(f"{name} at world {world}", ok, detail) for name, ok, detail in
+                   check_epoch(steps, steps[0], ids, [np.zeros(len(i), bool) for i in ids], matching_rows=0,
+                               batch_size=batch_size, policy=policy) if name in ("equal steps", "full batches")]
+    last = phases[-1][0] if phases else 1
     entries = [entry for _, ranks in records for entry in ranks]
-    final = check_epoch([e[1] for e in entries], None, [e[2] for e in entries], [e[3] for e in entries],
-                        matching_rows=matching_rows, batch_size=batch_size, policy=policy,
-                        world=phases[-1][0] if phases else 1)
-    return checks + [c for c in final if c[0] != "equal steps"]
+    ids = [np.concatenate([e[2] for e in entries] or [np.zeros(0, np.int64)])] + [np.zeros(0, np.int64)] * (last - 1)
+    pads = [np.concatenate([e[3] for e in entries] or [np.zeros(0, bool)])] + [np.zeros(0, bool)] * (last - 1)
+    return checks + [c for c in check_epoch([0] * last, 0, ids, pads, matching_rows=matching_rows,
+                                            batch_size=batch_size, policy=policy)
+                     if c[0] not in ("equal steps", "full batches")]
 
 
 def main(argv=None) -> int:

@@ -339,10 +339,14 @@ def test_elastic_example_checks_catch_broken_epochs():
         return {name for name, ok, _ in check(records, matching_rows=matching_rows, batch_size=4, policy="drop")
                 if not ok}
 
+    def rows_failed(records, matching_rows=24):  # a failure about the rows, not the steps
+        return {n for n in failed(records, matching_rows) if not n.startswith(("equal steps", "full batches"))}
+
     good = [(2, [entry(0, range(0, 4)), entry(1, range(4, 8))]), (2, [entry(0, range(8, 12)), entry(1, range(12, 16))]),
             (1, [entry(0, range(16, 24))])]
     assert failed(good) == set()
-    assert "no id twice" in failed(good[:2] + [(1, [entry(0, list(range(16, 20)) + [3, 4, 5, 6])])])
-    assert "equal steps at world 2" in failed([good[0], (2, [entry(0, range(8, 12))]), good[2]])
-    assert "coverage" in failed(good, matching_rows=28)  # 4 left out; the last world (1) allows 3
+    assert rows_failed(good[:2] + [(1, [entry(0, list(range(16, 20)) + [3, 4, 5, 6])])], matching_rows=20)
+    short = [good[0], (2, [entry(0, range(8, 12))]), good[2]]  # rank 1 of world 2 took a step fewer
+    assert "equal steps at world 2" in failed(short, matching_rows=20) and not rows_failed(short, matching_rows=20)
+    assert rows_failed(good, matching_rows=28)  # 4 left out; the last world (1) allows 3
     assert failed(good, matching_rows=27) == set()
