@@ -56,6 +56,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--workers", type=int, default=2, help="Petastorm reader threads per rank")
+    parser.add_argument("--backend", choices=("auto", "arrow", "petastorm"), default="auto",
+                        help="who reads the row groups (make_loader(backend=...)); batches are the same")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--pg-timeout", type=float, default=300.0,
                         help="seconds a collective may wait for a peer before the job fails")
@@ -159,13 +161,14 @@ def main(argv=None) -> int:
     plan = load_plan(args.plan)  # checked against the dataset once per rank (G7)
     column, width = FEATURES[plan.catalog.kind]
     loader = make_loader(rank, world, plan=plan, batch_size=args.batch_size, shuffle=True,
-                         workers_count=args.workers, schema_fields=["id", column, "label"], padding_mask=True)
+                         workers_count=args.workers, schema_fields=["id", column, "label"], padding_mask=True,
+                         backend=args.backend)
     model = DistributedDataParallel(build_model(width, plan.seed).to(device),
                                     device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     log(rank, f"world={world} plan world_size={plan.world_size} policy={plan.policy} matching_rows="
               f"{plan.total_rows} batch_size={args.batch_size} steps_per_epoch={len(loader)} backend="
-              f"{dist.get_backend()}")
+              f"{dist.get_backend()} reader={loader.backend}")
 
     failed = []
     started = time.monotonic()

@@ -33,7 +33,7 @@ def data_only(args) -> int:
     who = World.detect()
     plan = load_plan(args.plan)
     loader = make_loader(plan=plan, batch_size=args.batch_size, workers_count=args.workers,
-                         schema_fields=["id"], padding_mask=True)  # rank/world detected by the loader too
+                         schema_fields=["id"], padding_mask=True, backend=args.backend)  # rank/world detected too
     if (loader.rank, loader.world_size) != (who.rank, who.size):
         raise RuntimeError(f"make_loader detected rank {loader.rank}/{loader.world_size}, World.detect() "
                            f"{who.rank}/{who.size}")
@@ -64,7 +64,7 @@ def train(args) -> int:
     plan = load_plan(args.plan)
     column, width = FEATURES[plan.catalog.kind]
     loader = make_loader(rank, world, plan=plan, batch_size=args.batch_size, workers_count=args.workers,
-                         schema_fields=["id", column, "label"], padding_mask=True)
+                         schema_fields=["id", column, "label"], padding_mask=True, backend=args.backend)
     device = torch.device("cpu")
     model = build_model(width, plan.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -72,7 +72,8 @@ def train(args) -> int:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     log(rank, f"world={world} plan world_size={plan.world_size} policy={plan.policy} matching_rows="
-              f"{plan.total_rows} batch_size={args.batch_size} steps_per_epoch={len(loader)} (horovod)")
+              f"{plan.total_rows} batch_size={args.batch_size} steps_per_epoch={len(loader)} "
+              f"reader={loader.backend} (horovod)")
 
     failed = []
     started = time.monotonic()
