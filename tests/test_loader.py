@@ -21,6 +21,7 @@ from petastorm_balanced.reading.batching import WindowBatcher, split_batches, st
 from petastorm_balanced.reading import fragments as fragments_module
 from petastorm_balanced.reading.options import OWNED_ARGUMENTS, petastorm_importable
 from resume_contract import check_resume_contract, fingerprint
+from stacks import petastorm_only
 
 WORLD_SIZES = (1, 2, 3, 8)
 BATCH = 32
@@ -217,11 +218,12 @@ def test_resume_reads_only_the_window_in_progress(plans, monkeypatch):
     assert sum(read_rows) == steps * BATCH - window_start
 
 
+@pytest.mark.parametrize("backend", ["arrow", pytest.param("petastorm", marks=petastorm_only)])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_resume_contract_balanced_loader(plans, shuffle):
+def test_resume_contract_balanced_loader(plans, shuffle, backend):
     plan, _ = plans["hive"]
     check_resume_contract(lambda: make_loader(1, 2, plan=plan, shuffle=shuffle, shuffle_window=150,
-                                              padding_mask=True, workers_count=2), iter)
+                                              padding_mask=True, workers_count=2, backend=backend), iter)
 
 
 def test_resume_contract_iterable_dataset_with_dataloader(plans):
