@@ -27,8 +27,9 @@ epochs=${DEMO_EPOCHS:-2}
 world=2
 rm -rf "$out"
 mkdir -p "$out"
-dataset="$root/$out/dataset"
-plan="$root/$out/plan"
+case "$out" in /*) ;; *) out="$root/$out" ;; esac  # absolute from here on (DEMO_OUT may be either)
+dataset="$out/dataset"
+plan="$out/plan"
 started=$(date +%s)
 step() { printf '\n== %s (%ss)\n' "$1" "$(( $(date +%s) - started ))"; }
 fail() { echo "demo: $1" >&2; [ -n "${2:-}" ] && tail -n 40 "$2" >&2; exit 1; }
