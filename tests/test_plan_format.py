@@ -4,13 +4,7 @@ import functools
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest

@@ -7,7 +7,6 @@ scheme=http``) or through ``AWS_ENDPOINT_URL``, which pyarrow 14 does not read b
 from __future__ import annotations
 
 import os
-import posixpath
 from typing import Tuple
 from urllib.parse import urlparse
 

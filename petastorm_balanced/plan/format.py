@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from .._version import __version__
 from . import balance
 from ..io import fs as fsutil
-from .catalog import Catalog, FileInfo, RowGroupMatch
+from .catalog import Catalog, FileInfo
 from ..errors import PlanIntegrityError, StalePlanError
 from ..io.dataset import list_data_files
 

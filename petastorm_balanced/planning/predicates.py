@@ -59,7 +59,7 @@ def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unis
     return _per_row(frame, predicate, None)
 
 
-def _per_row(frame: pd.DataFrame, predicate, unischema) -> np.ndarray:
+def _per_row(frame, predicate, unischema) -> np.ndarray:
     records = frame.to_dict("records")
     if unischema is not None:
         from petastorm.utils import decode_row

@@ -21,7 +21,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
-import numpy as np
 import pyarrow as pa
 
 try:
@@ -361,9 +360,9 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
 
 
 def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: dict,
-                     slot: Optional[stream.ReaderSlot] = None) -> Chunks:
+                     slot: Optional[stream.ReaderSlot] = None) -> stream.Chunks:
     """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
-    def chunks(todo: List[Fragment]):
+    def chunks(todo: Sequence[Fragment]):
         holder = slot or stream.ReaderSlot()
         if holder.reader is not None and holder.reader.idle:
             holder.reader.rearm(todo)
