@@ -100,10 +100,7 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
         raise ValueError(f"reshuffle={reshuffle!r} is not one of {RESHUFFLES}")
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
-    if total < world_size * batch_size:
-        raise ValueError(f"{total} matching rows cannot fill one step of world_size={world_size} x "
-                         f"batch_size={batch_size} = {world_size * batch_size} rows; use a smaller batch_size or "
-                         "world_size, or a predicate that matches more rows")
+    check_fills_a_step(total, world_size, batch_size)
     steps = steps_per_rank(total, world_size, batch_size, policy)
     delivered = steps * world_size * batch_size
 
@@ -139,6 +136,14 @@ def _tail_segments(seg_row, seg_len, rows):
     row, length = seg_row[::-1][:n][::-1], rows_needed[::-1]
     first = seg_len[::-1][:n][::-1] - length
     return row, first, length
+
+
+def check_fills_a_step(total_rows: int, world_size: int, batch_size: int) -> None:
+    """The one "too few rows" rule: every rank needs at least one full batch (planning, plans and loaders ask)."""
+    if total_rows < world_size * batch_size:
+        raise ValueError(f"{total_rows} matching rows cannot fill one step of world_size={world_size} x "
+                         f"batch_size={batch_size} = {world_size * batch_size} rows; use a smaller batch_size or "
+                         "world_size, or a predicate that matches more rows")
 
 
 def check_policy(policy: str) -> None:

@@ -55,9 +55,6 @@ def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Option
     if catalog.total_rows == 0:
         what = f"the predicate {predicate.text!r}" if predicate.kind != "none" else "the dataset"
         raise ValueError(f"{what} matches no row of {url}; nothing to balance")
-    needed = world_size * (batch_size or 1)
-    if catalog.total_rows < needed:
-        raise ValueError(f"{catalog.total_rows} matching rows cannot give one step to world_size={world_size} x "
-                         f"batch_size={batch_size or 1}; lower batch_size or world_size")
+    balance.check_fills_a_step(catalog.total_rows, world_size, batch_size or 1)
     return ShardPlan(url, catalog, world_size, batch_size, policy, seed, predicate,
                      dataset_fingerprint(catalog.files))
