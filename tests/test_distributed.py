@@ -116,6 +116,7 @@ def check_ddp_job(done, ids_out, plan, world, matching):
             assert f"[rank {rank}] epoch {epoch}: steps={expected} " in done.stdout
 
 
+@pytest.mark.stack  # also on the modern stack: torchrun reading through the Arrow backend
 def test_torchrun_four_ranks_gloo_equal_steps_and_coverage(skewed, tmp_path):
     info, matching = skewed
     plan, url = make_plan(info, tmp_path, 4)
