@@ -193,10 +193,15 @@ def check_partition(steps: int, partition_epoch: int) -> None:
 
 def pad_to(sequence: Sequence, delivered: int) -> Sequence:
     """``sequence`` followed, when it holds fewer than ``delivered`` rows, by a flagged copy of its last rows."""
-    missing = delivered - sequence.total
+    total, missing = sequence.total, delivered - sequence.total
     if missing <= 0:
         return sequence
-    return sequence.append(_tail(sequence, missing))
+    if missing <= total:  # always so for a whole pass (total >= world x batch); not for a small elastic pool
+        return sequence.append(_tail(sequence, missing))
+    whole = sequence.take(np.arange(len(sequence.row)), sequence.first, sequence.length, padding=True)
+    for _ in range(missing // total):
+        sequence = sequence.append(whole)
+    return pad_to(sequence, delivered) if missing % total else sequence
 
 
 def cut_part(sequence: Sequence, *, steps: int, part: int, parts: int, world_size: int, num_workers: int,
