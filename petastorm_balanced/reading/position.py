@@ -1,15 +1,19 @@
 """What both loaders share: checked settings, the position of the next batch, and what they say about themselves.
 
 The position is the whole resume state (G6): an epoch and a count of delivered batches; everything else is derived
-from the plan. See ``Position`` for when an epoch advances.
+from the plan. See ``Position`` for when an epoch advances. After an elastic resume (a state saved at another
+world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four ints
+each; see ``elastic_position.py``).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
-from . import stream
+from . import elastic_position, stream
+from ..plan import balance
+from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..world import World
 from .options import resolve_plan
@@ -19,7 +23,7 @@ class Settings:
     """Checked loader settings shared by BalancedLoader and BalancedIterableDataset."""
 
     def __init__(self, plan, world: World, *, batch_size, shuffle, reshuffle, shuffle_window, schema_fields,
-                 padding_mask):
+                 padding_mask, partition_epoch=1):
         self.plan: ShardPlan = resolve_plan(plan)
         self.rank, self.world_size = world.rank, world.size
         self.batch_size = self.plan.batch_size if batch_size is None else batch_size
@@ -37,16 +41,38 @@ class Settings:
             raise ValueError(f"batch_size={self.batch_size} x world_size={self.world_size} rows per step exceed the "
                              f"plan's {self.plan.total_rows} matching rows; lower batch_size")
         self.shuffle, self.reshuffle, self.shuffle_window = shuffle, reshuffle, shuffle_window
+        self.partition_epoch = elastic_position.check_partition_epoch(partition_epoch, self.steps)
+        self._stage_steps = {}  # (epoch, stages, world) -> steps, for positions after an elastic resume
         self.padding_mask = bool(padding_mask)
         self.columns = stream.dataset_columns(self.plan, schema_fields)
         self._checksum = None
 
-    def fragments(self, epoch: int, num_workers: int = 1):
+    def fragments(self, epoch: int, num_workers: int = 1, stages=()):
         return self.plan.assignment(self.rank, epoch=epoch, world_size=self.world_size, num_workers=num_workers,
-                                    batch_size=self.batch_size, reshuffle=self.reshuffle)
+                                    batch_size=self.batch_size, reshuffle=self.reshuffle,
+                                    partition_epoch=self.partition_epoch, stages=stages,
+                                    unread=elastic_position.unread_rule(self, epoch) if stages else None)
 
-    def key(self, epoch: int, slot: int = 0):
-        return (self.plan.seed, epoch, self.rank, slot)
+    def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
+        """Window shuffle key of a slot; a stage after an elastic resume gets its own."""
+        key = (self.plan.seed, epoch, self.rank if rank is None else rank, slot)
+        return key + (stage,) if stage else key
+
+    def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
+        """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
+        world = self.world_size if world_size is None else world_size
+        if not stages:
+            if self.partition_epoch == 1:
+                return self.steps if world == self.world_size else self.plan.steps_per_epoch(world, self.batch_size)
+            steps = self.plan.steps_per_epoch(world, self.batch_size)
+            return int(balance.part_steps(steps, self.partition_epoch)[epoch % self.partition_epoch])
+        key = (epoch, tuple(stages), world)
+        if key not in self._stage_steps:
+            self._stage_steps[key] = self.plan.pieces(
+                epoch=epoch, world_size=world, batch_size=self.batch_size, reshuffle=self.reshuffle,
+                partition_epoch=self.partition_epoch, stages=stages,
+                unread=elastic_position.unread_rule(self, epoch)).steps_per_rank
+        return self._stage_steps[key]
 
     def identity(self) -> dict:
         """What a saved position is only valid for."""
@@ -69,37 +95,66 @@ class Position:
     SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
+    STAGES, PARTITION_EPOCH = "stages", "partition_epoch"  # optional on load (states saved before they existed)
+
     def __init__(self, settings: Settings, epoch: int):
         check_epoch(epoch)
         self.settings = settings
         self.next_epoch, self.next_batches = epoch, 0
+        self.next_stages: Tuple[Stage, ...] = ()  # worlds that served the pass of next_epoch before this one
+        self.live_stages: Tuple[Stage, ...] = ()
         self.resumed = False  # next_* came from load_state_dict and no iteration has started since
         self.live = None  # the running iteration, [epoch, batches delivered], until superseded
 
     def begin(self) -> list:
         """Start an iteration at the pending position; the one after it starts the next epoch."""
         run = [self.next_epoch, self.next_batches]
-        self.live, self.resumed = run, False
+        self.live, self.resumed, self.live_stages = run, False, self.next_stages
         self.next_epoch, self.next_batches = run[0] + 1, 0
+        self.next_stages = elastic_position.carry(self.live_stages, run[0], run[0] + 1, self.settings.partition_epoch)
         return run
 
     def current(self):
-        epoch, batches = self.live if self.live is not None else (self.next_epoch, self.next_batches)
-        if batches >= self.settings.steps:
-            return epoch + 1, 0
-        return epoch, batches
+        return self.where()[:2]
+
+    def where(self) -> Tuple[int, int, Tuple[Stage, ...]]:
+        """(epoch, batches, stages) of the next batch."""
+        if self.live is not None:
+            (epoch, batches), stages = self.live, self.live_stages
+        else:
+            epoch, batches, stages = self.next_epoch, self.next_batches, self.next_stages
+        if batches >= self.settings.steps_of(epoch, stages):
+            return epoch + 1, 0, elastic_position.carry(stages, epoch, epoch + 1, self.settings.partition_epoch)
+        return epoch, batches, stages
+
+    def steps(self) -> int:
+        """Steps of the epoch (or what is left of it after an elastic resume) the next batch belongs to."""
+        epoch, _, stages = self.where()
+        return self.settings.steps_of(epoch, stages)
+
+    def rebase(self, workers: int) -> None:
+        """The pending position, saved with ``workers`` slots per rank, for this loader's other slot layout."""
+        self.next_epoch, self.next_batches, self.next_stages = elastic_position.restage(
+            self.next_epoch, self.next_batches, self.next_stages, self.settings.world_size, workers,
+            self.settings.partition_epoch)
 
     def set_epoch(self, epoch: int) -> None:
         check_epoch(epoch)
         if not (self.resumed and epoch == self.next_epoch):
+            epoch_before, stages = self.where()[0], self.where()[2]
+            self.next_stages = elastic_position.carry(stages, epoch_before, epoch, self.settings.partition_epoch,
+                                                      strict=True)
             self.next_epoch, self.next_batches, self.resumed = epoch, 0, False
         self.live = None
 
     def state_dict(self, extra: Optional[dict] = None) -> dict:
-        epoch, batches = self.current()
-        return {self.EPOCH: epoch, self.BATCHES: batches, **self.settings.identity(), **(extra or {})}
+        epoch, batches, stages = self.where()
+        return {self.EPOCH: epoch, self.BATCHES: batches, **self.settings.identity(), **(extra or {}),
+                self.PARTITION_EPOCH: self.settings.partition_epoch, self.STAGES: [s.as_list() for s in stages]}
 
-    def load_state_dict(self, state: dict, extra: Optional[dict] = None) -> None:
+    def load_state_dict(self, state: dict, extra: Optional[dict] = None, *, workers: int = 1) -> None:
+        """Strict about settings, except the world size: a state saved at another one resumes elastically (G10);
+        ``workers`` is the number of slots per rank the state was saved with."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         expected = {**self.settings.identity(), **(extra or {})}
@@ -107,14 +162,14 @@ class Position:
         if missing:
             raise KeyError(f"state is missing {missing}; pass a dict saved by state_dict() of this loader type")
         for key, value in expected.items():
+            if key == self.WORLD_SIZE:
+                continue  # another world size is an elastic resume, checked below
             if state[key] != value:
                 raise ValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                  "position only resumes a loader with the same plan and settings")
-        epoch, batches = state[self.EPOCH], state[self.BATCHES]
-        check_epoch(epoch)
-        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= self.settings.steps:
-            raise ValueError(f"state[{self.BATCHES!r}]={batches!r} must be an int in [0, {self.settings.steps}]")
-        self.next_epoch, self.next_batches = (epoch + 1, 0) if batches == self.settings.steps else (epoch, batches)
+        check_epoch(state[self.EPOCH])
+        epoch, batches, stages = elastic_position.loaded(self, state, workers)
+        self.next_epoch, self.next_batches, self.next_stages = epoch, batches, stages
         self.live, self.resumed = None, True
 
 
@@ -137,4 +192,5 @@ class PlannedView:
         return self._position.current()[0]
 
     def __len__(self) -> int:
-        return self._settings.steps
+        """Steps of the epoch the next batch belongs to (after an elastic resume: the steps left in it)."""
+        return self._position.steps()
