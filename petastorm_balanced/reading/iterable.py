@@ -25,6 +25,7 @@ from .arrow_backend import arrow_chunks
 from .options import resolve_backend
 from .batching import split_batches
 from .fragments import as_list
+from .elastic_position import restage
 from .position import PlannedView, Position, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 from ..world import resolve_world
@@ -61,6 +62,9 @@ class BalancedIterableDataset(PlannedView, _Base):
         info = torch.utils.data.get_worker_info()
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         epoch, done, stages = self._position.where()
+        if self._position.resumed and self._num_workers != num_workers:  # a plain DataLoader with other workers
+            epoch, done, stages = restage(epoch, done, stages, self._settings.world_size, self._num_workers,
+                                          self._settings.partition_epoch)
         return self._slot(epoch, done, stages, num_workers, worker, self._numpy_out)
 
     def _slot(self, epoch, done, stages, num_workers, worker, numpy_out):

@@ -1,0 +1,164 @@
+"""Elastic mid-epoch resume (G10) and sub-epochs on real loaders reading real Parquet, checked on the ``id`` column.
+
+Every rank of a world W reads part of an epoch; rank 0's ``state_dict()`` is loaded by every rank of a new world
+W' (and again W''), which reads the rest. Checked against the dataset: the new ranks take equal steps,
+``len(loader)`` is the steps left, every batch is full, no real row is delivered twice in the epoch, ``drop`` leaves
+out fewer than ``W' x batch`` rows, ``pad`` delivers every row; the epoch after is an ordinary W' epoch.
+"""
+import numpy as np
+import pyarrow.dataset as pads
+import pytest
+
+from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def plans(hive_dataset):
+    ids = set(pads.dataset(hive_dataset.path, format="parquet", partitioning="hive").to_table(columns=["id"])
+              .column("id").to_numpy().tolist())
+    return {policy: (plan_shards(hive_dataset.url, 4, batch_size=BATCH, policy=policy, seed=11, engine="local"), ids)
+            for policy in ("drop", "pad")}
+
+
+def loader_world(plan, world, **kwargs):
+    return [make_loader(rank, world, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1, **kwargs)
+            for rank in range(world)]
+
+
+def read(loader, count=None):
+    """(real ids, padded ids, batches) of the next ``count`` batches (all when None) of one ``iter()``."""
+    real, padded, batches = [], [], 0
+    for batch in loader:
+        assert len(batch["id"]) == BATCH
+        flags = batch["_padding"].numpy()
+        real += batch["id"].numpy()[~flags].tolist()
+        padded += batch["id"].numpy()[flags].tolist()
+        batches += 1
+        if batches == count:
+            break
+    return real, padded, batches
+
+
+def serve(loaders, count=None, state=None):
+    """Every rank of a world reads ``count`` batches (after loading ``state``); equal steps checked."""
+    real, padded, steps = [], [], set()
+    if state is not None:
+        for loader in loaders:
+            loader.load_state_dict(state)
+        assert len({len(loader) for loader in loaders}) == 1, "every new rank has the same steps left"
+    for loader in loaders:
+        r, p, n = read(loader, count)
+        real, padded = real + r, padded + p
+        steps.add(n)
+    assert len(steps) == 1, f"ranks took different steps {steps}"
+    return real, padded, steps.pop()
+
+
+def check_epoch(plan, ids, real, padded, world):
+    assert len(real) == len(set(real)), "a real row delivered twice in the epoch"
+    assert set(real) <= ids and set(padded) <= ids
+    left_out = len(ids) - len(real)
+    if plan.policy == "drop":
+        assert not padded and 0 <= left_out < world * BATCH, f"left out {left_out} rows"
+    else:
+        assert left_out == 0, "pad delivers every row"
+
+
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+@pytest.mark.parametrize("worlds", [(4, 3), (2, 5), (4, 3, 2)])
+def test_elastic_resume_continues_the_epoch(plans, policy, worlds):
+    plan, ids = plans[policy]
+    epoch = 1
+    loaders = loader_world(plan, worlds[0], epoch=epoch)
+    steps = len(loaders[0])
+    real, padded, _ = serve(loaders, steps * 2 // 5)  # stop at about 40% of the epoch
+    state = loaders[0].state_dict()
+    assert all(loader.state_dict() == state for loader in loaders), "the state is the same on every rank"
+    for index, world in enumerate(worlds[1:]):
+        loaders = loader_world(plan, world)
+        last = index == len(worlds) - 2
+        r, p, taken = serve(loaders, None if last else 3, state)
+        real, padded = real + r, padded + p
+        if last:
+            assert loaders[0].epoch == epoch + 1
+            assert taken * world * BATCH - len(p) == len(r)
+        else:
+            state = loaders[0].state_dict()
+            assert len(state["stages"]) == index + 1 and len(str(state)) < 600, "the state stays a few ints"
+    check_epoch(plan, ids, real, padded, worlds[-1])
+    # the next epoch is an ordinary one of the new world
+    fresh = loader_world(plan, worlds[-1], epoch=epoch + 1)
+    assert [read(loader)[0] for loader in loaders] == [read(loader)[0] for loader in fresh]
+
+
+def test_elastic_state_saved_and_resumed_in_the_same_new_world_is_exact(plans):
+    plan, _ = plans["drop"]
+    old = loader_world(plan, 4)
+    serve(old, 5)
+    state = old[0].state_dict()
+    new = make_loader(1, 3, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1)
+    new.load_state_dict(state)
+    reference = read(new)[0]
+    again = make_loader(1, 3, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1)
+    again.load_state_dict(state)
+    head = read(again, 4)[0]
+    saved = again.state_dict()
+    third = make_loader(1, 3, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1)
+    third.load_state_dict(saved)
+    assert head + read(third)[0] == reference, "G6 inside an elastic stage"
+
+
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+def test_sub_epochs_split_a_pass_and_resume_elastically(plans, policy):
+    plan, ids = plans[policy]
+    parts = 3
+    loaders = loader_world(plan, 2, partition_epoch=parts)
+    lengths, real, padded = [], [], []
+    for part in range(parts):
+        lengths.append(len(loaders[0]))
+        r, p, _ = serve(loaders)
+        real, padded = real + r, padded + p
+    assert max(lengths) - min(lengths) <= 1 and sum(lengths) == plan.steps_per_epoch(2)
+    check_epoch(plan, ids, real, padded, 2)
+    assert loaders[0].epoch == parts, "the next epoch is the first part of the next pass"
+    next_pass = serve(loaders)[0]
+    assert set(next_pass) != set(real[:len(next_pass)]), "each pass has a fresh order"
+
+    # the same pass served by 2 ranks for part 0 and 40% of part 1, then by 3 ranks
+    loaders = loader_world(plan, 2, partition_epoch=parts)
+    real, padded, _ = serve(loaders)
+    r, p, _ = serve(loaders, lengths[1] * 2 // 5)
+    real, padded = real + r, padded + p
+    state = loaders[0].state_dict()
+    loaders = loader_world(plan, 3, partition_epoch=parts)
+    r, p, _ = serve(loaders, None, state)
+    real, padded = real + r, padded + p
+    for _ in range(parts - 2):
+        assert loaders[0].epoch % parts != 0
+        r, p, _ = serve(loaders)
+        real, padded = real + r, padded + p
+    assert loaders[0].epoch == parts
+    check_epoch(plan, ids, real, padded, 3)
+
+
+def test_iterable_dataset_resumes_at_another_world_and_worker_count(plans):
+    plan, ids = plans["pad"]
+
+    def loaders(world, workers):
+        return [BalancedIterableDataset(plan, rank, world, shuffle_window=100, padding_mask=True)
+                .dataloader(num_workers=workers) for rank in range(world)]
+
+    old = loaders(4, 2)
+    steps = len(old[0])
+    real, padded, _ = serve(old, steps // 3)
+    state = old[0].state_dict()
+    real_new, padded_new, _ = serve(loaders(3, 3), None, state)
+    check_epoch(plan, ids, real + real_new, padded + padded_new, 3)
+    # same world, another worker count: also elastic, exact coverage
+    old = loaders(2, 2)
+    real, padded, _ = serve(old, 7)
+    new = loaders(2, 1)
+    r, p, _ = serve(new, None, old[0].state_dict())
+    check_epoch(plan, ids, real + r, padded + p, 2)
