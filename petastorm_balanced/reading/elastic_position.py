@@ -7,11 +7,62 @@ dropped when a new pass starts, so the state stays a few ints per world change.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..plan import balance
 from ..plan.elastic import Stage
+from ..plan.model import ShardPlan
 from .batching import unread_rows, window_rows
+
+# state_dict keys read here (the others are Position's); STAGES and PARTITION_EPOCH may be absent (older states)
+EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
+
+
+class Layout:
+    """What decides which rows each slot delivers in an epoch, and in what order: the plan, the world, the batch
+    size, the window shuffle and the sub-epochs. The loaders' ``Settings`` extend it; the CLI builds one from a
+    saved state (``Layout.of_state``) to show or check an elastic resume without a loader."""
+
+    def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int, shuffle: bool,
+                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1):
+        self.plan, self.world_size, self.rank, self.batch_size = plan, world_size, rank, batch_size
+        self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
+        self.steps = plan.steps_per_epoch(world_size, batch_size)  # of a whole pass
+        self.partition_epoch = check_partition_epoch(partition_epoch, self.steps)
+        self._stage_steps = {}  # (epoch, stages, world) -> steps, for positions after an elastic resume
+
+    @classmethod
+    def of_state(cls, plan: ShardPlan, state: dict, world_size: int) -> "Layout":
+        """The layout a saved loader state was made with, for ``world_size`` ranks."""
+        try:
+            return cls(plan, world_size, batch_size=state["batch_size"], shuffle=state["shuffle"],
+                       shuffle_window=state["shuffle_window"], reshuffle=state["reshuffle"],
+                       partition_epoch=state.get(PARTITION_EPOCH, 1))
+        except KeyError as exc:
+            raise ValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
+
+    def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
+        """Window shuffle key of a slot; a stage after an elastic resume gets its own."""
+        key = (self.plan.seed, epoch, self.rank if rank is None else rank, slot)
+        return key + (stage,) if stage else key
+
+    def pieces_args(self, epoch: int, num_workers: int = 1, stages=()) -> dict:
+        """Keyword arguments of ``plan.pieces`` / ``plan.assignment`` for this layout's ``epoch``."""
+        return dict(epoch=epoch, world_size=self.world_size, num_workers=num_workers, batch_size=self.batch_size,
+                    reshuffle=self.reshuffle, partition_epoch=self.partition_epoch, stages=stages,
+                    unread=unread_rule(self, epoch) if stages else None)
+
+    def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
+        """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
+        world = self.world_size if world_size is None else world_size
+        if not stages:
+            steps = self.steps if world == self.world_size else self.plan.steps_per_epoch(world, self.batch_size)
+            return int(balance.part_steps(steps, self.partition_epoch)[epoch % self.partition_epoch])
+        key = (epoch, tuple(stages), world)
+        if key not in self._stage_steps:
+            args = {**self.pieces_args(epoch, 1, stages), "world_size": world}
+            self._stage_steps[key] = self.plan.pieces(**args).steps_per_rank
+        return self._stage_steps[key]
 
 
 def check_partition_epoch(partition_epoch, steps: int) -> int:
@@ -47,23 +98,25 @@ def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_e
     return ()
 
 
-def loaded(position, state: dict, workers: int) -> Tuple[int, int, Tuple[Stage, ...]]:
-    """(epoch, batches, stages) a checked ``state`` resumes at; a state from another world size adds a stage."""
-    settings = position.settings
-    parts = state.get(position.PARTITION_EPOCH, 1)
+def loaded(settings: Layout, state: dict, workers: int) -> Tuple[int, int, Tuple[Stage, ...]]:
+    """(epoch, batches, stages) a ``state`` (its settings already checked) resumes at in ``settings``' world; a
+    state from another world size adds a stage. ``workers``: slots per rank the state was saved with."""
+    parts = state.get(PARTITION_EPOCH, 1)
     if parts != settings.partition_epoch:
-        raise ValueError(f"state[{position.PARTITION_EPOCH!r}]={parts!r} but this loader has "
+        raise ValueError(f"state[{PARTITION_EPOCH!r}]={parts!r} but this loader has "
                          f"partition_epoch={settings.partition_epoch}; resume with the same partition_epoch")
-    saved_stages = state.get(position.STAGES, [])
+    saved_stages = state.get(STAGES, [])
     if not isinstance(saved_stages, (list, tuple)):
-        raise ValueError(f"state[{position.STAGES!r}]={saved_stages!r} must be a list of saved stages")
+        raise ValueError(f"state[{STAGES!r}]={saved_stages!r} must be a list of saved stages")
     stages = tuple(Stage.from_list(s) for s in saved_stages)
-    epoch, batches, world = state[position.EPOCH], state[position.BATCHES], state[position.WORLD_SIZE]
+    epoch, batches, world = state[EPOCH], state[BATCHES], state[WORLD_SIZE]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"state[{EPOCH!r}]={epoch!r} must be an int >= 0")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"state[{position.WORLD_SIZE!r}]={world!r} must be an int >= 1")
+        raise ValueError(f"state[{WORLD_SIZE!r}]={world!r} must be an int >= 1")
     steps = settings.steps_of(epoch, stages, world_size=world)
     if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= steps:
-        raise ValueError(f"state[{position.BATCHES!r}]={batches!r} must be an int in [0, {steps}]")
+        raise ValueError(f"state[{BATCHES!r}]={batches!r} must be an int in [0, {steps}]")
     if batches == steps:  # an ended epoch is the start of the next one
         epoch, batches, stages = epoch + 1, 0, carry(stages, epoch, epoch + 1, settings.partition_epoch)
     if world != settings.world_size:

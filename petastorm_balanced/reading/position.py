@@ -12,14 +12,14 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import elastic_position, stream
-from ..plan import balance
+from .elastic_position import Layout
 from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..world import World
 from .options import resolve_plan
 
 
-class Settings:
+class Settings(Layout):
     """Checked loader settings shared by BalancedLoader and BalancedIterableDataset."""
 
     def __init__(self, plan, world: World, *, batch_size, shuffle, reshuffle, shuffle_window, schema_fields,
@@ -40,39 +40,14 @@ class Settings:
         if self.plan.total_rows < self.world_size * self.batch_size:  # the balancer would refuse it at iteration
             raise ValueError(f"batch_size={self.batch_size} x world_size={self.world_size} rows per step exceed the "
                              f"plan's {self.plan.total_rows} matching rows; lower batch_size")
-        self.shuffle, self.reshuffle, self.shuffle_window = shuffle, reshuffle, shuffle_window
-        self.partition_epoch = elastic_position.check_partition_epoch(partition_epoch, self.steps)
-        self._stage_steps = {}  # (epoch, stages, world) -> steps, for positions after an elastic resume
+        Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=self.batch_size, shuffle=shuffle,
+                        shuffle_window=shuffle_window, reshuffle=reshuffle, partition_epoch=partition_epoch)
         self.padding_mask = bool(padding_mask)
         self.columns = stream.dataset_columns(self.plan, schema_fields)
         self._checksum = None
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
-        return self.plan.assignment(self.rank, epoch=epoch, world_size=self.world_size, num_workers=num_workers,
-                                    batch_size=self.batch_size, reshuffle=self.reshuffle,
-                                    partition_epoch=self.partition_epoch, stages=stages,
-                                    unread=elastic_position.unread_rule(self, epoch) if stages else None)
-
-    def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
-        """Window shuffle key of a slot; a stage after an elastic resume gets its own."""
-        key = (self.plan.seed, epoch, self.rank if rank is None else rank, slot)
-        return key + (stage,) if stage else key
-
-    def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
-        """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
-        world = self.world_size if world_size is None else world_size
-        if not stages:
-            if self.partition_epoch == 1:
-                return self.steps if world == self.world_size else self.plan.steps_per_epoch(world, self.batch_size)
-            steps = self.plan.steps_per_epoch(world, self.batch_size)
-            return int(balance.part_steps(steps, self.partition_epoch)[epoch % self.partition_epoch])
-        key = (epoch, tuple(stages), world)
-        if key not in self._stage_steps:
-            self._stage_steps[key] = self.plan.pieces(
-                epoch=epoch, world_size=world, batch_size=self.batch_size, reshuffle=self.reshuffle,
-                partition_epoch=self.partition_epoch, stages=stages,
-                unread=elastic_position.unread_rule(self, epoch)).steps_per_rank
-        return self._stage_steps[key]
+        return self.plan.assignment(self.rank, **self.pieces_args(epoch, num_workers, stages))
 
     def identity(self) -> dict:
         """What a saved position is only valid for."""
@@ -95,7 +70,7 @@ class Position:
     SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
-    STAGES, PARTITION_EPOCH = "stages", "partition_epoch"  # optional on load (states saved before they existed)
+    STAGES, PARTITION_EPOCH = elastic_position.STAGES, elastic_position.PARTITION_EPOCH  # optional on load
 
     def __init__(self, settings: Settings, epoch: int):
         check_epoch(epoch)
@@ -168,7 +143,7 @@ class Position:
                 raise ValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                  "position only resumes a loader with the same plan and settings")
         check_epoch(state[self.EPOCH])
-        epoch, batches, stages = elastic_position.loaded(self, state, workers)
+        epoch, batches, stages = elastic_position.loaded(self.settings, state, workers)
         self.next_epoch, self.next_batches, self.next_stages = epoch, batches, stages
         self.live, self.resumed = None, True
 
