@@ -162,3 +162,23 @@ def test_iterable_dataset_resumes_at_another_world_and_worker_count(plans):
     new = loaders(2, 1)
     r, p, _ = serve(new, None, old[0].state_dict())
     check_epoch(plan, ids, real + r, padded + p, 2)
+
+
+def test_too_few_rows_left_for_the_new_world_ends_the_epoch(plans):
+    """drop: fewer than W' x batch rows left means an empty rest of epoch, then an ordinary next epoch."""
+    plan, ids = plans["drop"]
+    old = loader_world(plan, 4, epoch=2)
+    steps = len(old[0])
+    real, _, _ = serve(old, steps - 1)
+    state = old[0].state_dict()
+    left = len(ids) - len(real)
+    world = left // BATCH + 1  # one step needs more rows than are left
+    new = loader_world(plan, world)
+    for loader in new:
+        loader.load_state_dict(state)
+        assert loader.state_dict()["epoch"] == 3 and len(loader) == plan.steps_per_epoch(world)
+        loader.set_epoch(2)  # the usual loop: the loaded epoch first
+        assert read(loader)[2] == 0
+        assert loader.epoch == 3
+    fresh = loader_world(plan, world, epoch=3)
+    assert [read(loader)[0] for loader in new] == [read(loader)[0] for loader in fresh]
