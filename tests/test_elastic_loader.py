@@ -182,3 +182,35 @@ def test_too_few_rows_left_for_the_new_world_ends_the_epoch(plans):
         assert loader.epoch == 3
     fresh = loader_world(plan, world, epoch=3)
     assert [read(loader)[0] for loader in new] == [read(loader)[0] for loader in fresh]
+
+
+def test_backends_agree_after_an_elastic_resume(plans):
+    """G12 for the rows an elastic resume leaves (fragments with their own row selections)."""
+    pytest.importorskip("petastorm")
+    plan, _ = plans["pad"]
+    old = loader_world(plan, 4)
+    serve(old, 9)
+    state = old[0].state_dict()
+    got = {}
+    for backend in ("arrow", "petastorm"):
+        loader = make_loader(2, 3, plan=plan, padding_mask=True, shuffle_window=100, backend=backend)
+        loader.load_state_dict(state)
+        got[backend] = [(b["id"].tolist(), b["_padding"].tolist()) for b in loader]
+    assert got["arrow"] == got["petastorm"] and got["arrow"]
+
+
+def test_set_epoch_back_into_parts_an_old_world_served_is_refused(plans):
+    plan, _ = plans["drop"]
+    old = loader_world(plan, 2, partition_epoch=3)
+    serve(old)
+    serve(old, 4)  # part 1, 4 batches
+    new = make_loader(0, 3, plan=plan, shuffle_window=100, partition_epoch=3)
+    new.load_state_dict(old[0].state_dict())
+    assert new.state_dict()["stages"] == [[2, 1, 1, 4]]
+    with pytest.raises(ValueError, match="set_epoch to epoch >= 1"):
+        new.set_epoch(0)
+    new.set_epoch(2)  # a later part of the same pass keeps the stages
+    assert new.state_dict()["stages"] == [[2, 1, 1, 4]] and new.epoch == 2
+    new.set_epoch(3)  # the next pass starts afresh
+    steps = plan.steps_per_epoch(3)
+    assert new.state_dict()["stages"] == [] and len(new) == steps // 3 + (steps % 3 > 0)

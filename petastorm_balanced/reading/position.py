@@ -116,8 +116,8 @@ class Position:
     def set_epoch(self, epoch: int) -> None:
         check_epoch(epoch)
         if not (self.resumed and epoch == self.next_epoch):
-            epoch_before, stages = self.where()[0], self.where()[2]
-            self.next_stages = elastic_position.carry(stages, epoch_before, epoch, self.settings.partition_epoch,
+            before, _, stages = self.where()
+            self.next_stages = elastic_position.carry(stages, before, epoch, self.settings.partition_epoch,
                                                       strict=True)
             self.next_epoch, self.next_batches, self.resumed = epoch, 0, False
         self.live = None
