@@ -214,3 +214,20 @@ def test_set_epoch_back_into_parts_an_old_world_served_is_refused(plans):
     new.set_epoch(3)  # the next pass starts afresh
     steps = plan.steps_per_epoch(3)
     assert new.state_dict()["stages"] == [] and len(new) == steps // 3 + (steps % 3 > 0)
+
+
+def test_plain_dataloader_with_another_worker_count_resumes_elastically(plans):
+    """The documented plain-DataLoader recipe, with K' != K: each worker derives the same elastic position."""
+    from torch.utils.data import DataLoader
+    plan, ids = plans["drop"]
+    old = [BalancedIterableDataset(plan, rank, 2, shuffle_window=100, padding_mask=True).dataloader(num_workers=2)
+           for rank in range(2)]
+    real, padded, _ = serve(old, 11)
+    state = old[0].state_dict()
+    assert state["num_workers"] == 2
+    for rank in range(2):
+        dataset = BalancedIterableDataset(plan, rank, 2, shuffle_window=100, padding_mask=True)
+        dataset.load_state_dict(state)
+        r, p, _ = read(DataLoader(dataset, batch_size=None, num_workers=3))
+        real, padded = real + r, padded + p
+    check_epoch(plan, ids, real, padded, 2)
