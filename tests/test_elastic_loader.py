@@ -5,7 +5,6 @@ W' (and again W''), which reads the rest. Checked against the dataset: the new r
 ``len(loader)`` is the steps left, every batch is full, no real row is delivered twice in the epoch, ``drop`` leaves
 out fewer than ``W' x batch`` rows, ``pad`` delivers every row; the epoch after is an ordinary W' epoch.
 """
-import numpy as np
 import pyarrow.dataset as pads
 import pytest
 

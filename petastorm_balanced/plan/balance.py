@@ -12,7 +12,10 @@ a cut falls inside it, so at most ``slots - 1`` row groups are split per epoch.
   delivered and the padded rows sit in the same row groups the last slots read anyway.
 
 The order is drawn from ``[seed, epoch]`` (never ``seed + epoch``), so every rank computes the same assignment
-with no communication. No I/O, no torch, no pyspark in here.
+with no communication. With sub-epochs (``partition_epoch=P``) the order is drawn per pass (``epoch // P``) and
+the pass's steps are cut into P consecutive runs of whole global steps (``part_steps``); ``elastic.py`` cuts what
+a pass has left after a world change the same way (``Sequence``, ``pad_to``, ``cut_part``). No I/O, no torch, no
+pyspark in here.
 
 >>> import numpy as np
 >>> pieces = assign(np.array([10, 3, 7]), world_size=2, batch_size=4, policy="drop", seed=0, epoch=0)

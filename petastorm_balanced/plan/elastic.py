@@ -91,37 +91,29 @@ def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num
         if not first_part <= stage.part < partition_epoch:
             raise ValueError(f"stage {index} stopped in part {stage.part}, outside parts {first_part}.."
                              f"{partition_epoch - 1} that were left in the pass")
-        pieces = _cut(pool, stage.world_size, stage.num_workers, batch_size, policy, stage.part - first_part,
-                      partition_epoch - first_part)
+        pieces, begin = _cut(pool, stage.world_size, stage.num_workers, batch_size, policy,
+                             stage.part - first_part, partition_epoch - first_part)
         if stage.batches > pieces.steps_per_rank:
             raise ValueError(f"stage {index} took {stage.batches} batches in part {stage.part}, which has only "
                              f"{pieces.steps_per_rank} steps at world_size={stage.world_size}")
-        pool = unconsumed(pool, stage, index, pieces, unread,
-                          part_begin=_part_begin(pool, stage.world_size, batch_size, policy,
-                                                 stage.part - first_part, partition_epoch - first_part))
+        pool = unconsumed(pool, stage, index, pieces, unread, part_begin=begin)
         first_part = stage.part
     if part < first_part:
         raise ValueError(f"epoch {epoch} is part {part} of pass {pass_index}, which a world before the last resume "
                          f"already served (it stopped in part {first_part}); set_epoch to a later epoch")
-    return _cut(pool, world_size, num_workers, batch_size, policy, part - first_part, partition_epoch - first_part)
-
-
-def pool_steps(total_rows: int, world_size: int, batch_size: int, policy: str) -> int:
-    """Steps per rank that a pool of ``total_rows`` real rows gives (0 when ``drop`` cannot fill one step)."""
-    return balance.steps_per_rank(total_rows, world_size, batch_size, policy)
+    return _cut(pool, world_size, num_workers, batch_size, policy, part - first_part,
+                partition_epoch - first_part)[0]
 
 
 def _cut(pool: Sequence, world_size: int, num_workers: int, batch_size: int, policy: str, part: int,
-         parts: int) -> Pieces:
-    steps = pool_steps(pool.total, world_size, batch_size, policy)
+         parts: int) -> Tuple[Pieces, int]:
+    """Part ``part`` of the ``parts`` left, cut from ``pool`` as a pass is cut (0 steps when ``drop`` cannot fill
+    one), and the pool position where that part starts."""
+    steps = balance.steps_per_rank(pool.total, world_size, batch_size, policy)
     padded = balance.pad_to(pool, steps * world_size * batch_size)
-    return balance.cut_part(padded, steps=steps, part=part, parts=parts, world_size=world_size,
-                            num_workers=num_workers, batch_size=batch_size)
-
-
-def _part_begin(pool: Sequence, world_size: int, batch_size: int, policy: str, part: int, parts: int) -> int:
-    steps = pool_steps(pool.total, world_size, batch_size, policy)
-    return int(balance.part_steps(steps, parts)[:part].sum()) * world_size * batch_size
+    pieces = balance.cut_part(padded, steps=steps, part=part, parts=parts, world_size=world_size,
+                              num_workers=num_workers, batch_size=batch_size)
+    return pieces, int(balance.part_steps(steps, parts)[:part].sum()) * world_size * batch_size
 
 
 def unconsumed(pool: Sequence, stage: Stage, index: int, pieces: Pieces, unread: Unread, *,

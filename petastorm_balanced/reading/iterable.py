@@ -123,8 +123,9 @@ class BalancedDataLoader(_Loader):
     """A ``torch.utils.data.DataLoader`` that tracks its ``BalancedIterableDataset``'s position.
 
     Each ``iter()`` is the next epoch (or the rest of a resumed one); ``state_dict()`` / ``load_state_dict()``
-    resume exactly (with another ``num_workers`` or world size: elastically, the rows not yet consumed). Batching, sampling and worker persistence belong to the
-    dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
+    resume exactly (with another ``num_workers`` or world size: elastically, the rows not yet consumed). Batching,
+    sampling and worker persistence belong to the dataset, so ``batch_size``, ``sampler``, ``shuffle``,
+    ``persistent_workers`` and ``in_order=False`` are refused.
     """
 
     def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, **kwargs):

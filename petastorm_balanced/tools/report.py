@@ -16,7 +16,7 @@ from ..plan.model import ShardPlan
 from ..plan.format import split_row_groups
 
 JSON_VERSION = 1
-_BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)",
+_BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)", "state": "(the state's)",
                "none": "(the plan has none, so rows are counted one by one; pass --batch-size)"}
 
 
@@ -42,7 +42,8 @@ def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] 
         "json_version": JSON_VERSION,
         "plan_url": plan_url,
         **_header(plan.dataset_url, plan.predicate.kind, plan.predicate.text, world, batch, plan.policy, plan.seed),
-        "batch_size_from": "argument" if batch_size else ("plan" if plan.batch_size else "none"),
+        "batch_size_from": "state" if resume is not None else
+        ("argument" if batch_size else ("plan" if plan.batch_size else "none")),
         "epoch": epoch,
         "workers": num_workers,
         "worker_steps": balance.worker_steps(pieces.steps_per_rank, num_workers).tolist(),
