@@ -230,3 +230,19 @@ def test_plain_dataloader_with_another_worker_count_resumes_elastically(plans):
         r, p, _ = read(DataLoader(dataset, batch_size=None, num_workers=3))
         real, padded = real + r, padded + p
     check_epoch(plan, ids, real, padded, 2)
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"stages": [[4, 1]]}, "4 ints"),
+    ({"stages": "none"}, "list of saved stages"),
+    ({"stages": [[4, 1, 5, 2]]}, "stopped in part 5"),
+    ({"stages": [[4, 1, 0, 10 ** 6]]}, "took 1000000 batches"),
+    ({"partition_epoch": 2}, "partition_epoch=1"),
+    ({"world_size": 0}, "world_size"),
+    ({"batches": 10 ** 6}, "state['batches']=1000000"),
+])
+def test_a_broken_elastic_state_is_refused_naming_the_problem(plans, change, says):
+    plan, _ = plans["drop"]
+    state = {**loader_world(plan, 4)[0].state_dict(), **change}
+    with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("(", r"\(")):
+        make_loader(0, 3, plan=plan, shuffle_window=100).load_state_dict(state)
