@@ -246,3 +246,16 @@ def test_a_broken_elastic_state_is_refused_naming_the_problem(plans, change, say
     state = {**loader_world(plan, 4)[0].state_dict(), **change}
     with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("(", r"\(")):
         make_loader(0, 3, plan=plan, shuffle_window=100).load_state_dict(state)
+
+
+def test_resume_contract_with_sub_epochs(plans):
+    """G6 inside and across parts (the shared contract; 250 steps per pass, 10 parts of 25)."""
+    from resume_contract import check_resume_contract
+    plan, _ = plans["drop"]
+    assert plan.steps_per_epoch(2) == 250
+
+    check_resume_contract(lambda: make_loader(1, 2, plan=plan, shuffle_window=150, padding_mask=True,
+                                              workers_count=2, partition_epoch=10), iter)
+    check_resume_contract(lambda: BalancedIterableDataset(plan, 0, 2, shuffle_window=150, padding_mask=True,
+                                                          partition_epoch=10).dataloader(num_workers=2), iter,
+                          cuts=[3, 11, -1, 0])
