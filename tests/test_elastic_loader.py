@@ -256,6 +256,12 @@ def test_resume_contract_with_sub_epochs(plans):
 
     check_resume_contract(lambda: make_loader(1, 2, plan=plan, shuffle_window=150, padding_mask=True,
                                               workers_count=2, partition_epoch=10), iter)
+
+
+@pytest.mark.slow
+def test_resume_contract_with_sub_epochs_in_dataloader_workers(plans):
+    from resume_contract import check_resume_contract
+    plan, _ = plans["drop"]
     check_resume_contract(lambda: BalancedIterableDataset(plan, 0, 2, shuffle_window=150, padding_mask=True,
                                                           partition_epoch=10).dataloader(num_workers=2), iter,
                           cuts=[3, 11, -1, 0])
