@@ -16,6 +16,14 @@ stops early cannot hide: the others time out in the next collective (``--pg-time
 ``--ids-out DIR`` makes rank 0 write ``epoch<E>.json`` (steps and ids of every rank) for tests to compare with
 the dataset itself.
 
+Elastic restart (G10): ``--checkpoint FILE --stop-after-steps N`` stops every rank after N steps of the first
+epoch (a preemption), and rank 0 saves the loader state, the model and the count of rows consumed so far. A job
+started with ``--checkpoint FILE --resume`` on any number of ranks continues that epoch with the rows no rank had
+consumed, split evenly over its ranks (``len(loader)`` is the steps left), then trains whole epochs:
+
+    torchrun --nproc_per_node=4 examples/train_ddp.py --plan P --batch-size 16 --checkpoint ck.pt --stop-after-steps 20
+    torchrun --nproc_per_node=3 examples/train_ddp.py --plan P --batch-size 16 --checkpoint ck.pt --resume
+
 Shutdown is ordered (see ``docs/distributed.md``): stop the loader's reader threads, drop the DDP wrapper,
 barrier, then ``destroy_process_group``, so no rank tears its gloo connections down while a peer still talks.
 """
@@ -62,6 +70,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--pg-timeout", type=float, default=300.0,
                         help="seconds a collective may wait for a peer before the job fails")
     parser.add_argument("--ids-out", help="folder where rank 0 writes epoch<E>.json (steps and ids per rank)")
+    parser.add_argument("--checkpoint", help="file rank 0 writes at --stop-after-steps and --resume reads")
+    parser.add_argument("--stop-after-steps", type=int, help="stop after this many steps of the first epoch and "
+                        "checkpoint (simulates a preemption); needs --checkpoint")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint, on any world size")
     return parser
 
 
@@ -70,6 +82,8 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     for name in ("epochs", "batch_size", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    if (args.stop_after_steps is not None or args.resume) and not args.checkpoint:
+        parser.error("--stop-after-steps and --resume need --checkpoint FILE")
     return args
 
 
@@ -119,9 +133,9 @@ def features(batch: dict, column: str, device) -> tuple:
     return x, y
 
 
-def train_epoch(loader, model, optimizer, column: str, device) -> tuple:
-    """One epoch: (steps taken, ids delivered, their padding flags, mean loss). ``model``/``optimizer`` may be
-    None to only read (the data path without a framework)."""
+def train_epoch(loader, model, optimizer, column: str, device, max_steps=None) -> tuple:
+    """One epoch (or its first ``max_steps`` steps): (steps taken, ids delivered, their padding flags, mean loss).
+    ``model``/``optimizer`` may be None to only read (the data path without a framework)."""
     steps, ids, pads, loss_sum = 0, [], [], 0.0
     for batch in loader:
         if model is not None:
@@ -134,6 +148,8 @@ def train_epoch(loader, model, optimizer, column: str, device) -> tuple:
         ids.append(batch["id"].numpy().astype(np.int64))
         pads.append(batch["_padding"].numpy().astype(bool))
         steps += 1
+        if steps == max_steps:  # stop right after a step: the loader counts every batch it handed out
+            break
     ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     pads = np.concatenate(pads) if pads else np.zeros(0, bool)
     return steps, ids, pads, loss_sum / max(steps, 1)
@@ -171,19 +187,38 @@ def main(argv=None) -> int:
               f"{dist.get_backend()} reader={loader.backend}")
 
     failed = []
+    first_epoch, consumed = 0, 0  # consumed: real rows of first_epoch delivered before a resume
+    if args.resume:
+        checkpoint = torch.load(args.checkpoint, map_location="cpu")
+        loader.load_state_dict(checkpoint["loader"])  # saved at any world size: an elastic resume
+        model.module.load_state_dict(checkpoint["model"])
+        first_epoch, consumed = checkpoint["loader"]["epoch"], checkpoint["consumed_rows"]
+        log(rank, f"resumed epoch {first_epoch} saved by {checkpoint['loader']['world_size']} ranks after "
+                  f"{checkpoint['loader']['batches']} steps: {len(loader)} steps left on each of {world} ranks")
     started = time.monotonic()
-    for epoch in range(args.epochs):
-        loader.set_epoch(epoch)
-        steps, ids, pads, loss = train_epoch(loader, model, optimizer, column, device)
+    for epoch in range(first_epoch, args.epochs):
+        loader.set_epoch(epoch)  # keeps a loaded position in that epoch
+        expected = len(loader)  # this epoch's steps (after a resume: the steps left)
+        stop = args.stop_after_steps if epoch == first_epoch and not args.resume else None
+        steps, ids, pads, loss = train_epoch(loader, model, optimizer, column, device, max_steps=stop)
         log(rank, f"epoch {epoch}: steps={steps} rows={len(ids)} mean loss={loss:.4f}")
         gathered = gather((steps, ids, pads), world)
-        # Every rank judges the same gathered data with the same pure function, so all agree on the exit code.
-        checks = check_epoch([g[0] for g in gathered], len(loader), [g[1] for g in gathered],
-                             [g[2] for g in gathered], matching_rows=plan.total_rows, batch_size=args.batch_size,
-                             policy=plan.policy)
-        failed += report(rank, epoch, checks)
         if rank == 0 and args.ids_out:
-            write_epoch(args.ids_out, epoch, len(loader), args.batch_size, gathered)
+            write_epoch(args.ids_out, epoch, expected, args.batch_size, gathered)
+        if stop is not None and stop < expected:
+            if rank == 0:  # the loader state is the same on every rank
+                rows = sum(int((~g[2]).sum()) for g in gathered)
+                torch.save({"loader": loader.state_dict(), "model": model.module.state_dict(),
+                            "consumed_rows": rows}, args.checkpoint)
+                print(f"STOPPED after {stop} of {expected} steps of epoch {epoch}: checkpoint {args.checkpoint}",
+                      flush=True)
+            break
+        # Every rank judges the same gathered data with the same pure function, so all agree on the exit code.
+        checks = check_epoch([g[0] for g in gathered], expected, [g[1] for g in gathered],
+                             [g[2] for g in gathered], matching_rows=plan.total_rows - consumed,
+                             batch_size=args.batch_size, policy=plan.policy)
+        consumed = 0
+        failed += report(rank, epoch, checks)
 
     elapsed = time.monotonic() - started
     loader.close()  # join the reader threads before the process group goes away

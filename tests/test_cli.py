@@ -316,3 +316,36 @@ def test_plan_format_doc_example_is_what_the_code_writes(tmp_path):
     theirs = petastorm_shards(plan.catalog, 2, 16)
     assert (f"two ranks {theirs.rows[0]} and {theirs.rows[1]} matching rows ({theirs.steps[0]} and "
             f"{theirs.steps[1]} batches of 16" in " ".join(text.split()))
+
+
+def test_inspect_and_verify_understand_elastic_states_and_parts(small_plan, tmp_path):
+    """A state saved by 2 ranks mid-epoch, shown and checked for 3 ranks; sub-epochs shown and checked by pass."""
+    pytest.importorskip("petastorm_balanced.reading.loader")  # torch
+    from petastorm_balanced import make_loader
+    loaders = [make_loader(rank, 2, plan=small_plan, shuffle_window=40, workers_count=1) for rank in range(2)]
+    for loader in loaders:
+        batches = iter(loader)
+        for _ in range(len(loader) * 2 // 5):
+            next(batches)
+    state = loaders[0].state_dict()
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    plan_dir = small_plan.save(str(tmp_path / "plan"))
+    report = inspect_json(plan_dir, "--state", tmp_path / "state.json", "--world-size", 3)
+    resumed = make_loader(0, 3, plan=small_plan, shuffle_window=40)
+    resumed.load_state_dict(state)
+    assert report["resume"]["steps_left"] == len(resumed) == report["steps_per_epoch"]
+    assert report["resume"]["stages"] == [[2, 1, 0, state["batches"]]]
+    rows_left = small_plan.total_rows - 2 * state["batches"] * small_plan.batch_size
+    assert sum(r["real_rows"] for r in report["ranks"]) == rows_left  # pad: every row left is delivered
+    done = cli("verify", plan_dir, "--read", "--state", tmp_path / "state.json", "--world-size", 3, expect=0)
+    assert "ok    G2 coverage, pass 0 (read" in done.stdout and "served by worlds [2, 3]" in done.stdout
+    parts = inspect_json(plan_dir, "--partition-epoch", 3, "--epoch", 4)
+    assert (parts["pass"], parts["part"]) == (1, 1) and parts["steps_per_epoch"] == parts["part_steps"][1]
+    assert sum(parts["part_steps"]) == small_plan.steps_per_epoch() and max(parts["part_steps"]) - \
+        min(parts["part_steps"]) <= 1
+    done = cli("verify", plan_dir, "--read", "--partition-epoch", 3, expect=0)
+    assert done.stdout.count("ok    G1 equal steps, world 2, epoch") == 6  # 3 parts, plan and read
+    forged = dict(state, batches=10_000)
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    done = cli("verify", plan_dir, "--state", tmp_path / "forged.json", "--world-size", 3, expect=2)
+    assert "state['batches']=10000" in done.stderr

@@ -64,11 +64,11 @@ def job_env(**extra) -> dict:
     return env
 
 
-def torchrun(nproc: int, plan_url: str, ids_out: Path):
+def torchrun(nproc: int, plan_url: str, ids_out: Path, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(EXAMPLES / "train_ddp.py"), "--plan", plan_url,
            "--epochs", str(EPOCHS), "--batch-size", str(BATCH), "--workers", "2", "--pg-timeout", "60",
-           "--ids-out", str(ids_out)]
+           "--ids-out", str(ids_out), *map(str, extra)]
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
     return done, time.monotonic() - started
@@ -132,6 +132,41 @@ def test_plan_for_four_ranks_trains_with_three(skewed, tmp_path):
     assert plan.world_size == 4
     done, _ = torchrun(3, url, tmp_path / "ids")
     check_ddp_job(done, tmp_path / "ids", plan, 3, matching)
+
+
+def test_torchrun_elastic_restart_four_ranks_then_three(skewed, tmp_path):
+    """G10 for real: 4 ranks stop at ~40% of epoch 0 (rank 0 checkpoints), 3 ranks resume from that checkpoint.
+    Over epoch 0 no row is delivered twice and fewer than 3 x batch rows are left out; epoch 1 is a normal 3-rank
+    epoch."""
+    import torch
+    info, matching = skewed
+    plan, url = make_plan(info, tmp_path, 4)
+    steps = plan.steps_per_epoch(world_size=4, batch_size=BATCH)
+    stop = steps * 2 // 5
+    checkpoint = tmp_path / "ck.pt"
+    first, _ = torchrun(4, url, tmp_path / "ids-a", "--checkpoint", checkpoint, "--stop-after-steps", stop)
+    assert first.returncode == 0 and f"STOPPED after {stop} of {steps} steps" in first.stdout, \
+        excerpt(first.stdout + first.stderr)
+    state = torch.load(checkpoint)["loader"]
+    assert (state["epoch"], state["batches"], state["world_size"]) == (0, stop, 4)
+    assert len(json.dumps(state)) < 400, "the loader state is a few ints, no row lists"
+    second, _ = torchrun(3, url, tmp_path / "ids-b", "--checkpoint", checkpoint, "--resume")
+    output = second.stdout + second.stderr
+    assert second.returncode == 0 and "ALL CHECKS PASSED" in second.stdout, excerpt(output)
+    before = json.loads((tmp_path / "ids-a" / "epoch0.json").read_text())
+    after = json.loads((tmp_path / "ids-b" / "epoch0.json").read_text())
+    assert before["steps"] == [stop] * 4
+    left = after["steps_per_epoch"]
+    assert after["steps"] == [left] * 3 and all(len(i) == left * BATCH for i in after["ids"])
+    assert left == (len(matching) - 4 * stop * BATCH) // (3 * BATCH), "the rows left, split over 3 ranks"
+    ids = np.concatenate([np.asarray(i, np.int64) for i in before["ids"] + after["ids"]])
+    assert len(np.unique(ids)) == len(ids), "a row delivered twice across the restart"
+    assert np.isin(ids, matching).all()
+    assert 0 <= len(matching) - len(ids) < 3 * BATCH, "fewer than W' x batch rows left out"
+    record = json.loads((tmp_path / "ids-b" / "epoch1.json").read_text())
+    check_delivery(record["steps"], record["ids"], record["padding"],
+                   expected_steps=plan.steps_per_epoch(world_size=3, batch_size=BATCH), matching=matching, world=3,
+                   policy="drop")
 
 
 def test_horovod_environment_ranks_read_balanced_shards(skewed, tmp_path):

@@ -12,7 +12,10 @@ a cut falls inside it, so at most ``slots - 1`` row groups are split per epoch.
   delivered and the padded rows sit in the same row groups the last slots read anyway.
 
 The order is drawn from ``[seed, epoch]`` (never ``seed + epoch``), so every rank computes the same assignment
-with no communication. No I/O, no torch, no pyspark in here.
+with no communication. With sub-epochs (``partition_epoch=P``) the order is drawn per pass (``epoch // P``) and
+the pass's steps are cut into P consecutive runs of whole global steps (``part_steps``); ``elastic.py`` cuts what
+a pass has left after a world change the same way (``Sequence``, ``pad_to``, ``cut_part``). No I/O, no torch, no
+pyspark in here.
 
 >>> import numpy as np
 
@@ -24,6 +27,7 @@ from ..params import check_int
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -40,7 +44,8 @@ class Pieces:
     """Row ranges of catalog row groups, in delivery order, for every slot of one epoch.
 
     All arrays have shape (pieces,) and are sorted by slot, then by delivery sequence. ``start:stop`` slices the
-    row group's *matching* rows (not its raw positions).
+    row group's *matching* rows (not its raw positions), or, for a piece with ``subset[i] >= 0`` (only after an
+    elastic resume, see ``elastic.py``), the matching-row indices ``subsets[subset[i]]``.
     """
 
     world_size: int
@@ -53,6 +58,8 @@ class Pieces:
     start: np.ndarray  # (pieces,) int64
     stop: np.ndarray  # (pieces,) int64
     padding: np.ndarray  # (pieces,) bool
+    subset: Optional[np.ndarray] = None  # (pieces,) int64, -1 for a plain slice; None: no subsets at all
+    subsets: Tuple[np.ndarray, ...] = ()  # sorted matching-row indices, referenced by ``subset``
 
     @property
     def num_rows(self) -> np.ndarray:
@@ -65,7 +72,57 @@ class Pieces:
         keep = self.rank == rank
         return Pieces(self.world_size, self.num_workers, self.steps_per_rank, self.batch_size,
                       *(a[keep] for a in (self.rank, self.worker, self.catalog_row, self.start, self.stop,
-                                          self.padding)))
+                                          self.padding)),
+                      subset=None if self.subset is None else self.subset[keep], subsets=self.subsets)
+
+    def matching_rows(self, i: int) -> np.ndarray:
+        """Matching-row indices (into the row group's matching rows) of piece ``i``, in delivery order."""
+        if self.subset is None or self.subset[i] < 0:
+            return np.arange(self.start[i], self.stop[i], dtype=np.int64)
+        return self.subsets[self.subset[i]][self.start[i]:self.stop[i]]
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """Rows laid end to end in delivery order, as segments of catalog row groups' matching rows; what ``cut``
+    divides into slot quotas. Segment ``i`` holds matching rows ``first[i]:first[i] + length[i]`` of catalog row
+    ``row[i]``, or those positions of ``subsets[subset[i]]`` when ``subset[i] >= 0``."""
+
+    row: np.ndarray  # (segments,) int64
+    first: np.ndarray  # (segments,) int64
+    length: np.ndarray  # (segments,) int64
+    padding: np.ndarray  # (segments,) bool
+    subset: np.ndarray  # (segments,) int64
+    subsets: Tuple[np.ndarray, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return int(self.length.sum())
+
+    @property
+    def positions(self) -> np.ndarray:
+        """(segments + 1,) sequence position where each segment starts, then the end."""
+        return np.concatenate(([0], np.cumsum(self.length)))
+
+    def append(self, other: "Sequence") -> "Sequence":
+        shift = len(self.subsets)
+        return Sequence(*(np.concatenate(p) for p in zip(
+            (self.row, self.first, self.length, self.padding),
+            (other.row, other.first, other.length, other.padding))),
+            np.concatenate([self.subset, np.where(other.subset >= 0, other.subset + shift, -1)]),
+            self.subsets + other.subsets)
+
+    def take(self, index: np.ndarray, first: np.ndarray, length: np.ndarray, padding: bool = False) -> "Sequence":
+        """Segments ``index`` cut to ``first`` (absolute) and ``length``, keeping their subsets."""
+        return Sequence(self.row[index], first, length, np.full(len(index), padding), self.subset[index],
+                        self.subsets)
+
+
+def plain_sequence(row: np.ndarray, counts: np.ndarray) -> Sequence:
+    """Whole row groups ``row`` (catalog rows) with ``counts`` matching rows each, in that order."""
+    n = len(row)
+    return Sequence(np.asarray(row, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                    np.asarray(counts, dtype=np.int64), np.zeros(n, dtype=bool), np.full(n, -1, dtype=np.int64))
 
 
 def steps_per_rank(total_rows: int, world_size: int, batch_size: int, policy: str) -> int:
@@ -81,6 +138,13 @@ def worker_steps(steps: int, num_workers: int) -> np.ndarray:
     return steps // num_workers + (np.arange(num_workers) < steps % num_workers)
 
 
+def part_steps(steps: int, parts: int) -> np.ndarray:
+    """Steps per rank of each of ``parts`` sub-epochs sharing ``steps``: the first ``steps % parts`` take one
+    more, so parts differ by at most one step."""
+    # (parts,)
+    return steps // parts + (np.arange(parts) < steps % parts)
+
+
 def epoch_order(num_row_groups: int, seed: int, epoch: int) -> np.ndarray:
     """A permutation of catalog rows drawn from ``[seed, epoch]``.
 
@@ -91,10 +155,26 @@ def epoch_order(num_row_groups: int, seed: int, epoch: int) -> np.ndarray:
     return np.argsort(words, kind="stable").astype(np.int64)
 
 
+def split_epoch(epoch: int, partition_epoch: int) -> Tuple[int, int]:
+    """(pass, part) of loader epoch ``epoch`` with ``partition_epoch`` sub-epochs per pass."""
+    return epoch // partition_epoch, epoch % partition_epoch
+
+
+def pass_sequence(counts: np.ndarray, *, seed: int, pass_index: int, reshuffle: str = "epoch") -> Sequence:
+    """Every matching row of one pass, row groups in the order drawn from ``[seed, pass]`` (pass 0 if fixed)."""
+    order = epoch_order(len(counts), seed, 0 if reshuffle == "fixed" else pass_index)
+    return plain_sequence(order, np.asarray(counts, dtype=np.int64)[order])
+
+
 def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str, seed: int, epoch: int,
-           num_workers: int = 1, reshuffle: str = "epoch") -> Pieces:
-    """Assign the matching rows of each catalog row group (``counts``) to ``world_size * num_workers`` slots."""
-    check_params(world_size=world_size, batch_size=batch_size, num_workers=num_workers, seed=seed, epoch=epoch)
+           num_workers: int = 1, reshuffle: str = "epoch", partition_epoch: int = 1) -> Pieces:
+    """Assign the matching rows of each catalog row group (``counts``) to ``world_size * num_workers`` slots.
+
+    With ``partition_epoch=P`` the pass ``epoch // P`` (one order, one set of steps) is cut into P consecutive
+    parts of whole global steps, and ``epoch`` gets part ``epoch % P``.
+    """
+    check_params(world_size=world_size, batch_size=batch_size, num_workers=num_workers, seed=seed, epoch=epoch,
+                 partition_epoch=partition_epoch)
     check_policy(policy)
     if reshuffle not in RESHUFFLES:
         raise ValueError(f"reshuffle={reshuffle!r} is not one of {RESHUFFLES}")
@@ -102,40 +182,68 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
     total = int(counts.sum())
     check_fills_a_step(total, world_size, batch_size)
     steps = steps_per_rank(total, world_size, batch_size, policy)
-    delivered = steps * world_size * batch_size
+    check_partition(steps, partition_epoch)
+    pass_index, part = split_epoch(epoch, partition_epoch)
+    sequence = pass_sequence(counts, seed=seed, pass_index=pass_index, reshuffle=reshuffle)
+    return cut_part(pad_to(sequence, steps * world_size * batch_size), steps=steps, part=part,
+                    parts=partition_epoch, world_size=world_size, num_workers=num_workers, batch_size=batch_size)
 
-    order = epoch_order(len(counts), seed, 0 if reshuffle == "fixed" else epoch)
-    # Segments of the delivery sequence: (catalog row, first matching row, length, padding)
-    seg_row, seg_first, seg_len = order, np.zeros_like(order), counts[order]
-    seg_pad = np.zeros(len(order), dtype=bool)
-    if delivered > total:
-        tail = _tail_segments(seg_row, seg_len, delivered - total)
-        seg_row, seg_first, seg_len = (np.concatenate(p) for p in zip((seg_row, seg_first, seg_len), tail))
-        seg_pad = np.concatenate([seg_pad, np.ones(len(tail[0]), dtype=bool)])
 
-    seg_pos = np.concatenate(([0], np.cumsum(seg_len)))  # (segments + 1,) sequence position of each segment
+def check_partition(steps: int, partition_epoch: int) -> None:
+    if partition_epoch > steps:
+        raise ValueError(f"partition_epoch={partition_epoch} exceeds the {steps} steps per rank of a pass; every "
+                         f"part needs at least one step: use partition_epoch <= {steps}")
+
+
+def pad_to(sequence: Sequence, delivered: int) -> Sequence:
+    """``sequence`` followed, when it holds fewer than ``delivered`` rows, by a flagged copy of its last rows."""
+    total, missing = sequence.total, delivered - sequence.total
+    if missing <= 0:
+        return sequence
+    if missing <= total:  # always so for a whole pass (total >= world x batch); not for a small elastic pool
+        return sequence.append(_tail(sequence, missing))
+    whole = sequence.take(np.arange(len(sequence.row)), sequence.first, sequence.length, padding=True)
+    for _ in range(missing // total):
+        sequence = sequence.append(whole)
+    return pad_to(sequence, delivered) if missing % total else sequence
+
+
+def cut_part(sequence: Sequence, *, steps: int, part: int, parts: int, world_size: int, num_workers: int,
+             batch_size: int) -> Pieces:
+    """Part ``part`` of ``parts`` sharing ``steps`` steps per rank: consecutive whole global steps of
+    ``sequence``, each cut into slot quotas (rank-major, workers inside a rank)."""
+    per_part = part_steps(steps, parts)  # (parts,)
+    begin = int(per_part[:part].sum()) * world_size * batch_size
+    mine = int(per_part[part])
     # slot quotas, rank-major: (world_size * num_workers,)
-    slot_rows = np.tile(worker_steps(steps, num_workers) * batch_size, world_size)
-    slot_pos = np.concatenate(([0], np.cumsum(slot_rows)))  # (slots + 1,)
-
-    cuts = np.union1d(seg_pos[seg_pos <= delivered], slot_pos)  # every point where a piece starts or ends
+    slot_rows = np.tile(worker_steps(mine, num_workers) * batch_size, world_size)
+    slot_pos = begin + np.concatenate(([0], np.cumsum(slot_rows)))  # (slots + 1,)
+    seg_pos = sequence.positions  # (segments + 1,)
+    end = int(slot_pos[-1])
+    if end > sequence.total:
+        raise ValueError(f"the sequence holds {sequence.total} rows; part {part} needs rows up to {end}")
+    cuts = np.union1d(seg_pos[(seg_pos >= begin) & (seg_pos <= end)], slot_pos)  # where a piece starts or ends
     lo, hi = cuts[:-1], cuts[1:]
     seg = np.searchsorted(seg_pos, lo, side="right") - 1
     slot = np.searchsorted(slot_pos, lo, side="right") - 1
-    start = seg_first[seg] + (lo - seg_pos[seg])
-    return Pieces(world_size, num_workers, steps, batch_size, rank=slot // num_workers, worker=slot % num_workers,
-                  catalog_row=seg_row[seg], start=start, stop=start + (hi - lo), padding=seg_pad[seg])
+    start = sequence.first[seg] + (lo - seg_pos[seg])
+    subset = sequence.subset[seg]
+    return Pieces(world_size, num_workers, mine, batch_size, rank=slot // num_workers, worker=slot % num_workers,
+                  catalog_row=sequence.row[seg], start=start, stop=start + (hi - lo), padding=sequence.padding[seg],
+                  subset=subset if (subset >= 0).any() else None, subsets=sequence.subsets if (subset >= 0).any()
+                  else ())
 
 
-def _tail_segments(seg_row, seg_len, rows):
-    """Segments that repeat the last ``rows`` rows of the sequence, in sequence order."""
-    from_end = np.cumsum(seg_len[::-1])
+def _tail(sequence: Sequence, rows: int) -> Sequence:
+    """Padding segments that repeat the last ``rows`` rows of the sequence, in sequence order."""
+    length = sequence.length
+    from_end = np.cumsum(length[::-1])
     n = int(np.searchsorted(from_end, rows)) + 1  # segments needed, counted from the end
-    rows_needed = seg_len[::-1][:n].copy()
-    rows_needed[-1] -= from_end[n - 1] - rows  # the earliest one is taken only in part, from its end
-    row, length = seg_row[::-1][:n][::-1], rows_needed[::-1]
-    first = seg_len[::-1][:n][::-1] - length
-    return row, first, length
+    index = np.arange(len(length) - n, len(length))
+    take = length[index].copy()
+    take[0] -= from_end[n - 1] - rows  # the earliest one is taken only in part, from its end
+    first = sequence.first[index] + length[index] - take
+    return sequence.take(index, first, take, padding=True)
 
 
 def check_fills_a_step(total_rows: int, world_size: int, batch_size: int) -> None:
@@ -154,6 +262,6 @@ def check_policy(policy: str) -> None:
 
 def check_params(**params) -> None:
     """Reject non-integers and out-of-range sizes, naming the parameter."""
-    minimum = {"world_size": 1, "batch_size": 1, "num_workers": 1, "seed": 0, "epoch": 0}
+    minimum = {"world_size": 1, "batch_size": 1, "num_workers": 1, "seed": 0, "epoch": 0, "partition_epoch": 1}
     for name, value in params.items():
         check_int(name, value, minimum=minimum[name])

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
-from . import balance, selection
 from ..world import check_rank_world
+from . import balance, elastic, selection
 from .catalog import Catalog
 from .predicate import PredicateInfo
 
@@ -76,23 +76,49 @@ class ShardPlan:
         return balance.steps_per_rank(self.total_rows, world, batch, self.policy)
 
     def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
-               batch_size: Optional[int] = None, reshuffle: str = "epoch") -> balance.Pieces:
-        """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank)."""
-        return balance.assign(self._counts, world_size=self.world_size if world_size is None else world_size,
-                              batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
-                              epoch=epoch, num_workers=num_workers, reshuffle=reshuffle)
+               batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
+               stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None) -> balance.Pieces:
+        """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank).
+
+        ``partition_epoch=P``: ``epoch`` is part ``epoch % P`` of pass ``epoch // P``. ``stages``: the worlds that
+        served this pass before an elastic resume (``elastic.py``), with ``unread`` telling which rows their slots
+        had not delivered yet.
+        """
+        world = self.world_size if world_size is None else world_size
+        if stages:
+            if unread is None:
+                raise ValueError("stages need unread= (which rows each old slot had not delivered)")
+            return elastic.stage_pieces(self._counts, stages=stages, world_size=world, num_workers=num_workers,
+                                        batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
+                                        epoch=epoch, unread=unread, reshuffle=reshuffle,
+                                        partition_epoch=partition_epoch)
+        return balance.assign(self._counts, world_size=world, batch_size=self._batch(batch_size), policy=self.policy,
+                              seed=self.seed, epoch=epoch, num_workers=num_workers, reshuffle=reshuffle,
+                              partition_epoch=partition_epoch)
 
     def assignment(self, rank: int, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
-                   batch_size: Optional[int] = None, reshuffle: str = "epoch") -> List[Fragment]:
+                   batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
+                   stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None) -> List[Fragment]:
         """The fragments rank ``rank`` reads in ``epoch``, worker by worker, in delivery order."""
         world = self.world_size if world_size is None else world_size
         check_rank_world(rank, world)
         mine = self.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch_size,
-                           reshuffle=reshuffle).of_rank(rank)
+                           reshuffle=reshuffle, partition_epoch=partition_epoch, stages=stages,
+                           unread=unread).of_rank(rank)
         groups = self.catalog.row_groups
-        return [Fragment(groups[c].path, groups[c].row_group, bool(p), int(w), int(s), int(e),
-                         groups[c].total_rows, groups[c].selection)
-                for c, w, s, e, p in zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding)]
+        fragments = []
+        for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding)):
+            group = groups[c]
+            if mine.subset is not None and mine.subset[i] >= 0:  # scattered rows left by an elastic resume
+                matching = mine.matching_rows(i)
+                raw = matching if not group.selection else \
+                    selection.decode(group.selection, group.total_rows)[matching]
+                fragments.append(Fragment(group.path, group.row_group, bool(p), int(w), 0, len(raw),
+                                          group.total_rows, selection.encode(raw, group.total_rows)))
+            else:
+                fragments.append(Fragment(group.path, group.row_group, bool(p), int(w), int(s), int(e),
+                                          group.total_rows, group.selection))
+        return fragments
 
     def save(self, output_url: str) -> str:
         """Write the plan directory (``plan.json`` last, so a partial write is never loadable)."""

@@ -26,7 +26,7 @@ cut them into batches, so per-batch work is a slice, and conversions (to tensors
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -85,6 +85,26 @@ def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int,
     fragment = int(np.searchsorted(ends, row, side="right"))
     offset = row - (int(ends[fragment - 1]) if fragment else 0)
     return StartPoint(fragment, offset, window, row, next_row - row)
+
+
+def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_done: int,
+                key: Optional[Sequence[int]]) -> Tuple[np.ndarray, int]:
+    """Which of a slot's rows are not delivered after ``batches_done`` batches (what an elastic resume needs).
+
+    Returns the sorted slot positions of the undelivered rows of the window in progress, and the position from
+    which no row was delivered (the end of that window; without shuffling, the next batch's first row). This is
+    ``WindowBatcher``'s order read backwards: batch ``j`` of window ``w`` is rows ``perm[j*B:(j+1)*B]`` of it.
+    """
+    done = batches_done * batch_size
+    if done > total_rows or batches_done < 0:
+        raise ValueError(f"batches_done={batches_done} is outside this slot's {total_rows // batch_size} batches")
+    if key is None or done == total_rows:
+        return np.empty(0, dtype=np.int64), done
+    window = done // window_rows
+    row = window * window_rows
+    size = min(window_rows, total_rows - row)
+    order = window_permutation(size, (*key, window))
+    return np.sort(order[done - row:]).astype(np.int64) + row, row + size
 
 
 class WindowBatcher:

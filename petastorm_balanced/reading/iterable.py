@@ -25,6 +25,7 @@ from .arrow_backend import arrow_chunks
 from .options import resolve_backend
 from .batching import split_batches
 from .fragments import as_list
+from .elastic_position import restage
 from .position import PlannedView, Position, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 from ..world import resolve_world
@@ -46,12 +47,12 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
-                 schema_fields=None, padding_mask: bool = False, backend: str = "auto"):
+                 schema_fields=None, padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1):
         require_torch()
         self.backend = resolve_backend(backend)
         self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
                                    reshuffle=reshuffle, shuffle_window=shuffle_window, schema_fields=schema_fields,
-                                   padding_mask=padding_mask)
+                                   padding_mask=padding_mask, partition_epoch=partition_epoch)
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
@@ -60,13 +61,16 @@ class BalancedIterableDataset(PlannedView, _Base):
         """This worker's batches; the position is read now, not at the first ``next()``."""
         info = torch.utils.data.get_worker_info()
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        epoch, done = self._position.current()
-        return self._slot(epoch, done, num_workers, worker, self._numpy_out)
+        epoch, done, stages = self._position.where()
+        if self._position.resumed and self._num_workers != num_workers:  # a plain DataLoader with other workers
+            epoch, done, stages = restage(epoch, done, stages, self._settings.world_size, self._num_workers,
+                                          self._settings.partition_epoch)
+        return self._slot(epoch, done, stages, num_workers, worker, self._numpy_out)
 
-    def _slot(self, epoch, done, num_workers, worker, numpy_out):
+    def _slot(self, epoch, done, stages, num_workers, worker, numpy_out):
         settings = self._settings
         slot = (worker + done) % num_workers
-        fragments = [f for f in settings.fragments(epoch, num_workers) if f.worker == slot]
+        fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         if self.backend == "arrow":
             chunks = arrow_chunks(settings.plan, settings.columns, reader_pool_type="dummy")
         else:  # Petastorm's reader, in this process: the DataLoader's workers are the parallelism
@@ -74,7 +78,7 @@ class BalancedIterableDataset(PlannedView, _Base):
             chunks = petastorm_chunks(settings.plan, settings.columns, {"reader_pool_type": "dummy"})
         runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
-                                shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
+                                shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
                                 batches_done=(done + worker) // num_workers)
         for run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
@@ -94,7 +98,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at ``state``; the DataLoader must have the same number of workers as when it was saved."""
+        """Resume at ``state``. With another world size, or another number of DataLoader workers than the state
+        was saved with, the epoch continues elastically: the rows no slot had consumed, split over the new slots."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         if self.NUM_WORKERS not in state:
@@ -103,7 +108,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")
-        self._position.load_state_dict(state, {self.NUM_WORKERS: workers})
+        self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
         self._num_workers = workers
 
     def dataloader(self, num_workers: int = 0, **kwargs) -> "BalancedDataLoader":
@@ -118,8 +123,9 @@ class BalancedDataLoader(_Loader):
     """A ``torch.utils.data.DataLoader`` that tracks its ``BalancedIterableDataset``'s position.
 
     Each ``iter()`` is the next epoch (or the rest of a resumed one); ``state_dict()`` / ``load_state_dict()``
-    resume exactly, provided ``num_workers`` is the same. Batching, sampling and worker persistence belong to the
-    dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
+    resume exactly (with another ``num_workers`` or world size: elastically, the rows not yet consumed). Batching,
+    sampling and worker persistence belong to the dataset, so ``batch_size``, ``sampler``, ``shuffle``,
+    ``persistent_workers`` and ``in_order=False`` are refused.
     """
 
     def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, **kwargs):
@@ -143,8 +149,7 @@ class BalancedDataLoader(_Loader):
         dataset = self.dataset
         slots = max(1, self.num_workers)
         if dataset._position.resumed and dataset._num_workers != slots:
-            raise ValueError(f"the loaded state was saved with num_workers={dataset._num_workers}; resume with the "
-                             f"same number of DataLoader workers (this loader has {self.num_workers})")
+            dataset._position.rebase(dataset._num_workers)  # the pending position, for slots of another layout
         dataset._num_workers = slots
         # Workers copy the dataset while the base iterator starts: they must see the position this iteration
         # starts at (the pending one; a new iter() never continues an abandoned one), and read it eagerly.

@@ -40,11 +40,11 @@ class BalancedLoader(PlannedView):
 
     def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
                  shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
-                 reader_options: Optional[dict] = None, backend: str = "auto"):
+                 reader_options: Optional[dict] = None, backend: str = "auto", partition_epoch: int = 1):
         require_torch()
         self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                    shuffle_window=shuffle_window, schema_fields=schema_fields,
-                                   padding_mask=padding_mask)
+                                   padding_mask=padding_mask, partition_epoch=partition_epoch)
         self._position = Position(self._settings, epoch)
         self.backend = resolve_backend(backend)
         self._reader_options = dict(reader_options or {})
@@ -56,10 +56,10 @@ class BalancedLoader(PlannedView):
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
         run = self._position.begin()
-        self._iterator = self._run(run)
+        self._iterator = self._run(run, self._position.live_stages)
         return self._iterator
 
-    def _run(self, run):
+    def _run(self, run, stages):
         settings = self._settings
         epoch, done = run
         if self.backend == "arrow":
@@ -67,9 +67,9 @@ class BalancedLoader(PlannedView):
         else:
             from .petastorm_backend import petastorm_chunks
             chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
-        runs = stream.slot_runs(settings.fragments(epoch), chunks, batch_size=settings.batch_size,
+        runs = stream.slot_runs(settings.fragments(epoch, 1, stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
-                                key=settings.key(epoch), batches_done=done)
+                                key=settings.key(epoch, 0, len(stages)), batches_done=done)
         try:
             for batch_run in runs:
                 for batch in torch_batches(batch_run, settings.batch_size, settings.padding_mask):
@@ -89,7 +89,8 @@ class BalancedLoader(PlannedView):
         return self._position.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """The next ``iter()`` continues exactly where ``state`` was saved."""
+        """The next ``iter()`` continues exactly where ``state`` was saved; a state saved at another world size
+        continues that epoch with the rows no rank had consumed, split evenly over this world (G10)."""
         self._position.load_state_dict(state)
 
     def close(self) -> None:
@@ -109,7 +110,7 @@ class BalancedLoader(PlannedView):
 def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None, epoch: int = 0,
                 shuffle: bool = True, reshuffle: str = "epoch", workers_count: int = 4,
                 reader_pool_type: str = "thread", schema_fields=None, padding_mask: bool = False,
-                shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto",
+                shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
                 **petastorm_kwargs) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
@@ -123,6 +124,10 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     batches (G12). With Petastorm, its other reader arguments (``results_queue_size``, ``cache_type``,
     ``storage_options``, ``filesystem``, ...) pass through; the ones the plan owns are refused with what to do
     instead, and so are Petastorm-only ones with the Arrow backend.
+
+    ``partition_epoch=P`` splits each pass over the data into P sub-epochs: loader epoch ``e`` serves part ``e % P``
+    of pass ``e // P`` (every rank the same steps in a part, parts differing by at most one step, no row twice in
+    a pass). ``load_state_dict`` also takes a state saved at another world size (elastic resume, G10).
     """
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     check_pool_options(reader_pool_type, workers_count)
@@ -136,5 +141,5 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     who = resolve_world(rank, world)
     return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,
                           shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
-                          reader_options=options, backend=chosen)
+                          reader_options=options, backend=chosen, partition_epoch=partition_epoch)
 

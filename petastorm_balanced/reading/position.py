@@ -1,25 +1,29 @@
 """What both loaders share: checked settings, the position of the next batch, and what they say about themselves.
 
 The position is the whole resume state (G6): an epoch and a count of delivered batches; everything else is derived
-from the plan. See ``Position`` for when an epoch advances.
+from the plan. See ``Position`` for when an epoch advances. After an elastic resume (a state saved at another
+world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four ints
+each; see ``elastic_position.py``).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
-from . import stream
+from . import elastic_position, stream
+from .elastic_position import Layout
+from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..world import World
 from .options import resolve_plan
 
 
-class Settings:
+class Settings(Layout):
     """Checked loader settings shared by BalancedLoader and BalancedIterableDataset."""
 
     def __init__(self, plan, world: World, *, batch_size, shuffle, reshuffle, shuffle_window, schema_fields,
-                 padding_mask):
+                 padding_mask, partition_epoch=1):
         self.plan: ShardPlan = resolve_plan(plan)
         self.rank, self.world_size = world.rank, world.size
         self.batch_size = self.plan.batch_size if batch_size is None else batch_size
@@ -36,17 +40,14 @@ class Settings:
         if self.plan.total_rows < self.world_size * self.batch_size:  # the balancer would refuse it at iteration
             raise ValueError(f"batch_size={self.batch_size} x world_size={self.world_size} rows per step exceed the "
                              f"plan's {self.plan.total_rows} matching rows; lower batch_size")
-        self.shuffle, self.reshuffle, self.shuffle_window = shuffle, reshuffle, shuffle_window
+        Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=self.batch_size, shuffle=shuffle,
+                        shuffle_window=shuffle_window, reshuffle=reshuffle, partition_epoch=partition_epoch)
         self.padding_mask = bool(padding_mask)
         self.columns = stream.dataset_columns(self.plan, schema_fields)
         self._checksum = None
 
-    def fragments(self, epoch: int, num_workers: int = 1):
-        return self.plan.assignment(self.rank, epoch=epoch, world_size=self.world_size, num_workers=num_workers,
-                                    batch_size=self.batch_size, reshuffle=self.reshuffle)
-
-    def key(self, epoch: int, slot: int = 0):
-        return (self.plan.seed, epoch, self.rank, slot)
+    def fragments(self, epoch: int, num_workers: int = 1, stages=()):
+        return self.plan.assignment(self.rank, **self.pieces_args(epoch, num_workers, stages))
 
     def identity(self) -> dict:
         """What a saved position is only valid for."""
@@ -69,37 +70,66 @@ class Position:
     SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
+    STAGES, PARTITION_EPOCH = elastic_position.STAGES, elastic_position.PARTITION_EPOCH  # optional on load
+
     def __init__(self, settings: Settings, epoch: int):
         check_epoch(epoch)
         self.settings = settings
         self.next_epoch, self.next_batches = epoch, 0
+        self.next_stages: Tuple[Stage, ...] = ()  # worlds that served the pass of next_epoch before this one
+        self.live_stages: Tuple[Stage, ...] = ()
         self.resumed = False  # next_* came from load_state_dict and no iteration has started since
         self.live = None  # the running iteration, [epoch, batches delivered], until superseded
 
     def begin(self) -> list:
         """Start an iteration at the pending position; the one after it starts the next epoch."""
         run = [self.next_epoch, self.next_batches]
-        self.live, self.resumed = run, False
+        self.live, self.resumed, self.live_stages = run, False, self.next_stages
         self.next_epoch, self.next_batches = run[0] + 1, 0
+        self.next_stages = elastic_position.carry(self.live_stages, run[0], run[0] + 1, self.settings.partition_epoch)
         return run
 
     def current(self):
-        epoch, batches = self.live if self.live is not None else (self.next_epoch, self.next_batches)
-        if batches >= self.settings.steps:
-            return epoch + 1, 0
-        return epoch, batches
+        return self.where()[:2]
+
+    def where(self) -> Tuple[int, int, Tuple[Stage, ...]]:
+        """(epoch, batches, stages) of the next batch."""
+        if self.live is not None:
+            (epoch, batches), stages = self.live, self.live_stages
+        else:
+            epoch, batches, stages = self.next_epoch, self.next_batches, self.next_stages
+        if batches >= self.settings.steps_of(epoch, stages):
+            return epoch + 1, 0, elastic_position.carry(stages, epoch, epoch + 1, self.settings.partition_epoch)
+        return epoch, batches, stages
+
+    def steps(self) -> int:
+        """Steps of the epoch (or what is left of it after an elastic resume) the next batch belongs to."""
+        epoch, _, stages = self.where()
+        return self.settings.steps_of(epoch, stages)
+
+    def rebase(self, workers: int) -> None:
+        """The pending position, saved with ``workers`` slots per rank, for this loader's other slot layout."""
+        self.next_epoch, self.next_batches, self.next_stages = elastic_position.restage(
+            self.next_epoch, self.next_batches, self.next_stages, self.settings.world_size, workers,
+            self.settings.partition_epoch)
 
     def set_epoch(self, epoch: int) -> None:
         check_epoch(epoch)
         if not (self.resumed and epoch == self.next_epoch):
+            before, _, stages = self.where()
+            self.next_stages = elastic_position.carry(stages, before, epoch, self.settings.partition_epoch,
+                                                      strict=True)
             self.next_epoch, self.next_batches, self.resumed = epoch, 0, False
         self.live = None
 
     def state_dict(self, extra: Optional[dict] = None) -> dict:
-        epoch, batches = self.current()
-        return {self.EPOCH: epoch, self.BATCHES: batches, **self.settings.identity(), **(extra or {})}
+        epoch, batches, stages = self.where()
+        return {self.EPOCH: epoch, self.BATCHES: batches, **self.settings.identity(), **(extra or {}),
+                self.PARTITION_EPOCH: self.settings.partition_epoch, self.STAGES: [s.as_list() for s in stages]}
 
-    def load_state_dict(self, state: dict, extra: Optional[dict] = None) -> None:
+    def load_state_dict(self, state: dict, extra: Optional[dict] = None, *, workers: int = 1) -> None:
+        """Strict about settings, except the world size: a state saved at another one resumes elastically (G10);
+        ``workers`` is the number of slots per rank the state was saved with."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         expected = {**self.settings.identity(), **(extra or {})}
@@ -107,14 +137,14 @@ class Position:
         if missing:
             raise KeyError(f"state is missing {missing}; pass a dict saved by state_dict() of this loader type")
         for key, value in expected.items():
+            if key == self.WORLD_SIZE:
+                continue  # another world size is an elastic resume, checked below
             if state[key] != value:
                 raise ValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                  "position only resumes a loader with the same plan and settings")
-        epoch, batches = state[self.EPOCH], state[self.BATCHES]
-        check_epoch(epoch)
-        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= self.settings.steps:
-            raise ValueError(f"state[{self.BATCHES!r}]={batches!r} must be an int in [0, {self.settings.steps}]")
-        self.next_epoch, self.next_batches = (epoch + 1, 0) if batches == self.settings.steps else (epoch, batches)
+        check_epoch(state[self.EPOCH])
+        epoch, batches, stages = elastic_position.loaded(self.settings, state, workers)
+        self.next_epoch, self.next_batches, self.next_stages = epoch, batches, stages
         self.live, self.resumed = None, True
 
 
@@ -137,4 +167,5 @@ class PlannedView:
         return self._position.current()[0]
 
     def __len__(self) -> int:
-        return self._settings.steps
+        """Steps of the epoch the next batch belongs to (after an elastic resume: the steps left in it)."""
+        return self._position.steps()

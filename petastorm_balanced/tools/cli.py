@@ -67,8 +67,22 @@ def cmd_plan(args) -> int:
 def cmd_inspect(args) -> int:
     from .report import format_inspect, inspect_report
     plan = _load(args.plan_url)
+    extra = {"partition_epoch": args.partition_epoch}
+    epoch, batch_size = args.epoch, args.batch_size
+    if args.state:
+        from ..reading.elastic_position import unread_rule
+        layout, epoch, batches, stages, state = _resume(plan, args)
+        if batch_size not in (None, layout.batch_size):
+            raise InputError(f"--batch-size {batch_size} differs from the state's batch_size={layout.batch_size}; "
+                             "leave it out with --state")
+        batch_size = layout.batch_size
+        extra = {"partition_epoch": layout.partition_epoch, "stages": stages,
+                 "unread": unread_rule(layout, epoch) if stages else None,
+                 "resume": {"saved_world_size": state["world_size"], "saved_epoch": state["epoch"],
+                            "saved_batches": state["batches"], "batches": batches,
+                            "stages": [s.as_list() for s in stages]}}
     report = inspect_report(plan, plan_url=fsutil.normalize_url(args.plan_url), world_size=args.world_size,
-                            epoch=args.epoch, num_workers=args.workers, batch_size=args.batch_size)
+                            epoch=epoch, num_workers=args.workers, batch_size=batch_size, **extra)
     if args.plot:
         from .plot import plot_report
         report["plot"] = plot_report(report, args.plot)
@@ -88,15 +102,41 @@ def cmd_verify(args) -> int:
         print(Check("plan integrity", False, _one_line(exc)).line())
         return CHECK_FAILED
     checks = [Check("plan integrity", True, f"checksum {plan.checksum[:12]}, files match plan.json")]
-    checks += plan_checks(plan, epochs=args.epochs, batch_size=args.batch_size)
+    passes = None
+    if args.state or args.partition_epoch > 1:  # whole passes, served as the loaders serve them
+        if args.id_column:
+            raise InputError("--id-column does not combine with --state or --partition-epoch; leave it out (rows "
+                             "are then checked by position)")
+        passes = _passes(plan, args)
+        checks += plan_checks(plan, epochs=0)
+        checks += [c for layout, epoch, stages in passes for c in _pass_checks(layout, epoch, stages, args)]
+    elif args.world_size is not None:
+        raise InputError("--world-size applies to --state (the world that resumes); add --state STATE.json")
+    else:
+        checks += plan_checks(plan, epochs=args.epochs, batch_size=args.batch_size)
     stale = not checks[1].ok
     reads = None
-    if args.read and not stale:  # built before any output, so a bad --id-column is bad input, not half a report
+    if args.read and not stale and passes is None:  # built before any output: a bad --id-column is bad input
         reads = ReadCheck(plan, batch_size=args.batch_size, id_column=args.id_column)
     for c in checks:
         print(c.line())
     if args.read and stale:
         print("skipped --read: the dataset changed since planning")
+    elif args.read and passes is not None:
+        with Progress(f"reading {len(passes)} pass(es)", len(passes)) as bar:
+            rows = ReadCheck(plan, batch_size=args.batch_size).rows
+            expected, source = rows.expected_keys()
+            read = []
+            try:
+                for layout, epoch, stages in passes:
+                    read += _pass_checks(layout, epoch, stages, args, keys=rows.keys, expected=expected,
+                                         label=f"read; against {source}")
+                    bar(1)
+            except (PlanError, OSError) as exc:
+                read.append(Check("rows readable as planned", False, _one_line(exc)))
+        for c in read:
+            print(c.line())
+        checks += read
     elif reads is not None:
         with Progress(f"reading {plan.world_size} ranks x {args.epochs} epoch(s)",
                       plan.world_size * args.epochs) as bar:
@@ -110,6 +150,40 @@ def cmd_verify(args) -> int:
     failed = [c for c in checks if not c.ok]
     print(f"{len(checks) - len(failed)} of {len(checks)} checks passed" + (": FAILED" if failed else ""))
     return CHECK_FAILED if failed else OK
+
+
+def _resume(plan, args):
+    """(layout, epoch, batches, stages, state) of ``--state`` resumed at ``--world-size`` (default: its own)."""
+    from ..reading.elastic_position import Layout, loaded
+    try:
+        with open(args.state) as handle:
+            state = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--state {args.state!r} is not a readable JSON loader state ({_one_line(exc)}); save "
+                         "json.dumps(loader.state_dict())") from None
+    if not isinstance(state, dict) or state.get("plan_checksum") != plan.checksum:
+        raise InputError(f"--state {args.state!r} was not saved by a loader of this plan (plan_checksum differs)")
+    world = args.world_size or state.get("world_size")
+    layout = Layout.of_state(plan, state, world)
+    epoch, batches, stages = loaded(layout, state, workers=state.get("num_workers", 1))
+    return layout, epoch, batches, stages, state
+
+
+def _passes(plan, args):
+    """(layout, epoch, stages) of each pass ``verify`` serves."""
+    from ..reading.elastic_position import Layout
+    if args.state:
+        layout, epoch, _, stages, _ = _resume(plan, args)
+        return [(layout, epoch, stages)]
+    batch = args.batch_size or plan.batch_size or 1
+    layout = Layout(plan, plan.world_size, batch_size=batch, shuffle=True, shuffle_window=10_000,
+                    reshuffle="epoch", partition_epoch=args.partition_epoch)
+    return [(layout, p * args.partition_epoch, ()) for p in range(args.epochs)]
+
+
+def _pass_checks(layout, epoch, stages, args, **kwargs):
+    from .verify_pass import pass_checks
+    return pass_checks(layout, epoch=epoch, stages=stages, num_workers=args.workers, **kwargs)
 
 
 def cmd_compare(args) -> int:
@@ -143,6 +217,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.add_argument("--plot", metavar="FILE.png", help="draw rows and steps per rank beside Petastorm's sharding")
+    _pass_args(p)
     p.set_defaults(run=cmd_inspect)
 
     p = sub.add_parser("verify", help="check a plan against its dataset (exit 1 if a check fails)")
@@ -152,6 +227,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
     p.add_argument("--id-column", metavar="COL", help="with --read: read through make_loader (needs torch) and "
                    "identify rows by this unique column instead of by position")
+    p.add_argument("--world-size", type=_positive, metavar="W", help="with --state: the world that resumes")
+    p.add_argument("--workers", type=_positive, default=1, metavar="K",
+                   help="with --state or --partition-epoch: DataLoader workers per rank (default 1)")
+    _pass_args(p)
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser("compare", help="Petastorm's cur_shard/shard_count per-rank counts beside a balanced plan")
@@ -160,6 +239,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.set_defaults(run=cmd_compare)
     return parser
+
+
+def _pass_args(p) -> None:
+    p.add_argument("--partition-epoch", type=_positive, default=1, metavar="P",
+                   help="sub-epochs per pass (make_loader(partition_epoch=P)); verify checks whole passes")
+    p.add_argument("--state", metavar="STATE.json", help="a loader state_dict() saved as JSON: show (inspect) or "
+                   "check (verify) the rest of its epoch in --world-size ranks, as an elastic resume serves it")
 
 
 def add_planning_arguments(p, default_engine=None, *, engine_options: bool = True) -> None:

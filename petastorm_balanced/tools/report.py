@@ -16,27 +16,42 @@ from ..plan.model import ShardPlan
 from ..plan.format import split_row_groups
 
 JSON_VERSION = 1
-_BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)",
+_BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)", "state": "(the state's)",
                "none": "(the plan has none, so rows are counted one by one; pass --batch-size)"}
 
 
 def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] = None, epoch: int = 0,
-                   num_workers: int = 1, batch_size: Optional[int] = None) -> dict:
-    """Per-rank rows, steps, padding and read cost of one epoch, beside what Petastorm's sharding would give."""
+                   num_workers: int = 1, batch_size: Optional[int] = None, partition_epoch: int = 1,
+                   stages=(), unread=None, resume: Optional[dict] = None) -> dict:
+    """Per-rank rows, steps, padding and read cost of one epoch, beside what Petastorm's sharding would give.
+
+    With ``partition_epoch=P`` the epoch is part ``epoch % P`` of pass ``epoch // P``; with ``stages`` (an elastic
+    resume, described by ``resume``) it is what the pass has left for this world.
+    """
     world = plan.world_size if world_size is None else world_size
     batch = batch_size or plan.batch_size or 1
-    pieces = plan.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch)
+    pieces = plan.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch,
+                         partition_epoch=partition_epoch, stages=stages, unread=unread)
+    pass_steps = plan.steps_per_epoch(world, batch)
+    parts = {"partition_epoch": partition_epoch, "pass": epoch // partition_epoch, "part": epoch % partition_epoch,
+             "part_steps": balance.part_steps(pass_steps, partition_epoch).tolist(),
+             "pass_dropped_rows": plan.total_rows - pass_steps * world * batch if plan.policy == "drop" else 0}
+    if resume is not None:
+        resume = {**resume, "steps_left": pieces.steps_per_rank - resume["batches"]}
     return {
         "json_version": JSON_VERSION,
         "plan_url": plan_url,
         **_header(plan.dataset_url, plan.predicate.kind, plan.predicate.text, world, batch, plan.policy, plan.seed),
-        "batch_size_from": "argument" if batch_size else ("plan" if plan.batch_size else "none"),
+        "batch_size_from": "state" if resume is not None else
+        ("argument" if batch_size else ("plan" if plan.batch_size else "none")),
         "epoch": epoch,
         "workers": num_workers,
         "worker_steps": balance.worker_steps(pieces.steps_per_rank, num_workers).tolist(),
         **balanced_totals(plan.catalog, pieces),
         "ranks": balanced_ranks(plan.catalog, pieces),
         "petastorm": petastorm_report(plan.catalog, world, batch),
+        **parts,
+        "resume": resume,
     }
 
 
@@ -113,7 +128,7 @@ def format_inspect(report: dict) -> str:
     lines = _title(report) + [
         f"epoch {report['epoch']}, {report['workers']} worker(s) per rank (steps per worker "
         f"{report['worker_steps']}), batch_size {report['batch_size']} " + _BATCH_FROM[report["batch_size_from"]],
-        _totals_line(report), "",
+        _totals_line(report), *_parts_lines(report), "",
         _row("rank", "rows", "steps", "padded", "row_groups", "split", "rows_read", "read_amp"),
     ]
     for r in report["ranks"]:
@@ -123,6 +138,20 @@ def format_inspect(report: dict) -> str:
     lines += ["", f"Petastorm cur_shard/shard_count over the same rows: {p['min_rows']}..{p['max_rows']} rows, "
               f"{p['min_steps']}..{p['max_steps']} steps per rank (petastorm-balanced compare shows the table)"]
     return "\n".join(lines)
+
+
+def _parts_lines(report: dict) -> List[str]:
+    lines = []
+    if report.get("partition_epoch", 1) > 1:
+        lines.append(f"part {report['part']} of pass {report['pass']} ({report['partition_epoch']} parts; steps per "
+                     f"part {report['part_steps']}; the pass drops {report['pass_dropped_rows']} rows)")
+    resume = report.get("resume")
+    if resume:
+        lines.append(f"elastic resume of a state saved at world_size {resume['saved_world_size']} (epoch "
+                     f"{resume['saved_epoch']}, batch {resume['saved_batches']}): {resume['steps_left']} steps left "
+                     f"per rank of {report['world_size']}; rows above are what the pass has left (worlds before: "
+                     f"{[s[0] for s in resume['stages']]})")
+    return lines
 
 
 def format_compare(report: dict) -> str:

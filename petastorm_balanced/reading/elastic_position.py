@@ -1,0 +1,132 @@
+"""What a loader position needs for elastic resumes (G10) and sub-epochs, on top of ``(epoch, batches)``.
+
+A state saved at world size W and loaded at W' becomes a ``Stage`` (W, workers, part, batches) appended to the
+pass's stages, and the position restarts at batch 0 of what the pass has left (``plan/elastic.py`` computes it
+from the plan alone). Stages belong to a pass: they are carried from one sub-epoch to the next of the same pass and
+dropped when a new pass starts, so the state stays a few ints per world change.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from ..plan import balance
+from ..plan.elastic import Stage
+from ..plan.model import ShardPlan
+from .batching import unread_rows, window_rows
+
+# state_dict keys read here (the others are Position's); STAGES and PARTITION_EPOCH may be absent (older states)
+EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
+
+
+class Layout:
+    """What decides which rows each slot delivers in an epoch, and in what order: the plan, the world, the batch
+    size, the window shuffle and the sub-epochs. The loaders' ``Settings`` extend it; the CLI builds one from a
+    saved state (``Layout.of_state``) to show or check an elastic resume without a loader."""
+
+    def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int, shuffle: bool,
+                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1):
+        self.plan, self.world_size, self.rank, self.batch_size = plan, world_size, rank, batch_size
+        self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
+        self.steps = plan.steps_per_epoch(world_size, batch_size)  # of a whole pass
+        self.partition_epoch = check_partition_epoch(partition_epoch, self.steps)
+        self._stage_steps = {}  # (epoch, stages, world) -> steps, for positions after an elastic resume
+
+    @classmethod
+    def of_state(cls, plan: ShardPlan, state: dict, world_size: int) -> "Layout":
+        """The layout a saved loader state was made with, for ``world_size`` ranks."""
+        try:
+            return cls(plan, world_size, batch_size=state["batch_size"], shuffle=state["shuffle"],
+                       shuffle_window=state["shuffle_window"], reshuffle=state["reshuffle"],
+                       partition_epoch=state.get(PARTITION_EPOCH, 1))
+        except KeyError as exc:
+            raise ValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
+
+    def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
+        """Window shuffle key of a slot; a stage after an elastic resume gets its own."""
+        key = (self.plan.seed, epoch, self.rank if rank is None else rank, slot)
+        return key + (stage,) if stage else key
+
+    def pieces_args(self, epoch: int, num_workers: int = 1, stages=()) -> dict:
+        """Keyword arguments of ``plan.pieces`` / ``plan.assignment`` for this layout's ``epoch``."""
+        return dict(epoch=epoch, world_size=self.world_size, num_workers=num_workers, batch_size=self.batch_size,
+                    reshuffle=self.reshuffle, partition_epoch=self.partition_epoch, stages=stages,
+                    unread=unread_rule(self, epoch) if stages else None)
+
+    def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
+        """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
+        world = self.world_size if world_size is None else world_size
+        if not stages:
+            steps = self.steps if world == self.world_size else self.plan.steps_per_epoch(world, self.batch_size)
+            return int(balance.part_steps(steps, self.partition_epoch)[epoch % self.partition_epoch])
+        key = (epoch, tuple(stages), world)
+        if key not in self._stage_steps:
+            args = {**self.pieces_args(epoch, 1, stages), "world_size": world}
+            self._stage_steps[key] = self.plan.pieces(**args).steps_per_rank
+        return self._stage_steps[key]
+
+
+def check_partition_epoch(partition_epoch, steps: int) -> int:
+    """``partition_epoch`` checked against the pass's steps (every part needs one)."""
+    balance.check_params(partition_epoch=partition_epoch)
+    balance.check_partition(steps, partition_epoch)
+    return int(partition_epoch)
+
+
+def unread_rule(settings, epoch: int):
+    """``elastic.Unread`` for ``settings``' loaders in ``epoch``: the window shuffle of ``WindowBatcher`` run
+    backwards, with each old slot's own key."""
+    size = window_rows(settings.batch_size, settings.shuffle_window, settings.shuffle)
+
+    def unread(rows: int, batches: int, stage: int, rank: int, slot: int):
+        key = settings.key(epoch, slot, stage, rank) if settings.shuffle else None
+        return unread_rows(rows, batch_size=settings.batch_size, window_rows=size, batches_done=batches, key=key)
+    return unread
+
+
+def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_epoch: int, *,
+          strict: bool = False) -> Tuple[Stage, ...]:
+    """The stages still valid when the position moves from ``from_epoch`` to ``to_epoch``: all of them inside the
+    same pass (at or after the part where the last world stopped), none in another pass."""
+    if not stages or from_epoch // partition_epoch != to_epoch // partition_epoch:
+        return ()
+    if to_epoch % partition_epoch >= stages[-1].part:
+        return tuple(stages)
+    if strict:
+        raise ValueError(f"epoch={to_epoch} is part {to_epoch % partition_epoch} of a pass whose parts up to "
+                         f"{stages[-1].part} a world before the elastic resume already served; set_epoch to epoch "
+                         f">= {to_epoch - to_epoch % partition_epoch + stages[-1].part}, or to another pass")
+    return ()
+
+
+def loaded(settings: Layout, state: dict, workers: int) -> Tuple[int, int, Tuple[Stage, ...]]:
+    """(epoch, batches, stages) a ``state`` (its settings already checked) resumes at in ``settings``' world; a
+    state from another world size adds a stage. ``workers``: slots per rank the state was saved with."""
+    parts = state.get(PARTITION_EPOCH, 1)
+    if parts != settings.partition_epoch:
+        raise ValueError(f"state[{PARTITION_EPOCH!r}]={parts!r} but this loader has "
+                         f"partition_epoch={settings.partition_epoch}; resume with the same partition_epoch")
+    saved_stages = state.get(STAGES, [])
+    if not isinstance(saved_stages, (list, tuple)):
+        raise ValueError(f"state[{STAGES!r}]={saved_stages!r} must be a list of saved stages")
+    stages = tuple(Stage.from_list(s) for s in saved_stages)
+    epoch, batches, world = state[EPOCH], state[BATCHES], state[WORLD_SIZE]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"state[{EPOCH!r}]={epoch!r} must be an int >= 0")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"state[{WORLD_SIZE!r}]={world!r} must be an int >= 1")
+    steps = settings.steps_of(epoch, stages, world_size=world)
+    if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= steps:
+        raise ValueError(f"state[{BATCHES!r}]={batches!r} must be an int in [0, {steps}]")
+    if batches == steps:  # an ended epoch is the start of the next one
+        epoch, batches, stages = epoch + 1, 0, carry(stages, epoch, epoch + 1, settings.partition_epoch)
+    if world != settings.world_size:
+        return restage(epoch, batches, stages, world, workers, settings.partition_epoch)
+    return epoch, batches, stages
+
+
+def restage(epoch: int, batches: int, stages, world: int, workers: int, partition_epoch: int):
+    """The position in a new world (or worker count) of one saved at ``world`` x ``workers``: nothing to record at
+    the very start of a pass, else a stage for the old world and batch 0 of what is left."""
+    if not stages and batches == 0 and epoch % partition_epoch == 0:
+        return epoch, 0, ()
+    return epoch, 0, tuple(stages) + (Stage(world, workers, epoch % partition_epoch, batches),)

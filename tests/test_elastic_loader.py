@@ -1,0 +1,267 @@
+"""Elastic mid-epoch resume (G10) and sub-epochs on real loaders reading real Parquet, checked on the ``id`` column.
+
+Every rank of a world W reads part of an epoch; rank 0's ``state_dict()`` is loaded by every rank of a new world
+W' (and again W''), which reads the rest. Checked against the dataset: the new ranks take equal steps,
+``len(loader)`` is the steps left, every batch is full, no real row is delivered twice in the epoch, ``drop`` leaves
+out fewer than ``W' x batch`` rows, ``pad`` delivers every row; the epoch after is an ordinary W' epoch.
+"""
+import pyarrow.dataset as pads
+import pytest
+
+from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def plans(hive_dataset):
+    ids = set(pads.dataset(hive_dataset.path, format="parquet", partitioning="hive").to_table(columns=["id"])
+              .column("id").to_numpy().tolist())
+    return {policy: (plan_shards(hive_dataset.url, 4, batch_size=BATCH, policy=policy, seed=11, engine="local"), ids)
+            for policy in ("drop", "pad")}
+
+
+def loader_world(plan, world, **kwargs):
+    return [make_loader(rank, world, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1, **kwargs)
+            for rank in range(world)]
+
+
+def read(loader, count=None):
+    """(real ids, padded ids, batches) of the next ``count`` batches (all when None) of one ``iter()``."""
+    real, padded, batches = [], [], 0
+    for batch in loader:
+        assert len(batch["id"]) == BATCH
+        flags = batch["_padding"].numpy()
+        real += batch["id"].numpy()[~flags].tolist()
+        padded += batch["id"].numpy()[flags].tolist()
+        batches += 1
+        if batches == count:
+            break
+    return real, padded, batches
+
+
+def serve(loaders, count=None, state=None):
+    """Every rank of a world reads ``count`` batches (after loading ``state``); equal steps checked."""
+    real, padded, steps = [], [], set()
+    if state is not None:
+        for loader in loaders:
+            loader.load_state_dict(state)
+        assert len({len(loader) for loader in loaders}) == 1, "every new rank has the same steps left"
+    for loader in loaders:
+        r, p, n = read(loader, count)
+        real, padded = real + r, padded + p
+        steps.add(n)
+    assert len(steps) == 1, f"ranks took different steps {steps}"
+    return real, padded, steps.pop()
+
+
+def check_epoch(plan, ids, real, padded, world):
+    assert len(real) == len(set(real)), "a real row delivered twice in the epoch"
+    assert set(real) <= ids and set(padded) <= ids
+    left_out = len(ids) - len(real)
+    if plan.policy == "drop":
+        assert not padded and 0 <= left_out < world * BATCH, f"left out {left_out} rows"
+    else:
+        assert left_out == 0, "pad delivers every row"
+
+
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+@pytest.mark.parametrize("worlds", [(4, 3), (2, 5), (4, 3, 2)])
+def test_elastic_resume_continues_the_epoch(plans, policy, worlds):
+    plan, ids = plans[policy]
+    epoch = 1
+    loaders = loader_world(plan, worlds[0], epoch=epoch)
+    steps = len(loaders[0])
+    real, padded, _ = serve(loaders, steps * 2 // 5)  # stop at about 40% of the epoch
+    state = loaders[0].state_dict()
+    assert all(loader.state_dict() == state for loader in loaders), "the state is the same on every rank"
+    for index, world in enumerate(worlds[1:]):
+        loaders = loader_world(plan, world)
+        last = index == len(worlds) - 2
+        r, p, taken = serve(loaders, None if last else 3, state)
+        real, padded = real + r, padded + p
+        if last:
+            assert loaders[0].epoch == epoch + 1
+            assert taken * world * BATCH - len(p) == len(r)
+        else:
+            state = loaders[0].state_dict()
+            assert len(state["stages"]) == index + 1 and len(str(state)) < 600, "the state stays a few ints"
+    check_epoch(plan, ids, real, padded, worlds[-1])
+    # the next epoch is an ordinary one of the new world
+    fresh = loader_world(plan, worlds[-1], epoch=epoch + 1)
+    assert [read(loader)[0] for loader in loaders] == [read(loader)[0] for loader in fresh]
+
+
+def test_elastic_state_saved_and_resumed_in_the_same_new_world_is_exact(plans):
+    plan, _ = plans["drop"]
+    old = loader_world(plan, 4)
+    serve(old, 5)
+    state = old[0].state_dict()
+    new = make_loader(1, 3, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1)
+    new.load_state_dict(state)
+    reference = read(new)[0]
+    again = make_loader(1, 3, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1)
+    again.load_state_dict(state)
+    head = read(again, 4)[0]
+    saved = again.state_dict()
+    third = make_loader(1, 3, plan=plan, padding_mask=True, shuffle_window=100, workers_count=1)
+    third.load_state_dict(saved)
+    assert head + read(third)[0] == reference, "G6 inside an elastic stage"
+
+
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+def test_sub_epochs_split_a_pass_and_resume_elastically(plans, policy):
+    plan, ids = plans[policy]
+    parts = 3
+    loaders = loader_world(plan, 2, partition_epoch=parts)
+    lengths, real, padded = [], [], []
+    for part in range(parts):
+        lengths.append(len(loaders[0]))
+        r, p, _ = serve(loaders)
+        real, padded = real + r, padded + p
+    assert max(lengths) - min(lengths) <= 1 and sum(lengths) == plan.steps_per_epoch(2)
+    check_epoch(plan, ids, real, padded, 2)
+    assert loaders[0].epoch == parts, "the next epoch is the first part of the next pass"
+    next_pass = serve(loaders)[0]
+    assert set(next_pass) != set(real[:len(next_pass)]), "each pass has a fresh order"
+
+    # the same pass served by 2 ranks for part 0 and 40% of part 1, then by 3 ranks
+    loaders = loader_world(plan, 2, partition_epoch=parts)
+    real, padded, _ = serve(loaders)
+    r, p, _ = serve(loaders, lengths[1] * 2 // 5)
+    real, padded = real + r, padded + p
+    state = loaders[0].state_dict()
+    loaders = loader_world(plan, 3, partition_epoch=parts)
+    r, p, _ = serve(loaders, None, state)
+    real, padded = real + r, padded + p
+    for _ in range(parts - 2):
+        assert loaders[0].epoch % parts != 0
+        r, p, _ = serve(loaders)
+        real, padded = real + r, padded + p
+    assert loaders[0].epoch == parts
+    check_epoch(plan, ids, real, padded, 3)
+
+
+def test_iterable_dataset_resumes_at_another_world_and_worker_count(plans):
+    plan, ids = plans["pad"]
+
+    def loaders(world, workers):
+        return [BalancedIterableDataset(plan, rank, world, shuffle_window=100, padding_mask=True)
+                .dataloader(num_workers=workers) for rank in range(world)]
+
+    old = loaders(4, 2)
+    steps = len(old[0])
+    real, padded, _ = serve(old, steps // 3)
+    state = old[0].state_dict()
+    real_new, padded_new, _ = serve(loaders(3, 3), None, state)
+    check_epoch(plan, ids, real + real_new, padded + padded_new, 3)
+    # same world, another worker count: also elastic, exact coverage
+    old = loaders(2, 2)
+    real, padded, _ = serve(old, 7)
+    new = loaders(2, 1)
+    r, p, _ = serve(new, None, old[0].state_dict())
+    check_epoch(plan, ids, real + r, padded + p, 2)
+
+
+def test_too_few_rows_left_for_the_new_world_ends_the_epoch(plans):
+    """drop: fewer than W' x batch rows left means an empty rest of epoch, then an ordinary next epoch."""
+    plan, ids = plans["drop"]
+    old = loader_world(plan, 4, epoch=2)
+    steps = len(old[0])
+    real, _, _ = serve(old, steps - 1)
+    state = old[0].state_dict()
+    left = len(ids) - len(real)
+    world = left // BATCH + 1  # one step needs more rows than are left
+    new = loader_world(plan, world)
+    for loader in new:
+        loader.load_state_dict(state)
+        assert loader.state_dict()["epoch"] == 3 and len(loader) == plan.steps_per_epoch(world)
+        loader.set_epoch(2)  # the usual loop: the loaded epoch first
+        assert read(loader)[2] == 0
+        assert loader.epoch == 3
+    fresh = loader_world(plan, world, epoch=3)
+    assert [read(loader)[0] for loader in new] == [read(loader)[0] for loader in fresh]
+
+
+def test_backends_agree_after_an_elastic_resume(plans):
+    """G12 for the rows an elastic resume leaves (fragments with their own row selections)."""
+    pytest.importorskip("petastorm")
+    plan, _ = plans["pad"]
+    old = loader_world(plan, 4)
+    serve(old, 9)
+    state = old[0].state_dict()
+    got = {}
+    for backend in ("arrow", "petastorm"):
+        loader = make_loader(2, 3, plan=plan, padding_mask=True, shuffle_window=100, backend=backend)
+        loader.load_state_dict(state)
+        got[backend] = [(b["id"].tolist(), b["_padding"].tolist()) for b in loader]
+    assert got["arrow"] == got["petastorm"] and got["arrow"]
+
+
+def test_set_epoch_back_into_parts_an_old_world_served_is_refused(plans):
+    plan, _ = plans["drop"]
+    old = loader_world(plan, 2, partition_epoch=3)
+    serve(old)
+    serve(old, 4)  # part 1, 4 batches
+    new = make_loader(0, 3, plan=plan, shuffle_window=100, partition_epoch=3)
+    new.load_state_dict(old[0].state_dict())
+    assert new.state_dict()["stages"] == [[2, 1, 1, 4]]
+    with pytest.raises(ValueError, match="set_epoch to epoch >= 1"):
+        new.set_epoch(0)
+    new.set_epoch(2)  # a later part of the same pass keeps the stages
+    assert new.state_dict()["stages"] == [[2, 1, 1, 4]] and new.epoch == 2
+    new.set_epoch(3)  # the next pass starts afresh
+    steps = plan.steps_per_epoch(3)
+    assert new.state_dict()["stages"] == [] and len(new) == steps // 3 + (steps % 3 > 0)
+
+
+def test_plain_dataloader_with_another_worker_count_resumes_elastically(plans):
+    """The documented plain-DataLoader recipe, with K' != K: each worker derives the same elastic position."""
+    from torch.utils.data import DataLoader
+    plan, ids = plans["drop"]
+    old = [BalancedIterableDataset(plan, rank, 2, shuffle_window=100, padding_mask=True).dataloader(num_workers=2)
+           for rank in range(2)]
+    real, padded, _ = serve(old, 11)
+    state = old[0].state_dict()
+    assert state["num_workers"] == 2
+    for rank in range(2):
+        dataset = BalancedIterableDataset(plan, rank, 2, shuffle_window=100, padding_mask=True)
+        dataset.load_state_dict(state)
+        r, p, _ = read(DataLoader(dataset, batch_size=None, num_workers=3))
+        real, padded = real + r, padded + p
+    check_epoch(plan, ids, real, padded, 2)
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"stages": [[4, 1]]}, "4 ints"),
+    ({"stages": "none"}, "list of saved stages"),
+    ({"stages": [[4, 1, 5, 2]]}, "stopped in part 5"),
+    ({"stages": [[4, 1, 0, 10 ** 6]]}, "took 1000000 batches"),
+    ({"partition_epoch": 2}, "partition_epoch=1"),
+    ({"world_size": 0}, "world_size"),
+    ({"batches": 10 ** 6}, "state['batches']=1000000"),
+])
+def test_a_broken_elastic_state_is_refused_naming_the_problem(plans, change, says):
+    plan, _ = plans["drop"]
+    state = {**loader_world(plan, 4)[0].state_dict(), **change}
+    with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("(", r"\(")):
+        make_loader(0, 3, plan=plan, shuffle_window=100).load_state_dict(state)
+
+
+def test_resume_contract_with_sub_epochs(plans):
+    """G6 inside and across parts (the shared contract; 250 steps per pass, 10 parts of 25)."""
+    from resume_contract import check_resume_contract
+    plan, _ = plans["drop"]
+    assert plan.steps_per_epoch(2) == 250
+
+    check_resume_contract(lambda: make_loader(1, 2, plan=plan, shuffle_window=150, padding_mask=True,
+                                              workers_count=2, partition_epoch=10), iter)
+
+
+@pytest.mark.slow
+def test_resume_contract_with_sub_epochs_in_dataloader_workers(plans):
+    from resume_contract import check_resume_contract
+    plan, _ = plans["drop"]
+    check_resume_contract(lambda: BalancedIterableDataset(plan, 0, 2, shuffle_window=150, padding_mask=True,
+                                                          partition_epoch=10).dataloader(num_workers=2), iter,
+                          cuts=[3, 11, -1, 0])
