@@ -17,7 +17,7 @@ import numpy as np
 from ..plan.elastic import Stage
 from ..reading.batching import WindowBatcher, start_point, window_rows
 from ..reading.elastic_position import Layout, unread_rule
-from .verify import Check, _coverage
+from .coverage import Check, bounds_check
 
 # Keys of the rows of one fragment (plan mode: ids derived from the catalog; read mode: rows read from the files).
 FragmentKeys = Callable[[object], np.ndarray]
@@ -81,7 +81,8 @@ def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num
     left_out = len(np.setdiff1d(expected, unique))
     last = worlds[-1][0] * batch
     name = f"G2 coverage, pass {pass_index} ({label})"
-    check = _coverage(name, plan.policy, last, len(real) - len(unique), foreign, left_out, 0)
+    check = bounds_check(name, plan.policy, last, duplicates=len(real) - len(unique), foreign=foreign,
+                         left_out=left_out, padded=0)
     padding_bound = sum(w * batch for w, *_ in worlds)
     if check.ok and (len(padded) >= padding_bound or (plan.policy == "drop" and len(padded))):
         check = Check(name, False, f"{len(padded)} padding rows, the bound is {padding_bound - 1}")
