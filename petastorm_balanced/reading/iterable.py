@@ -10,8 +10,8 @@ Resuming after ``k`` batches: the DataLoader starts again with worker 0, so work
 and skips that slot's first ``(k + w) // K`` batches; the round robin then continues exactly at batch ``k``.
 
 The DataLoader's main process never sees the dataset iterate, so only it can count delivered batches:
-``ds.dataloader(num_workers=K)`` (a ``BalancedDataLoader``, a real ``DataLoader``) counts them, advances the
-epoch on every new ``iter()`` and makes ``state_dict()`` exact. With a plain ``DataLoader`` call
+``ds.dataloader(num_workers=K)`` (a ``BalancedDataLoader``, a real ``DataLoader``) counts them and makes
+``state_dict()`` exact; the epoch advances as in ``position.Position`` (a finished epoch or ``set_epoch``). With a plain ``DataLoader`` call
 ``ds.set_epoch(e)`` before every epoch, as with ``DistributedSampler``.
 """
 from __future__ import annotations
@@ -57,14 +57,21 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
 
     def __iter__(self):
-        """This worker's batches; the position is read now, not at the first ``next()``."""
-        info = torch.utils.data.get_worker_info()
-        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        epoch, done = self._position.current()
-        return self._slot(epoch, done, num_workers, worker, self._numpy_out)
+        """This worker's batches, from the position at the first ``next()`` (a probe consumes nothing).
 
-    def _slot(self, epoch, done, num_workers, worker, numpy_out):
+        Iterated in this process (directly, ``num_workers=0``) it counts what it delivers, so ``state_dict()`` is
+        exact there; inside DataLoader workers it reads the position copied when the workers started.
+        """
+        info = torch.utils.data.get_worker_info()
+        if info is not None and not isinstance(info.dataset, BalancedIterableDataset):
+            raise RuntimeError(rewrapped_message(type(info.dataset)))
+        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        return self._slot(num_workers, worker, self._numpy_out)
+
+    def _slot(self, num_workers, worker, numpy_out):
         settings = self._settings
+        run = self._position.begin()
+        epoch, done = run.epoch, run.start
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers) if f.worker == slot]
         if self.backend == "arrow":
@@ -76,14 +83,17 @@ class BalancedIterableDataset(PlannedView, _Base):
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
                                 batches_done=(done + worker) // num_workers)
-        for run in runs:
+        for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
                 keep = {k: v if isinstance(v, np.ndarray) else np.array(as_list(v), dtype=object)
-                        for k, v in run.items() if k != stream.PADDING or settings.padding_mask}
-                yield from split_batches(keep, settings.batch_size)
+                        for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
+                batches = split_batches(keep, settings.batch_size)
             else:
-                yield from torch_batches(run, settings.batch_size, settings.padding_mask)
+                batches = torch_batches(batch_run, settings.batch_size, settings.padding_mask)
+            for batch in batches:
+                run.delivered()  # in a worker this moves the worker's copy only
+                yield batch
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next; a position loaded for the same epoch is kept (see ``BalancedLoader.set_epoch``)."""
@@ -117,7 +127,7 @@ _Loader = torch.utils.data.DataLoader if torch is not None else object
 class BalancedDataLoader(_Loader):
     """A ``torch.utils.data.DataLoader`` that tracks its ``BalancedIterableDataset``'s position.
 
-    Each ``iter()`` is the next epoch (or the rest of a resumed one); ``state_dict()`` / ``load_state_dict()``
+    Each ``iter()`` continues at the position (the next epoch after a finished one); ``state_dict()`` / ``load_state_dict()``
     resume exactly, provided ``num_workers`` is the same. Batching, sampling and worker persistence belong to the
     dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
     """
@@ -140,22 +150,24 @@ class BalancedDataLoader(_Loader):
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
 
     def __iter__(self):
+        return _Counted(self)
+
+    def _start(self):
+        """Start the workers at the position now (the first ``next()``, after any ``set_epoch``)."""
         dataset = self.dataset
         slots = max(1, self.num_workers)
         if dataset._position.resumed and dataset._num_workers != slots:
             raise ValueError(f"the loaded state was saved with num_workers={dataset._num_workers}; resume with the "
                              f"same number of DataLoader workers (this loader has {self.num_workers})")
         dataset._num_workers = slots
-        # Workers copy the dataset while the base iterator starts: they must see the position this iteration
-        # starts at (the pending one; a new iter() never continues an abandoned one), and read it eagerly.
-        dataset._position.live = None
-        dataset._numpy_out = self._tensors_here
+        dataset._numpy_out = self._tensors_here  # workers copy the dataset while the base iterator starts
         try:
             batches = super().__iter__()
         finally:
             dataset._numpy_out = False
-        run = dataset._position.begin()
-        return _Counted(batches, run, self._tensors_here)
+        # With workers the main process counts; without, the dataset iterates (and counts) here.
+        run = dataset._position.begin() if self.num_workers > 0 else None
+        return batches, run
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -172,16 +184,29 @@ def _as_is(batch):
 
 
 class _Counted:
-    def __init__(self, batches, run, to_tensors):
-        self._batches, self._run, self._to_tensors = batches, run, to_tensors
+    """One iteration of a BalancedDataLoader; nothing starts before the first ``next()``, so Lightning's ``iter()``
+    before ``set_epoch`` (or any probe) shifts nothing."""
+
+    def __init__(self, loader):
+        self._loader, self._batches, self._run = loader, None, None
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._batches is None:
+            self._batches, self._run = self._loader._start()
         batch = next(self._batches)
-        self._run[1] += 1
-        return to_torch(batch, True) if self._to_tensors else batch
+        if self._run is not None:
+            self._run.delivered()
+        return to_torch(batch, True) if self._loader._tensors_here else batch
 
     def __len__(self):
-        return len(self._batches)
+        return len(self._loader)
+
+
+def rewrapped_message(wrapper) -> str:
+    return (f"BalancedIterableDataset is iterated through {wrapper.__module__}.{wrapper.__qualname__}: a wrapper "
+            "that re-shards or re-batches it (accelerate's prepare() of a plain DataLoader does) would lose or "
+            "repeat rows. Pass ds.dataloader(num_workers=K) (a BalancedDataLoader) or make_loader(...) to "
+            "accelerator.prepare(): both pass through untouched; see docs/integrations.md")

@@ -1,7 +1,8 @@
 """What both loaders share: checked settings, the position of the next batch, and what they say about themselves.
 
 The position is the whole resume state (G6): an epoch and a count of delivered batches; everything else is derived
-from the plan. See ``Position`` for when an epoch advances.
+from the plan. See ``Position`` for when an epoch advances (only delivered batches and ``set_epoch`` move it, so
+frameworks that probe or re-create iterators cannot shift an epoch).
 """
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ class Position:
 
     Shared by both loaders: ``state_dict`` and ``load_state_dict`` are strict (every key must be there, and the
     settings a position depends on must match), ``set_epoch`` works like ``DistributedSampler.set_epoch``.
+
+    When the epoch advances (frameworks probe, re-create and abandon iterators; none of that may shift an epoch):
+
+    - only a delivered batch moves the position; the batch that finishes an epoch moves it to the next epoch's
+      first batch. An ``iter()`` abandoned before its first batch consumes nothing, and one abandoned after ``k``
+      batches leaves the position at batch ``k``: the next ``iter()`` serves the rest of that epoch;
+    - ``set_epoch(e)`` moves it to the start of epoch ``e``, except right after ``load_state_dict`` of a position
+      in epoch ``e`` (the training loop's ``set_epoch`` keeps a resumed position);
+    - so ``state_dict()`` always names the epoch and batch the next iteration will serve.
+
+    An iteration takes its start when it delivers its first batch (``begin``); a later ``begin``, ``set_epoch``
+    or ``load_state_dict`` supersedes it, and a superseded iteration no longer moves the position.
     """
 
     EPOCH = "epoch"
@@ -72,32 +85,36 @@ class Position:
     def __init__(self, settings: Settings, epoch: int):
         check_epoch(epoch)
         self.settings = settings
-        self.next_epoch, self.next_batches = epoch, 0
-        self.resumed = False  # next_* came from load_state_dict and no iteration has started since
-        self.live = None  # the running iteration, [epoch, batches delivered], until superseded
+        self.epoch, self.batches = epoch, 0  # the next batch served
+        self.resumed = False  # came from load_state_dict and no batch was delivered since
+        self._owner = None  # the iteration allowed to move the position
 
-    def begin(self) -> list:
-        """Start an iteration at the pending position; the one after it starts the next epoch."""
-        run = [self.next_epoch, self.next_batches]
-        self.live, self.resumed = run, False
-        self.next_epoch, self.next_batches = run[0] + 1, 0
+    def begin(self) -> "Run":
+        """An iteration starting at the position now (call it when its first batch is about to be read)."""
+        run = Run(self, self.epoch, self.batches)
+        self._owner = run
         return run
 
+    def delivered(self, run: "Run") -> None:
+        """``run`` handed out one more batch."""
+        if self._owner is not run:
+            return
+        self.resumed = False
+        self.batches += 1
+        if self.batches >= self.settings.steps:
+            self.epoch, self.batches = self.epoch + 1, 0
+
     def current(self):
-        epoch, batches = self.live if self.live is not None else (self.next_epoch, self.next_batches)
-        if batches >= self.settings.steps:
-            return epoch + 1, 0
-        return epoch, batches
+        return self.epoch, self.batches
 
     def set_epoch(self, epoch: int) -> None:
         check_epoch(epoch)
-        if not (self.resumed and epoch == self.next_epoch):
-            self.next_epoch, self.next_batches, self.resumed = epoch, 0, False
-        self.live = None
+        if not (self.resumed and epoch == self.epoch):
+            self.epoch, self.batches, self.resumed = epoch, 0, False
+        self._owner = None
 
     def state_dict(self, extra: Optional[dict] = None) -> dict:
-        epoch, batches = self.current()
-        return {self.EPOCH: epoch, self.BATCHES: batches, **self.settings.identity(), **(extra or {})}
+        return {self.EPOCH: self.epoch, self.BATCHES: self.batches, **self.settings.identity(), **(extra or {})}
 
     def load_state_dict(self, state: dict, extra: Optional[dict] = None) -> None:
         if not isinstance(state, dict):
@@ -114,8 +131,20 @@ class Position:
         check_epoch(epoch)
         if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= self.settings.steps:
             raise ValueError(f"state[{self.BATCHES!r}]={batches!r} must be an int in [0, {self.settings.steps}]")
-        self.next_epoch, self.next_batches = (epoch + 1, 0) if batches == self.settings.steps else (epoch, batches)
-        self.live, self.resumed = None, True
+        self.epoch, self.batches = (epoch + 1, 0) if batches == self.settings.steps else (epoch, batches)
+        self._owner, self.resumed = None, True
+
+
+class Run:
+    """One iteration: where it started; ``delivered()`` counts its batches into the position it came from."""
+
+    __slots__ = ("position", "epoch", "start")
+
+    def __init__(self, position: Position, epoch: int, start: int):
+        self.position, self.epoch, self.start = position, epoch, start
+
+    def delivered(self) -> None:
+        self.position.delivered(self)
 
 
 def check_epoch(epoch):
