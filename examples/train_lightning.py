@@ -10,7 +10,7 @@ resume exactly with ``--resume``. Validation runs over ``--val-plan`` (plan it w
 weighted by ``~batch["_padding"]`` and summed over ranks, so the metric counts every row exactly once.
 
 ``--record DIR`` writes ``rank<R>.json`` per rank (the ids of every training batch by epoch and batch index, and
-each validation's sum and count of ids) for the tests to compare with an uninterrupted run and with the plan.
+each validation's real ids, and their sum and count over all ranks) for the tests to compare with an uninterrupted run and with the plan.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class TinyModel(pl.LightningModule):
         self.lr = lr
         self.seen = []  # [epoch, batch index, ids] of every training batch
         self.validations = []  # [sum of ids, count] of every validation run (all ranks together)
-        self._val = None
+        self.validation_ids = []  # this rank's real (not padding) ids of every validation run
+        self._val, self._val_ids = None, None
 
     def training_step(self, batch, batch_idx):
         self.seen.append([self.current_epoch, batch_idx, batch["id"].tolist()])
@@ -46,11 +47,12 @@ class TinyModel(pl.LightningModule):
         return nn.functional.mse_loss(self.layer(x), torch.zeros_like(x))
 
     def on_validation_epoch_start(self):
-        self._val = torch.zeros(2, dtype=torch.float64)
+        self._val, self._val_ids = torch.zeros(2, dtype=torch.float64), []
 
     def validation_step(self, batch, batch_idx):
         real = ~batch["_padding"]  # rows repeated by policy "pad" are flagged: they count for nothing
         self._val += torch.stack([batch["id"][real].double().sum(), real.double().sum()])
+        self._val_ids.extend(batch["id"][real].tolist())
         x = batch["value"].float().unsqueeze(1)
         losses = nn.functional.mse_loss(self.layer(x), torch.zeros_like(x), reduction="none").squeeze(1)
         self.log("val_loss", (losses * real).sum() / real.sum().clamp(min=1), sync_dist=True,
@@ -60,6 +62,7 @@ class TinyModel(pl.LightningModule):
         total = self.all_gather(self._val).reshape(-1, 2).sum(0)
         if not self.trainer.sanity_checking:  # the sanity check reads only a few batches
             self.validations.append([float(total[0]), int(total[1])])
+            self.validation_ids.append(self._val_ids)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
@@ -99,7 +102,8 @@ def main(argv=None) -> None:
     if args.record:
         os.makedirs(args.record, exist_ok=True)
         with open(os.path.join(args.record, f"rank{rank}.json"), "w") as out:
-            json.dump({"seen": model.seen, "validations": model.validations, "world": trainer.world_size}, out)
+            json.dump({"seen": model.seen, "validations": model.validations,
+                       "validation_ids": model.validation_ids, "world": trainer.world_size}, out)
 
 
 if __name__ == "__main__":
