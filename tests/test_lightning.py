@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not installed (requirements/frameworks.txt)")
+pytestmark = pytest.mark.slow  # Lightning alone takes seconds to import; each job about 25 s
 
 from petastorm_balanced import datagen, make_loader, plan_shards  # noqa: E402
 from jobs import ROOT, torchrun  # noqa: E402
@@ -43,7 +44,6 @@ def records(folder):
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
-@pytest.mark.slow
 def test_lightning_epochs_are_the_planned_epochs(job):
     steps = job["plan"].steps_per_epoch(2, BATCH)
     for rank, record in enumerate(job["full"]):
@@ -55,7 +55,6 @@ def test_lightning_epochs_are_the_planned_epochs(job):
             assert got == planned, f"Lightning epoch {epoch} of rank {rank} is make_loader(epoch={epoch})"
 
 
-@pytest.mark.slow
 def test_lightning_validation_sees_every_row_once(job):
     runs = [record["validation_ids"] for record in job["full"]]
     assert len(runs[0]) == EPOCHS
@@ -66,7 +65,6 @@ def test_lightning_validation_sees_every_row_once(job):
         assert (total, count) == (float(job["ids"].sum()), len(job["ids"]))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", ["mid-epoch=1-step=35", "end-epoch=0-step=23"])
 def test_lightning_resume_delivers_what_the_uninterrupted_run_did(job, checkpoint):
     steps = job["plan"].steps_per_epoch(2, BATCH)
