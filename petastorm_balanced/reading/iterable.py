@@ -16,6 +16,7 @@ The DataLoader's main process never sees the dataset iterate, so only it can cou
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import numpy as np
@@ -63,8 +64,10 @@ class BalancedIterableDataset(PlannedView, _Base):
         exact there; inside DataLoader workers it reads the position copied when the workers started.
         """
         info = torch.utils.data.get_worker_info()
-        if info is not None and not isinstance(info.dataset, BalancedIterableDataset):
-            raise RuntimeError(rewrapped_message(type(info.dataset)))
+        wrapper = _rewrapper() if info is None else (
+            None if isinstance(info.dataset, BalancedIterableDataset) else _name(type(info.dataset)))
+        if wrapper is not None:
+            raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         return self._slot(num_workers, worker, self._numpy_out)
 
@@ -131,6 +134,10 @@ class BalancedDataLoader(_Loader):
     resume exactly, provided ``num_workers`` is the same. Batching, sampling and worker persistence belong to the
     dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
     """
+
+    # accelerate's prepare() would rebuild this loader around the dataset and shard it a second time (half the rows
+    # lost with 2 ranks); this flag makes prepare() hand it back untouched, as it does make_loader's loader.
+    _is_accelerate_prepared = True
 
     def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, **kwargs):
         if not isinstance(dataset, BalancedIterableDataset):
@@ -205,8 +212,28 @@ class _Counted:
         return len(self._loader)
 
 
-def rewrapped_message(wrapper) -> str:
-    return (f"BalancedIterableDataset is iterated through {wrapper.__module__}.{wrapper.__qualname__}: a wrapper "
+# Modules whose loaders re-shard or re-batch what they iterate.
+_REWRAPPERS = ("accelerate.",)
+
+
+def _rewrapper():
+    """The name of a known re-sharding wrapper iterating us in this process (its frame is on the stack), or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(_REWRAPPERS):
+            owner = frame.f_locals.get("self")
+            return f"{module}.{type(owner).__qualname__}" if owner is not None else module
+        frame = frame.f_back
+    return None
+
+
+def _name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def rewrapped_message(wrapper: str) -> str:
+    return (f"BalancedIterableDataset is iterated through {wrapper}: a wrapper "
             "that re-shards or re-batches it (accelerate's prepare() of a plain DataLoader does) would lose or "
             "repeat rows. Pass ds.dataloader(num_workers=K) (a BalancedDataLoader) or make_loader(...) to "
             "accelerator.prepare(): both pass through untouched; see docs/integrations.md")
