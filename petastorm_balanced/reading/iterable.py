@@ -44,6 +44,7 @@ class BalancedIterableDataset(PlannedView, _Base):
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
     NUM_WORKERS = "num_workers"
+    WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
 
     def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
@@ -56,12 +57,15 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
+        self._in_worker = None  # inside a DataLoader worker: [epoch, start, batches this worker delivered]
+        self._worker_resume = None  # the same, loaded into this worker (torchdata's per-worker state)
 
     def __iter__(self):
         """This worker's batches, from the position at the first ``next()`` (a probe consumes nothing).
 
         Iterated in this process (directly, ``num_workers=0``) it counts what it delivers, so ``state_dict()`` is
-        exact there; inside DataLoader workers it reads the position copied when the workers started.
+        exact there; inside DataLoader workers it starts at the position copied when the workers started (or a
+        worker state loaded by torchdata's ``StatefulDataLoader``), and counts its own batches for ``state_dict``.
         """
         info = torch.utils.data.get_worker_info()
         wrapper = _rewrapper() if info is None else (
@@ -69,12 +73,18 @@ class BalancedIterableDataset(PlannedView, _Base):
         if wrapper is not None:
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        return self._slot(num_workers, worker, self._numpy_out)
+        return self._slot(num_workers, worker, self._numpy_out, info is not None)
 
-    def _slot(self, num_workers, worker, numpy_out):
+    def _slot(self, num_workers, worker, numpy_out, in_worker):
         settings = self._settings
-        run = self._position.begin()
-        epoch, done = run.epoch, run.start
+        if in_worker:
+            run = None
+            progress = self._in_worker = list(self._worker_resume or (*self._position.current(), 0))
+            self._worker_resume = None
+            epoch, done, own = progress
+        else:
+            run = self._position.begin()
+            epoch, done, own = run.epoch, run.start, 0
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers) if f.worker == slot]
         if self.backend == "arrow":
@@ -85,7 +95,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot),
-                                batches_done=(done + worker) // num_workers)
+                                batches_done=(done + worker) // num_workers + own)
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
@@ -95,7 +105,10 @@ class BalancedIterableDataset(PlannedView, _Base):
             else:
                 batches = torch_batches(batch_run, settings.batch_size, settings.padding_mask)
             for batch in batches:
-                run.delivered()  # in a worker this moves the worker's copy only
+                if run is None:
+                    progress[2] += 1
+                else:
+                    run.delivered()
                 yield batch
 
     def set_epoch(self, epoch: int) -> None:
@@ -103,8 +116,18 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """The position counted by ``BalancedDataLoader`` (or set by ``set_epoch``/``load_state_dict``)."""
-        return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
+        """The position counted by ``BalancedDataLoader`` (or set by ``set_epoch``/``load_state_dict``).
+
+        Inside a DataLoader worker (torchdata's ``StatefulDataLoader`` asks each worker): where this worker's
+        iteration started, plus ``worker`` and ``worker_batches`` (batches it delivered since); the
+        ``StatefulDataLoader`` hands it back to the same worker, which continues exactly.
+        """
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
+        epoch, start, own = self._in_worker or (*self._position.current(), 0)
+        return {**self._position.state_dict({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
+                self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``; the DataLoader must have the same number of workers as when it was saved."""
@@ -116,8 +139,26 @@ class BalancedIterableDataset(PlannedView, _Base):
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")
+        if self.WORKER in state:
+            self._load_worker_state(state, workers)
+            return
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers})
         self._num_workers = workers
+
+    def _load_worker_state(self, state: dict, workers: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            raise ValueError(f"state was saved inside DataLoader worker {state[self.WORKER]!r} (torchdata "
+                             "StatefulDataLoader's per-worker state); load the StatefulDataLoader's own "
+                             "state_dict() with StatefulDataLoader.load_state_dict, which gives each worker its part")
+        if (state[self.WORKER], workers) != (info.id, info.num_workers):
+            raise ValueError(f"state of worker {state[self.WORKER]!r} of {workers} loaded into worker {info.id} of "
+                             f"{info.num_workers}; resume with the same num_workers")
+        own = state.get(self.WORKER_BATCHES)
+        if isinstance(own, bool) or not isinstance(own, int) or own < 0:
+            raise ValueError(f"state[{self.WORKER_BATCHES!r}]={own!r} must be an int >= 0")
+        self._position.load_state_dict(state, {self.NUM_WORKERS: workers})
+        self._worker_resume = (*self._position.current(), own)
 
     def dataloader(self, num_workers: int = 0, **kwargs) -> "BalancedDataLoader":
         """A ``BalancedDataLoader`` over this dataset: counts batches for ``state_dict``, one epoch per iter."""
