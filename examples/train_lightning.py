@@ -9,6 +9,9 @@ plan=..., epoch=e)``; checkpoints taken every ``--every-n-steps`` steps (mid-epo
 resume exactly with ``--resume``. Validation runs over ``--val-plan`` (plan it with ``policy="pad"``): the loss is
 weighted by ``~batch["_padding"]`` and summed over ranks, so the metric counts every row exactly once.
 
+``--direct make_loader|dataloader`` hands a loader to ``Trainer.fit`` without the DataModule (no validation): our
+loaders' ``sampler.set_epoch`` is how Lightning tells them the epoch, so this is exact too.
+
 ``--record DIR`` writes ``rank<R>.json`` per rank (the ids of every training batch by epoch and batch index, and
 each validation's real ids, and their sum and count over all ranks) for the tests to compare with an uninterrupted run and with the plan.
 """
@@ -22,6 +25,7 @@ import warnings
 import torch
 from torch import nn
 
+from petastorm_balanced import BalancedIterableDataset, make_loader
 from petastorm_balanced.lightning import BalancedDataModule, pl
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # Petastorm on pyarrow 14 (legacy dataset API)
@@ -80,10 +84,21 @@ def main(argv=None) -> None:
     parser.add_argument("--every-n-steps", type=int, default=0)
     parser.add_argument("--resume", help="a checkpoint written by a previous run")
     parser.add_argument("--record", help="write rank<R>.json here (what every rank saw)")
+    parser.add_argument("--direct", choices=["make_loader", "dataloader"],
+                        help="no DataModule: hand make_loader(...) or ds.dataloader(num_workers=2) to Trainer.fit")
     args = parser.parse_args(argv)
 
-    data = BalancedDataModule(args.plan, val_plan=args.val_plan, batch_size=args.batch_size,
-                              workers_count=args.workers, backend=args.backend, padding_mask=True)
+    if args.direct == "make_loader":  # rank and world from torchrun's environment
+        data = {"train_dataloaders": make_loader(plan=args.plan, batch_size=args.batch_size, backend=args.backend,
+                                                 workers_count=args.workers, padding_mask=True)}
+    elif args.direct == "dataloader":
+        dataset = BalancedIterableDataset(args.plan, batch_size=args.batch_size, backend=args.backend,
+                                          padding_mask=True)
+        data = {"train_dataloaders": dataset.dataloader(num_workers=2)}
+    else:
+        data = {"datamodule": BalancedDataModule(args.plan, val_plan=args.val_plan, batch_size=args.batch_size,
+                                                 workers_count=args.workers, backend=args.backend,
+                                                 padding_mask=True)}
     callbacks = []
     if args.ckpt_dir:
         if args.every_n_steps:
@@ -96,7 +111,7 @@ def main(argv=None) -> None:
                          enable_model_summary=False, num_sanity_val_steps=2,
                          default_root_dir=args.ckpt_dir or None)
     model = TinyModel()
-    trainer.fit(model, datamodule=data, ckpt_path=args.resume)
+    trainer.fit(model, **data, ckpt_path=args.resume)
     rank = trainer.global_rank
     print(f"[rank {rank}] {len(model.seen)} training steps, validations (id sum, rows): {model.validations}")
     if args.record:

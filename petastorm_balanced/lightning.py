@@ -8,9 +8,11 @@ What Lightning does with an iterable, and why each step stays exact here:
 - it calls ``iter()`` once to probe any loader that is not a ``DataLoader``, and creates each epoch's iterator
   before telling the epoch: our iterations take their position at the first ``next()``, so neither shifts anything
   (``reading.position.Position``);
-- it tells the epoch only through ``loader.sampler.set_epoch(e)``: the training loader handed to Lightning has a
-  ``sampler`` that forwards to ``set_epoch``, so Lightning epoch ``e`` is ``make_loader(..., epoch=e)`` even after
-  resuming from an end-of-epoch checkpoint (for which Lightning restores no loader state);
+- it tells the epoch only through ``loader.sampler.set_epoch(e)``: our loaders' ``sampler.set_epoch`` is their
+  ``set_epoch``, so Lightning epoch ``e`` is ``make_loader(..., epoch=e)`` even after resuming from an end-of-epoch
+  checkpoint (for which Lightning restores no loader state). The same holds for ``make_loader(...)`` or
+  ``ds.dataloader(...)`` handed to ``Trainer.fit`` directly; the DataModule adds rank and world from the trainer
+  and a validation loader;
 - mid-epoch it saves and restores the loader through ``state_dict``/``load_state_dict``, and then calls
   ``set_epoch(e)``, which keeps a position just loaded for epoch ``e``.
 
@@ -73,33 +75,12 @@ class BalancedDataModule(pl.LightningDataModule):
         return make_loader(rank, world, plan=plan, batch_size=self.batch_size, **self.make_loader_kwargs)
 
     def train_dataloader(self):
-        return LightningLoader(self._loader(self.plan))
+        return self._loader(self.plan)  # its sampler.set_epoch is its set_epoch: Lightning's epoch reaches it
 
     def val_dataloader(self):
         if self.val_plan is None:
             return []  # Lightning runs no validation for an empty list
         return FixedEpochLoader(self._loader(self.val_plan), epoch=0)
-
-
-class LightningLoader:
-    """A loader as Lightning's training loop needs it: ``sampler.set_epoch`` reaches the loader's ``set_epoch``,
-    and ``state_dict``/``load_state_dict`` go into Lightning's checkpoints."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.sampler = _EpochSetter(loader)
-
-    def __iter__(self):
-        return iter(self.loader)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def state_dict(self) -> dict:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.loader.load_state_dict(state)
 
 
 class FixedEpochLoader:
@@ -114,13 +95,3 @@ class FixedEpochLoader:
 
     def __len__(self):
         return len(self.loader)
-
-
-class _EpochSetter:
-    """What Lightning calls ``sampler``: it only ever calls ``set_epoch`` on it."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)

@@ -99,7 +99,7 @@ def test_lightning_pattern_probe_then_set_epoch(plan, reference):
         iter(loader)  # the probe
         for epoch in range(3):
             it = iter(loader)  # created before set_epoch (Lightning's setup_data / on_run_start)
-            loader.set_epoch(epoch)
+            getattr(loader, "sampler", loader).set_epoch(epoch)  # Lightning tells only loader.sampler
             assert [fingerprint(b) for b in it] == reference[epoch]
             assert loader.state_dict()["epoch"] == epoch + 1 and loader.state_dict()["batches"] == 0
 

@@ -77,6 +77,27 @@ def test_lightning_resume_delivers_what_the_uninterrupted_run_did(job, checkpoin
         assert [e for e, _, _ in resumed["seen"][:1]] == [step // steps]
 
 
+@pytest.mark.parametrize("direct", ["make_loader", "dataloader"])
+def test_loaders_handed_to_trainer_fit_directly(job, direct):
+    """No DataModule: Lightning tells our loaders the epoch through loader.sampler.set_epoch; an end-of-epoch
+    resume (where Lightning restores no loader state) serves the next epoch, not epoch 0 again."""
+    root, steps = job["root"], job["plan"].steps_per_epoch(2, BATCH)
+    common = ["--plan", (root / "plan").as_uri(), "--epochs", EPOCHS, "--batch-size", BATCH, "--backend", "arrow",
+              "--direct", direct]
+    torchrun(2, SCRIPT, *common, "--ckpt-dir", root / f"ckpt-{direct}", "--record", root / f"full-{direct}")
+    full = records(root / f"full-{direct}")
+    if direct == "make_loader":  # the same batches as through the DataModule
+        assert [r["seen"] for r in full] == [r["seen"] for r in job["full"]]
+    for record in full:
+        epochs = [[ids for e, _, ids in record["seen"] if e == epoch] for epoch in range(EPOCHS)]
+        assert all(len(batches) == steps for batches in epochs) and epochs[0] != epochs[1]
+    out = root / f"resumed-{direct}"
+    torchrun(2, SCRIPT, *common, "--resume", root / f"ckpt-{direct}" / f"end-epoch=0-step={steps}.ckpt",
+             "--record", out)
+    for before, after in zip(full, records(out)):
+        assert after["seen"] == before["seen"][steps:], "an end-of-epoch resume continues with the next epoch"
+
+
 @pytest.mark.parametrize("name", ["rank", "world", "epoch"])
 def test_datamodule_refuses_what_lightning_decides(name):
     from petastorm_balanced.lightning import BalancedDataModule

@@ -26,7 +26,7 @@ from .arrow_backend import arrow_chunks
 from .options import resolve_backend
 from .batching import split_batches
 from .fragments import as_list
-from .position import PlannedView, Position, Settings
+from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 from ..world import resolve_world
 
@@ -196,6 +196,8 @@ class BalancedDataLoader(_Loader):
         if self._tensors_here:
             kwargs["collate_fn"] = _as_is
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        # The DataLoader's own sampler for iterable datasets, plus set_epoch (how Lightning tells the epoch).
+        object.__setattr__(self, "sampler", _EpochSampler(dataset))  # DataLoader forbids setting it normally
 
     def __iter__(self):
         return _Counted(self)
@@ -225,6 +227,15 @@ class BalancedDataLoader(_Loader):
 
     def load_state_dict(self, state: dict) -> None:
         self.dataset.load_state_dict(state)
+
+
+_ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
+
+
+class _EpochSampler(_ConstantSampler, EpochSampler):
+    def __init__(self, dataset):
+        _ConstantSampler.__init__(self)
+        EpochSampler.__init__(self, dataset)
 
 
 def _as_is(batch):

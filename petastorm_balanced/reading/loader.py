@@ -16,7 +16,7 @@ from . import stream
 from ..world import World, resolve_world
 from .arrow_backend import arrow_chunks, check_pool_type
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend
-from .position import Position, Settings, PlannedView
+from .position import EpochSampler, Position, Settings, PlannedView
 from .tensors import require_torch, torch_batches
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
@@ -80,6 +80,11 @@ class BalancedLoader(PlannedView):
                     yield batch
         finally:
             runs.close()
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)`` (how Lightning tells the epoch)."""
+        return EpochSampler(self)
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by

@@ -147,6 +147,17 @@ class Run:
         self.position.delivered(self)
 
 
+class EpochSampler:
+    """What frameworks that tell only samplers the epoch find at ``loader.sampler``: its ``set_epoch`` is the
+    loader's. Lightning calls nothing but ``loader.sampler.set_epoch(e)`` at the start of every epoch."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
+
+
 def check_epoch(epoch):
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ValueError(f"epoch={epoch!r} must be an int >= 0")
