@@ -108,7 +108,7 @@ def main(argv=None) -> None:
                                                       every_n_epochs=1, save_on_train_epoch_end=True, save_top_k=-1))
     trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), strategy="ddp",
                          max_epochs=args.epochs, callbacks=callbacks, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=2,
+                         enable_model_summary=False, num_sanity_val_steps=2, enable_checkpointing=bool(callbacks),
                          default_root_dir=args.ckpt_dir or None)
     model = TinyModel()
     trainer.fit(model, **data, ckpt_path=args.resume)
