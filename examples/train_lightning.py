@@ -13,7 +13,8 @@ weighted by ``~batch["_padding"]`` and summed over ranks, so the metric counts e
 loaders' ``sampler.set_epoch`` is how Lightning tells them the epoch, so this is exact too.
 
 ``--record DIR`` writes ``rank<R>.json`` per rank (the ids of every training batch by epoch and batch index, and
-each validation's real ids, and their sum and count over all ranks) for the tests to compare with an uninterrupted run and with the plan.
+each validation's real ids, and their sum and count over all ranks) for the tests to compare with an
+uninterrupted run and with the plan.
 """
 from __future__ import annotations
 

@@ -29,5 +29,6 @@ def torchrun(nproc: int, script, *args, timeout: float = 300) -> subprocess.Comp
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(script), *map(str, args)]
     done = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, (f"{' '.join(cmd)} exited {done.returncode}:\n"
+                                  f"{done.stdout[-4000:]}\n{done.stderr[-6000:]}")
     return done

@@ -9,10 +9,11 @@ batch more than the others, so the rank's batch ``j`` is always batch ``j // K``
 Resuming after ``k`` batches: the DataLoader starts again with worker 0, so worker ``w`` plays slot ``(w + k) % K``
 and skips that slot's first ``(k + w) // K`` batches; the round robin then continues exactly at batch ``k``.
 
-The DataLoader's main process never sees the dataset iterate, so only it can count delivered batches:
-``ds.dataloader(num_workers=K)`` (a ``BalancedDataLoader``, a real ``DataLoader``) counts them and makes
-``state_dict()`` exact; the epoch advances as in ``position.Position`` (a finished epoch or ``set_epoch``). With a plain ``DataLoader`` call
-``ds.set_epoch(e)`` before every epoch, as with ``DistributedSampler``.
+With workers, the DataLoader's main process never sees the dataset iterate, so only it can count delivered
+batches: ``ds.dataloader(num_workers=K)`` (a ``BalancedDataLoader``, a real ``DataLoader``) counts them and makes
+``state_dict()`` exact; the epoch advances as in ``position.Position`` (a finished epoch or ``set_epoch``). With a
+plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``DistributedSampler``; torchdata's
+``StatefulDataLoader`` resumes exactly through the per-worker states (``state_dict`` inside a worker).
 """
 from __future__ import annotations
 
@@ -171,9 +172,9 @@ _Loader = torch.utils.data.DataLoader if torch is not None else object
 class BalancedDataLoader(_Loader):
     """A ``torch.utils.data.DataLoader`` that tracks its ``BalancedIterableDataset``'s position.
 
-    Each ``iter()`` continues at the position (the next epoch after a finished one); ``state_dict()`` / ``load_state_dict()``
-    resume exactly, provided ``num_workers`` is the same. Batching, sampling and worker persistence belong to the
-    dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
+    Each ``iter()`` continues at the position (the next epoch after a finished one); ``state_dict()`` and
+    ``load_state_dict()`` resume exactly, provided ``num_workers`` is the same. Batching, sampling and worker
+    persistence belong to the dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
     """
 
     # accelerate's prepare() would rebuild this loader around the dataset and shard it a second time (half the rows
