@@ -174,7 +174,8 @@ class BalancedDataLoader(_Loader):
 
     Each ``iter()`` continues at the position (the next epoch after a finished one); ``state_dict()`` and
     ``load_state_dict()`` resume exactly, provided ``num_workers`` is the same. Batching, sampling and worker
-    persistence belong to the dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
+    persistence belong to the dataset, so ``batch_size``, ``sampler``, ``shuffle``, ``persistent_workers`` and
+    ``in_order=False`` are refused.
     """
 
     # accelerate's prepare() would rebuild this loader around the dataset and shard it a second time (half the rows
