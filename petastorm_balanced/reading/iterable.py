@@ -266,8 +266,9 @@ class _Counted:
         return len(self._loader)
 
 
-# Modules whose loaders re-shard or re-batch what they iterate.
-_REWRAPPERS = ("accelerate.",)
+# Modules whose loaders re-shard or re-batch what they iterate (only those: a training function started by
+# accelerate's notebook_launcher runs under accelerate's launcher frames and must not be refused).
+_REWRAPPERS = ("accelerate.data_loader",)
 
 
 def _rewrapper():
