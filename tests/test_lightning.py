@@ -8,6 +8,7 @@ plan and against that run:
 - every validation (policy "pad", padding flagged) sees each row of the dataset exactly once over all ranks.
 """
 import json
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -23,6 +24,7 @@ BATCH = 64
 EPOCHS = 3
 EVERY = 7  # steps between mid-epoch checkpoints
 SCRIPT = ROOT / "examples" / "train_lightning.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the example's model, for the in-process test
 LOADER = dict(batch_size=BATCH, padding_mask=True, backend="arrow")  # what the example passes to make_loader
 
 
@@ -103,3 +105,18 @@ def test_datamodule_refuses_what_lightning_decides(name):
     from petastorm_balanced.lightning import BalancedDataModule
     with pytest.raises(ValueError, match=f"{name}=3 is not accepted"):
         BalancedDataModule("file:///nowhere", batch_size=4, **{name: 3})
+
+
+def test_datamodule_in_one_process_without_validation(job, tmp_path):
+    """devices=1 in this process: rank 0 of 1 from the trainer, no val_plan, every epoch the planned one."""
+    from petastorm_balanced.lightning import BalancedDataModule, pl
+    from train_lightning import TinyModel
+    data = BalancedDataModule(job["plan"], batch_size=BATCH, backend="arrow", padding_mask=True)
+    model = TinyModel()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=data)
+    for epoch in range(2):
+        planned = [b["id"].tolist() for b in make_loader(0, 1, plan=job["plan"], epoch=epoch, **LOADER)]
+        assert [ids for e, _, ids in model.seen if e == epoch] == planned
+    assert model.validations == []
