@@ -72,8 +72,8 @@ class Position:
       in epoch ``e`` (the training loop's ``set_epoch`` keeps a resumed position);
     - so ``state_dict()`` always names the epoch and batch the next iteration will serve.
 
-    An iteration takes its start when it delivers its first batch (``begin``); a later ``begin``, ``set_epoch``
-    or ``load_state_dict`` supersedes it, and a superseded iteration no longer moves the position.
+    An iteration takes the position when its first batch is asked for (``begin``); a later ``begin``,
+    ``set_epoch`` or ``load_state_dict`` supersedes it, and a superseded iteration no longer moves the position.
     """
 
     EPOCH = "epoch"
