@@ -21,6 +21,13 @@ _ENV_PAIRS = (
 )
 
 
+# Frameworks start the process group late, or launch with no distributed environment at all.
+FRAMEWORK_HINT = ("With a framework, build the loader where the processes already exist: in Lightning's "
+                  "train_dataloader() (or petastorm_balanced.lightning.BalancedDataModule), after "
+                  "Accelerator() with accelerate; and launch with torchrun --nproc_per_node=N (accelerate launch "
+                  "--cpu may start a single process without RANK/WORLD_SIZE). See docs/integrations.md")
+
+
 @dataclass(frozen=True)
 class World:
     """A rank inside a world of ``size`` ranks."""
@@ -51,7 +58,7 @@ class World:
                 return cls(_parse_env_int(environ, rank_var), _parse_env_int(environ, size_var))
         raise RuntimeError("cannot detect rank and world size: torch.distributed is not initialized and none of "
                            + ", ".join(f"{r}/{s}" for r, s, _ in _ENV_PAIRS)
-                           + " is set; pass rank= and world= explicitly")
+                           + " is set; pass rank= and world= explicitly. " + FRAMEWORK_HINT)
 
 
 def resolve_world(rank, world) -> World:

@@ -7,7 +7,6 @@ delivered with the dataset itself: equal steps (G1), no row twice and fewer than
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from petastorm_balanced import datagen, plan_shards
+from jobs import free_port, job_env
 
 pytestmark = pytest.mark.slow
 
@@ -47,21 +47,6 @@ def make_plan(info, tmp_path, world_size, policy="drop"):
     url = (tmp_path / f"plan-w{world_size}-{policy}").as_uri()
     return plan_shards(info.url, world_size, predicate=en_predicate(), batch_size=BATCH, policy=policy,
                        engine="local", output_url=url), url
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def job_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.update(extra)
-    return env
 
 
 def torchrun(nproc: int, plan_url: str, ids_out: Path, *extra):

@@ -9,13 +9,15 @@ batch more than the others, so the rank's batch ``j`` is always batch ``j // K``
 Resuming after ``k`` batches: the DataLoader starts again with worker 0, so worker ``w`` plays slot ``(w + k) % K``
 and skips that slot's first ``(k + w) // K`` batches; the round robin then continues exactly at batch ``k``.
 
-The DataLoader's main process never sees the dataset iterate, so only it can count delivered batches:
-``ds.dataloader(num_workers=K)`` (a ``BalancedDataLoader``, a real ``DataLoader``) counts them, advances the
-epoch on every new ``iter()`` and makes ``state_dict()`` exact. With a plain ``DataLoader`` call
-``ds.set_epoch(e)`` before every epoch, as with ``DistributedSampler``.
+With workers, the DataLoader's main process never sees the dataset iterate, so only it can count delivered
+batches: ``ds.dataloader(num_workers=K)`` (a ``BalancedDataLoader``, a real ``DataLoader``) counts them and makes
+``state_dict()`` exact; the epoch advances as in ``position.Position`` (a finished epoch or ``set_epoch``). With a
+plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``DistributedSampler``; torchdata's
+``StatefulDataLoader`` resumes exactly through the per-worker states (``state_dict`` inside a worker).
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import numpy as np
@@ -25,8 +27,7 @@ from .arrow_backend import arrow_chunks
 from .options import resolve_backend
 from .batching import split_batches
 from .fragments import as_list
-from .elastic_position import restage
-from .position import PlannedView, Position, Settings
+from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 from ..world import resolve_world
 
@@ -44,6 +45,7 @@ class BalancedIterableDataset(PlannedView, _Base):
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
     NUM_WORKERS = "num_workers"
+    WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
 
     def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
@@ -56,19 +58,39 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
+        self._in_worker = None  # inside a DataLoader worker: [epoch, start, batches this worker delivered]
+        self._worker_resume = None  # the same, loaded into this worker (torchdata's per-worker state)
 
     def __iter__(self):
-        """This worker's batches; the position is read now, not at the first ``next()``."""
-        info = torch.utils.data.get_worker_info()
-        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        epoch, done, stages = self._position.where()
-        if self._position.resumed and self._num_workers != num_workers:  # a plain DataLoader with other workers
-            epoch, done, stages = restage(epoch, done, stages, self._settings.world_size, self._num_workers,
-                                          self._settings.partition_epoch)
-        return self._slot(epoch, done, stages, num_workers, worker, self._numpy_out)
+        """This worker's batches, from the position at the first ``next()`` (a probe consumes nothing).
 
-    def _slot(self, epoch, done, stages, num_workers, worker, numpy_out):
+        Iterated in this process (directly, ``num_workers=0``) it counts what it delivers, so ``state_dict()`` is
+        exact there; inside DataLoader workers it starts at the position copied when the workers started (or a
+        worker state loaded by torchdata's ``StatefulDataLoader``), and counts its own batches for ``state_dict``.
+        A position loaded from a state saved with another number of slots continues elastically.
+        """
+        info = torch.utils.data.get_worker_info()
+        wrapper = _rewrapper() if info is None else (
+            None if isinstance(info.dataset, BalancedIterableDataset) else _name(type(info.dataset)))
+        if wrapper is not None:
+            raise RuntimeError(rewrapped_message(wrapper))
+        num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        return self._slot(num_workers, worker, self._numpy_out, info is not None)
+
+    def _slot(self, num_workers, worker, numpy_out, in_worker):
         settings = self._settings
+        if self._position.resumed and self._worker_resume is None and self._num_workers != num_workers:
+            self._position.rebase(self._num_workers)  # saved with other slots (a plain DataLoader, or none)
+            self._num_workers = num_workers
+        stages = self._position.stages
+        if in_worker:
+            run = None
+            progress = self._in_worker = list(self._worker_resume or (*self._position.current(), 0))
+            self._worker_resume = None
+            epoch, done, own = progress
+        else:
+            run = self._position.begin()
+            epoch, done, own, stages = run.epoch, run.start, 0, run.stages
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         if self.backend == "arrow":
@@ -79,23 +101,39 @@ class BalancedIterableDataset(PlannedView, _Base):
         runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
-                                batches_done=(done + worker) // num_workers)
-        for run in runs:
+                                batches_done=(done + worker) // num_workers + own)
+        for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
                 keep = {k: v if isinstance(v, np.ndarray) else np.array(as_list(v), dtype=object)
-                        for k, v in run.items() if k != stream.PADDING or settings.padding_mask}
-                yield from split_batches(keep, settings.batch_size)
+                        for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
+                batches = split_batches(keep, settings.batch_size)
             else:
-                yield from torch_batches(run, settings.batch_size, settings.padding_mask)
+                batches = torch_batches(batch_run, settings.batch_size, settings.padding_mask)
+            for batch in batches:
+                if run is None:
+                    progress[2] += 1
+                else:
+                    run.delivered()
+                yield batch
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next; a position loaded for the same epoch is kept (see ``BalancedLoader.set_epoch``)."""
         self._position.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """The position counted by ``BalancedDataLoader`` (or set by ``set_epoch``/``load_state_dict``)."""
-        return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
+        """The position counted by ``BalancedDataLoader`` (or set by ``set_epoch``/``load_state_dict``).
+
+        Inside a DataLoader worker (torchdata's ``StatefulDataLoader`` asks each worker): where this worker's
+        iteration started, plus ``worker`` and ``worker_batches`` (batches it delivered since); the
+        ``StatefulDataLoader`` hands it back to the same worker, which continues exactly.
+        """
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
+        epoch, start, own = self._in_worker or (*self._position.current(), 0)
+        return {**self._position.state_dict({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
+                self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``. With another world size, or another number of DataLoader workers than the state
@@ -108,8 +146,26 @@ class BalancedIterableDataset(PlannedView, _Base):
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")
+        if self.WORKER in state:
+            self._load_worker_state(state, workers)
+            return
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
         self._num_workers = workers
+
+    def _load_worker_state(self, state: dict, workers: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            raise ValueError(f"state was saved inside DataLoader worker {state[self.WORKER]!r} (torchdata "
+                             "StatefulDataLoader's per-worker state); load the StatefulDataLoader's own "
+                             "state_dict() with StatefulDataLoader.load_state_dict, which gives each worker its part")
+        if (state[self.WORKER], workers) != (info.id, info.num_workers):
+            raise ValueError(f"state of worker {state[self.WORKER]!r} of {workers} loaded into worker {info.id} of "
+                             f"{info.num_workers}; resume with the same num_workers")
+        own = state.get(self.WORKER_BATCHES)
+        if isinstance(own, bool) or not isinstance(own, int) or own < 0:
+            raise ValueError(f"state[{self.WORKER_BATCHES!r}]={own!r} must be an int >= 0")
+        self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
+        self._worker_resume = (*self._position.current(), own)
 
     def dataloader(self, num_workers: int = 0, **kwargs) -> "BalancedDataLoader":
         """A ``BalancedDataLoader`` over this dataset: counts batches for ``state_dict``, one epoch per iter."""
@@ -122,11 +178,15 @@ _Loader = torch.utils.data.DataLoader if torch is not None else object
 class BalancedDataLoader(_Loader):
     """A ``torch.utils.data.DataLoader`` that tracks its ``BalancedIterableDataset``'s position.
 
-    Each ``iter()`` is the next epoch (or the rest of a resumed one); ``state_dict()`` / ``load_state_dict()``
-    resume exactly (with another ``num_workers`` or world size: elastically, the rows not yet consumed). Batching,
-    sampling and worker persistence belong to the dataset, so ``batch_size``, ``sampler``, ``shuffle``,
-    ``persistent_workers`` and ``in_order=False`` are refused.
+    Each ``iter()`` continues at the position (the next epoch after a finished one); ``state_dict()`` and
+    ``load_state_dict()`` resume exactly (with another ``num_workers`` or world size: elastically, the rows not yet
+    consumed). Batching, sampling and worker persistence belong to the dataset, so ``batch_size``, ``sampler``,
+    ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
     """
+
+    # accelerate's prepare() would rebuild this loader around the dataset and shard it a second time (half the rows
+    # lost with 2 ranks); this flag makes prepare() hand it back untouched, as it does make_loader's loader.
+    _is_accelerate_prepared = True
 
     def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, **kwargs):
         if not isinstance(dataset, BalancedIterableDataset):
@@ -144,23 +204,27 @@ class BalancedDataLoader(_Loader):
         if self._tensors_here:
             kwargs["collate_fn"] = _as_is
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        # The DataLoader's own sampler for iterable datasets, plus set_epoch (how Lightning tells the epoch).
+        object.__setattr__(self, "sampler", _EpochSampler(dataset))  # DataLoader forbids setting it normally
 
     def __iter__(self):
+        return _Counted(self)
+
+    def _start(self):
+        """Start the workers at the position now (the first ``next()``, after any ``set_epoch``)."""
         dataset = self.dataset
         slots = max(1, self.num_workers)
         if dataset._position.resumed and dataset._num_workers != slots:
             dataset._position.rebase(dataset._num_workers)  # the pending position, for slots of another layout
         dataset._num_workers = slots
-        # Workers copy the dataset while the base iterator starts: they must see the position this iteration
-        # starts at (the pending one; a new iter() never continues an abandoned one), and read it eagerly.
-        dataset._position.live = None
-        dataset._numpy_out = self._tensors_here
+        dataset._numpy_out = self._tensors_here  # workers copy the dataset while the base iterator starts
         try:
             batches = super().__iter__()
         finally:
             dataset._numpy_out = False
-        run = dataset._position.begin()
-        return _Counted(batches, run, self._tensors_here)
+        # With workers the main process counts; without, the dataset iterates (and counts) here.
+        run = dataset._position.begin() if self.num_workers > 0 else None
+        return batches, run
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -172,21 +236,64 @@ class BalancedDataLoader(_Loader):
         self.dataset.load_state_dict(state)
 
 
+_ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
+
+
+class _EpochSampler(_ConstantSampler, EpochSampler):
+    def __init__(self, dataset):
+        _ConstantSampler.__init__(self)
+        EpochSampler.__init__(self, dataset)
+
+
 def _as_is(batch):
     return batch
 
 
 class _Counted:
-    def __init__(self, batches, run, to_tensors):
-        self._batches, self._run, self._to_tensors = batches, run, to_tensors
+    """One iteration of a BalancedDataLoader; nothing starts before the first ``next()``, so Lightning's ``iter()``
+    before ``set_epoch`` (or any probe) shifts nothing."""
+
+    def __init__(self, loader):
+        self._loader, self._batches, self._run = loader, None, None
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._batches is None:
+            self._batches, self._run = self._loader._start()
         batch = next(self._batches)
-        self._run[1] += 1
-        return to_torch(batch, True) if self._to_tensors else batch
+        if self._run is not None:
+            self._run.delivered()
+        return to_torch(batch, True) if self._loader._tensors_here else batch
 
     def __len__(self):
-        return len(self._batches)
+        return len(self._loader)
+
+
+# Modules whose loaders re-shard or re-batch what they iterate (only those: a training function started by
+# accelerate's notebook_launcher runs under accelerate's launcher frames and must not be refused).
+_REWRAPPERS = ("accelerate.data_loader",)
+
+
+def _rewrapper():
+    """The name of a known re-sharding wrapper iterating us in this process (its frame is on the stack), or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(_REWRAPPERS):
+            owner = frame.f_locals.get("self")
+            return f"{module}.{type(owner).__qualname__}" if owner is not None else module
+        frame = frame.f_back
+    return None
+
+
+def _name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def rewrapped_message(wrapper: str) -> str:
+    return (f"BalancedIterableDataset is iterated through {wrapper}: a wrapper "
+            "that re-shards or re-batches it (accelerate's prepare() of a plain DataLoader does) would lose or "
+            "repeat rows. Pass ds.dataloader(num_workers=K) (a BalancedDataLoader) or make_loader(...) to "
+            "accelerator.prepare(): both pass through untouched; see docs/integrations.md")

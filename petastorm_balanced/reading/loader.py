@@ -16,7 +16,7 @@ from . import stream
 from ..world import World, resolve_world
 from .arrow_backend import arrow_chunks, check_pool_type
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend
-from .position import Position, Settings, PlannedView
+from .position import EpochSampler, Position, Settings, PlannedView
 from .tensors import require_torch, torch_batches
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
@@ -28,7 +28,10 @@ LOADER_REFUSED = {
 
 
 class BalancedLoader(PlannedView):
-    """Batches of one rank: ``for batch in loader`` is one epoch; each new ``iter()`` is the next epoch.
+    """Batches of one rank: ``for batch in loader`` is one epoch; the next ``iter()`` serves the next one.
+
+    Only delivered batches and ``set_epoch`` move the position (``position.Position``): an ``iter()`` abandoned
+    before its first batch consumes nothing, and one abandoned mid-epoch is continued by the next ``iter()``.
 
     Batches are dicts of column name to tensor (strings as lists of str), plus a boolean ``_padding`` tensor with
     ``padding_mask=True``. ``state_dict()`` is the same on every rank (all ranks take the same steps), so a
@@ -55,28 +58,33 @@ class BalancedLoader(PlannedView):
     def __iter__(self):
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
-        run = self._position.begin()
-        self._iterator = self._run(run, self._position.live_stages)
+        self._iterator = self._run()  # starts (and takes the position) at its first next(): a probe consumes nothing
         return self._iterator
 
-    def _run(self, run, stages):
+    def _run(self):
         settings = self._settings
-        epoch, done = run
+        run = self._position.begin()
+        epoch = run.epoch
         if self.backend == "arrow":
             chunks = arrow_chunks(settings.plan, settings.columns, **self._reader_options)
         else:
             from .petastorm_backend import petastorm_chunks
             chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
-        runs = stream.slot_runs(settings.fragments(epoch, 1, stages), chunks, batch_size=settings.batch_size,
+        runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
-                                key=settings.key(epoch, 0, len(stages)), batches_done=done)
+                                key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start)
         try:
             for batch_run in runs:
                 for batch in torch_batches(batch_run, settings.batch_size, settings.padding_mask):
-                    run[1] += 1
+                    run.delivered()
                     yield batch
         finally:
             runs.close()
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)`` (how Lightning tells the epoch)."""
+        return EpochSampler(self)
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by
@@ -84,8 +92,8 @@ class BalancedLoader(PlannedView):
         self._position.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """Epoch and batches delivered (plus the settings they are valid for); the end of an epoch is saved as the
-        start of the next one."""
+        """The epoch and batch the next iteration serves (plus the settings they are valid for); the end of an
+        epoch is saved as the start of the next one."""
         return self._position.state_dict()
 
     def load_state_dict(self, state: dict) -> None:

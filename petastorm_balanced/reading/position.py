@@ -1,9 +1,10 @@
 """What both loaders share: checked settings, the position of the next batch, and what they say about themselves.
 
 The position is the whole resume state (G6): an epoch and a count of delivered batches; everything else is derived
-from the plan. See ``Position`` for when an epoch advances. After an elastic resume (a state saved at another
-world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four ints
-each; see ``elastic_position.py``).
+from the plan. See ``Position`` for when an epoch advances (only delivered batches and ``set_epoch`` move it, so
+frameworks that probe or re-create iterators cannot shift an epoch). After an elastic resume (a state saved at
+another world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four
+ints each; see ``elastic_position.py``).
 """
 from __future__ import annotations
 
@@ -62,6 +63,18 @@ class Position:
 
     Shared by both loaders: ``state_dict`` and ``load_state_dict`` are strict (every key must be there, and the
     settings a position depends on must match), ``set_epoch`` works like ``DistributedSampler.set_epoch``.
+
+    When the epoch advances (frameworks probe, re-create and abandon iterators; none of that may shift an epoch):
+
+    - only a delivered batch moves the position; the batch that finishes an epoch moves it to the next epoch's
+      first batch. An ``iter()`` abandoned before its first batch consumes nothing, and one abandoned after ``k``
+      batches leaves the position at batch ``k``: the next ``iter()`` serves the rest of that epoch;
+    - ``set_epoch(e)`` moves it to the start of epoch ``e``, except right after ``load_state_dict`` of a position
+      in epoch ``e`` (the training loop's ``set_epoch`` keeps a resumed position);
+    - so ``state_dict()`` always names the epoch and batch the next iteration will serve.
+
+    An iteration takes the position when its first batch is asked for (``begin``); a later ``begin``,
+    ``set_epoch`` or ``load_state_dict`` supersedes it, and a superseded iteration no longer moves the position.
     """
 
     EPOCH = "epoch"
@@ -75,32 +88,44 @@ class Position:
     def __init__(self, settings: Settings, epoch: int):
         check_epoch(epoch)
         self.settings = settings
-        self.next_epoch, self.next_batches = epoch, 0
-        self.next_stages: Tuple[Stage, ...] = ()  # worlds that served the pass of next_epoch before this one
-        self.live_stages: Tuple[Stage, ...] = ()
-        self.resumed = False  # next_* came from load_state_dict and no iteration has started since
-        self.live = None  # the running iteration, [epoch, batches delivered], until superseded
+        self.epoch, self.batches = epoch, 0  # the next batch served
+        self.stages: Tuple[Stage, ...] = ()  # worlds that served this epoch's pass before this one (elastic)
+        self.resumed = False  # came from load_state_dict and no batch was delivered since
+        self._owner = None  # the iteration allowed to move the position
 
-    def begin(self) -> list:
-        """Start an iteration at the pending position; the one after it starts the next epoch."""
-        run = [self.next_epoch, self.next_batches]
-        self.live, self.resumed, self.live_stages = run, False, self.next_stages
-        self.next_epoch, self.next_batches = run[0] + 1, 0
-        self.next_stages = elastic_position.carry(self.live_stages, run[0], run[0] + 1, self.settings.partition_epoch)
+    def begin(self) -> "Run":
+        """An iteration starting at the position now (call it when its first batch is about to be read).
+
+        A loaded position at the very end of its epoch (an elastic resume that left fewer rows than one step of the
+        new world) is served as that epoch's empty rest, so ``for e in ...: set_epoch(e)`` loops stay in step."""
+        if self.resumed and self.batches >= self.settings.steps_of(self.epoch, self.stages):
+            run = Run(self, self.epoch, self.batches, self.stages)
+            self.epoch, self.batches, self.stages = self.where()
+            self.resumed = False
+        else:
+            self.epoch, self.batches, self.stages = self.where()
+            run = Run(self, self.epoch, self.batches, self.stages)
+        self._owner = run
         return run
+
+    def delivered(self, run: "Run") -> None:
+        """``run`` handed out one more batch."""
+        if self._owner is not run:
+            return
+        self.resumed = False
+        self.batches += 1
+        self.epoch, self.batches, self.stages = self.where()
+
+    def where(self) -> Tuple[int, int, Tuple[Stage, ...]]:
+        """(epoch, batches, stages) of the next batch: at the end of an epoch (or of what an elastic resume left
+        of it, which may be nothing), the next epoch's start."""
+        if self.batches >= self.settings.steps_of(self.epoch, self.stages):
+            return (self.epoch + 1, 0, elastic_position.carry(self.stages, self.epoch, self.epoch + 1,
+                                                              self.settings.partition_epoch))
+        return self.epoch, self.batches, self.stages
 
     def current(self):
         return self.where()[:2]
-
-    def where(self) -> Tuple[int, int, Tuple[Stage, ...]]:
-        """(epoch, batches, stages) of the next batch."""
-        if self.live is not None:
-            (epoch, batches), stages = self.live, self.live_stages
-        else:
-            epoch, batches, stages = self.next_epoch, self.next_batches, self.next_stages
-        if batches >= self.settings.steps_of(epoch, stages):
-            return epoch + 1, 0, elastic_position.carry(stages, epoch, epoch + 1, self.settings.partition_epoch)
-        return epoch, batches, stages
 
     def steps(self) -> int:
         """Steps of the epoch (or what is left of it after an elastic resume) the next batch belongs to."""
@@ -108,19 +133,17 @@ class Position:
         return self.settings.steps_of(epoch, stages)
 
     def rebase(self, workers: int) -> None:
-        """The pending position, saved with ``workers`` slots per rank, for this loader's other slot layout."""
-        self.next_epoch, self.next_batches, self.next_stages = elastic_position.restage(
-            self.next_epoch, self.next_batches, self.next_stages, self.settings.world_size, workers,
-            self.settings.partition_epoch)
+        """The position, saved with ``workers`` slots per rank, for this loader's other slot layout."""
+        self.epoch, self.batches, self.stages = elastic_position.restage(
+            self.epoch, self.batches, self.stages, self.settings.world_size, workers, self.settings.partition_epoch)
 
     def set_epoch(self, epoch: int) -> None:
         check_epoch(epoch)
-        if not (self.resumed and epoch == self.next_epoch):
+        if not (self.resumed and epoch == self.epoch):  # the loaded epoch itself keeps a loaded position
             before, _, stages = self.where()
-            self.next_stages = elastic_position.carry(stages, before, epoch, self.settings.partition_epoch,
-                                                      strict=True)
-            self.next_epoch, self.next_batches, self.resumed = epoch, 0, False
-        self.live = None
+            self.stages = elastic_position.carry(stages, before, epoch, self.settings.partition_epoch, strict=True)
+            self.epoch, self.batches, self.resumed = epoch, 0, False
+        self._owner = None
 
     def state_dict(self, extra: Optional[dict] = None) -> dict:
         epoch, batches, stages = self.where()
@@ -143,9 +166,31 @@ class Position:
                 raise ValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                  "position only resumes a loader with the same plan and settings")
         check_epoch(state[self.EPOCH])
-        epoch, batches, stages = elastic_position.loaded(self.settings, state, workers)
-        self.next_epoch, self.next_batches, self.next_stages = epoch, batches, stages
-        self.live, self.resumed = None, True
+        self.epoch, self.batches, self.stages = elastic_position.loaded(self.settings, state, workers)
+        self._owner, self.resumed = None, True
+
+
+class Run:
+    """One iteration: where it started; ``delivered()`` counts its batches into the position it came from."""
+
+    __slots__ = ("position", "epoch", "start", "stages")
+
+    def __init__(self, position: Position, epoch: int, start: int, stages: Tuple[Stage, ...] = ()):
+        self.position, self.epoch, self.start, self.stages = position, epoch, start, stages
+
+    def delivered(self) -> None:
+        self.position.delivered(self)
+
+
+class EpochSampler:
+    """What frameworks that tell only samplers the epoch find at ``loader.sampler``: its ``set_epoch`` is the
+    loader's. Lightning calls nothing but ``loader.sampler.set_epoch(e)`` at the start of every epoch."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
 
 
 def check_epoch(epoch):

@@ -1,0 +1,97 @@
+"""``BalancedDataModule``: balanced loaders for PyTorch Lightning, with Lightning's epoch in charge.
+
+Importing this module imports Lightning (``pytorch_lightning``, or ``lightning.pytorch`` when only that is
+installed or already imported); the rest of the package never does.
+
+What Lightning does with an iterable, and why each step stays exact here:
+
+- it calls ``iter()`` once to probe any loader that is not a ``DataLoader``, and creates each epoch's iterator
+  before telling the epoch: our iterations take their position at the first ``next()``, so neither shifts anything
+  (``reading.position.Position``);
+- it tells the epoch only through ``loader.sampler.set_epoch(e)``: our loaders' ``sampler.set_epoch`` is their
+  ``set_epoch``, so Lightning epoch ``e`` is ``make_loader(..., epoch=e)`` even after resuming from an end-of-epoch
+  checkpoint (for which Lightning restores no loader state). The same holds for ``make_loader(...)`` or
+  ``ds.dataloader(...)`` handed to ``Trainer.fit`` directly; the DataModule adds rank and world from the trainer
+  and a validation loader;
+- mid-epoch it saves and restores the loader through ``state_dict``/``load_state_dict``, and then calls
+  ``set_epoch(e)``, which keeps a position just loaded for epoch ``e``.
+
+Validation serves epoch 0 of ``val_plan`` at every validation run (the rows of every epoch are the same; a fixed
+epoch makes runs comparable). Plan it with ``policy="pad"`` and pass ``padding_mask=True`` for exact metrics: every
+row is delivered once, and the repeated rows are flagged in ``batch["_padding"]``.
+"""
+from __future__ import annotations
+
+import sys
+
+from .reading.loader import make_loader
+
+
+def _lightning_module():
+    if "lightning.pytorch" in sys.modules and "pytorch_lightning" not in sys.modules:
+        return sys.modules["lightning.pytorch"]
+    try:
+        import pytorch_lightning
+        return pytorch_lightning
+    except ImportError:
+        pass
+    try:
+        import lightning.pytorch
+        return lightning.pytorch
+    except ImportError:
+        raise ImportError("petastorm_balanced.lightning needs PyTorch Lightning: pip install "
+                          "pytorch-lightning (see requirements/frameworks.txt for the tested version)") from None
+
+
+pl = _lightning_module()
+
+# Arguments the DataModule owns: Lightning decides them.
+OWNED = {
+    "rank": "the trainer's global_rank is used",
+    "world": "the trainer's world_size is used",
+    "epoch": "Lightning's epoch is passed on every epoch (Lightning epoch e is make_loader(..., epoch=e))",
+}
+
+
+class BalancedDataModule(pl.LightningDataModule):
+    """``make_loader(rank, world, plan=plan, batch_size=batch_size, **make_loader_kwargs)`` for training (and
+    ``plan=val_plan`` for validation), with rank and world from the trainer and the epoch from Lightning.
+
+    Every rank takes the same steps; checkpoints (mid-epoch or at the end of an epoch) resume exactly. The loaders
+    are built in ``train_dataloader()``/``val_dataloader()``, when the trainer's processes exist.
+    """
+
+    def __init__(self, plan, *, batch_size=None, val_plan=None, **make_loader_kwargs):
+        super().__init__()
+        for name, why in OWNED.items():
+            if name in make_loader_kwargs:
+                raise ValueError(f"{name}={make_loader_kwargs[name]!r} is not accepted by BalancedDataModule: {why}")
+        self.plan, self.val_plan, self.batch_size = plan, val_plan, batch_size
+        self.make_loader_kwargs = dict(make_loader_kwargs)
+
+    def _loader(self, plan):
+        trainer = self.trainer
+        rank, world = (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
+        return make_loader(rank, world, plan=plan, batch_size=self.batch_size, **self.make_loader_kwargs)
+
+    def train_dataloader(self):
+        return self._loader(self.plan)  # its sampler.set_epoch is its set_epoch: Lightning's epoch reaches it
+
+    def val_dataloader(self):
+        if self.val_plan is None:
+            return []  # Lightning runs no validation for an empty list
+        return FixedEpochLoader(self._loader(self.val_plan), epoch=0)
+
+
+class FixedEpochLoader:
+    """The same epoch at every ``iter()`` (validation); no state is saved, since every run starts afresh."""
+
+    def __init__(self, loader, epoch: int):
+        self.loader, self.epoch = loader, epoch
+
+    def __iter__(self):
+        self.loader.set_epoch(self.epoch)  # also restarts a run Lightning abandoned (sanity check, limits)
+        return iter(self.loader)
+
+    def __len__(self):
+        return len(self.loader)
