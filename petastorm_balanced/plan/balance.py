@@ -88,8 +88,12 @@ def epoch_order(num_row_groups: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str, seed: int, epoch: int,
-           num_workers: int = 1, reshuffle: str = "epoch") -> Pieces:
-    """Assign the matching rows of each catalog row group (``counts``) to ``world_size * num_workers`` slots."""
+           num_workers: int = 1, reshuffle: str = "epoch", order=None) -> Pieces:
+    """Assign the matching rows of each catalog row group (``counts``) to ``world_size * num_workers`` slots.
+
+    ``order`` replaces the seeded row group order (cost plans pass ``cost_order.cost_order``'s, which deals it so
+    every stretch carries average cost); the cuts are the same row quotas either way.
+    """
     check_params(world_size=world_size, batch_size=batch_size, num_workers=num_workers, seed=seed, epoch=epoch)
     check_policy(policy)
     if reshuffle not in RESHUFFLES:
@@ -103,7 +107,9 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
     steps = steps_per_rank(total, world_size, batch_size, policy)
     delivered = steps * world_size * batch_size
 
-    order = epoch_order(len(counts), seed, 0 if reshuffle == "fixed" else epoch)
+    if order is None:
+        order = epoch_order(len(counts), seed, 0 if reshuffle == "fixed" else epoch)
+    order = np.asarray(order, dtype=np.int64)
     # Segments of the delivery sequence: (catalog row, first matching row, length, padding)
     seg_row, seg_first, seg_len = order, np.zeros_like(order), counts[order]
     seg_pad = np.zeros(len(order), dtype=bool)

@@ -13,8 +13,12 @@ from typing import List, Optional
 import numpy as np
 
 from . import balance, selection
+from .cost_order import cost_order
 from .catalog import Catalog
 from .predicate import PredicateInfo
+
+
+BALANCE = ("auto", "cost", "rows")
 
 
 @dataclass(frozen=True)
@@ -74,21 +78,50 @@ class ShardPlan:
         balance.check_params(world_size=world, batch_size=batch)
         return balance.steps_per_rank(self.total_rows, world, batch, self.policy)
 
+    @property
+    def cost(self) -> Optional[str]:
+        """The cost (a column or a Spark SQL expression) the plan has per-row-group statistics for, or None."""
+        return self.catalog.cost
+
+    @property
+    def max_row_cost(self) -> Optional[int]:
+        return self.catalog.max_row_cost
+
+    def resolve_balance(self, balance_by: str = "auto") -> str:
+        """``"cost"`` or ``"rows"``: ``"auto"`` balances cost when the plan has one."""
+        if balance_by not in BALANCE:
+            raise ValueError(f"balance={balance_by!r} is not one of {BALANCE}")
+        if balance_by == "auto":
+            return "cost" if self.cost is not None else "rows"
+        if balance_by == "cost" and self.cost is None:
+            raise ValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
+                             "or pass balance='rows'")
+        return balance_by
+
     def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
-               batch_size: Optional[int] = None, reshuffle: str = "epoch") -> balance.Pieces:
-        """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank)."""
+               batch_size: Optional[int] = None, reshuffle: str = "epoch", balance_by: str = "auto"
+               ) -> balance.Pieces:
+        """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank).
+
+        Cost balance deals the row group order so every rank's stretch carries average cost (``cost_order``).
+        """
+        order = None
+        if self.resolve_balance(balance_by) == "cost":
+            order = cost_order(self._counts, self.catalog.cost_sums(), seed=self.seed,
+                               epoch=0 if reshuffle == "fixed" else epoch)
         return balance.assign(self._counts, world_size=self.world_size if world_size is None else world_size,
                               batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
-                              epoch=epoch, num_workers=num_workers, reshuffle=reshuffle)
+                              epoch=epoch, num_workers=num_workers, reshuffle=reshuffle, order=order)
 
     def assignment(self, rank: int, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
-                   batch_size: Optional[int] = None, reshuffle: str = "epoch") -> List[Fragment]:
+                   batch_size: Optional[int] = None, reshuffle: str = "epoch", balance_by: str = "auto"
+                   ) -> List[Fragment]:
         """The fragments rank ``rank`` reads in ``epoch``, worker by worker, in delivery order."""
         world = self.world_size if world_size is None else world_size
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
             raise ValueError(f"rank={rank!r} must be an int in [0, world_size={world})")
         mine = self.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch_size,
-                           reshuffle=reshuffle).of_rank(rank)
+                           reshuffle=reshuffle, balance_by=balance_by).of_rank(rank)
         groups = self.catalog.row_groups
         return [Fragment(groups[c].path, groups[c].row_group, bool(p), int(w), int(s), int(e),
                          groups[c].total_rows, groups[c].selection)
