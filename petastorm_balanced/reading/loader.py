@@ -40,11 +40,13 @@ class BalancedLoader(PlannedView):
 
     def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
                  shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
-                 reader_options: Optional[dict] = None, backend: str = "auto"):
+                 reader_options: Optional[dict] = None, backend: str = "auto", balance: str = "auto",
+                 cost_reduce: str = "sum", max_batch_cost: Optional[int] = None):
         require_torch()
         self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                    shuffle_window=shuffle_window, schema_fields=schema_fields,
-                                   padding_mask=padding_mask)
+                                   padding_mask=padding_mask, balance=balance, cost_reduce=cost_reduce,
+                                   max_batch_cost=max_batch_cost)
         self._position = Position(self._settings, epoch)
         self.backend = resolve_backend(backend)
         self._reader_options = dict(reader_options or {})
@@ -69,10 +71,12 @@ class BalancedLoader(PlannedView):
             chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
         runs = stream.slot_runs(settings.fragments(epoch), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
-                                key=settings.key(epoch), batches_done=done)
+                                key=settings.key(epoch), batches_done=done, cost=settings.cost,
+                                drop=settings.drop)
         try:
-            for batch_run in runs:
-                for batch in torch_batches(batch_run, settings.batch_size, settings.padding_mask):
+            for batch_run in runs:  # a token budget's batches come one per run
+                size = settings.batch_size or len(batch_run[stream.PADDING])
+                for batch in torch_batches(batch_run, size, settings.padding_mask):
                     run[1] += 1
                     yield batch
         finally:
@@ -109,7 +113,8 @@ class BalancedLoader(PlannedView):
 def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None, epoch: int = 0,
                 shuffle: bool = True, reshuffle: str = "epoch", workers_count: int = 4,
                 reader_pool_type: str = "thread", schema_fields=None, padding_mask: bool = False,
-                shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto",
+                shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", balance: str = "auto",
+                cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
                 **petastorm_kwargs) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
@@ -123,6 +128,12 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     batches (G12). With Petastorm, its other reader arguments (``results_queue_size``, ``cache_type``,
     ``storage_options``, ``filesystem``, ...) pass through; the ones the plan owns are refused with what to do
     instead, and so are Petastorm-only ones with the Arrow backend.
+
+    Cost plans (``plan_shards(cost=...)``): ``balance="cost"`` (the default for them) arranges every shuffle window
+    so that each step's batches cost about the same on every rank, with no communication (docs/how-it-works.md);
+    ``cost_reduce="sum"`` for packed batches, ``"max"`` for padded ones (batch_size x longest row). Batches then
+    carry each row's cost as ``_cost``. ``max_batch_cost=C`` with ``batch_size=None``: batches of as many rows as
+    fit under C, the same number of steps on every rank.
     """
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     check_pool_options(reader_pool_type, workers_count)
@@ -136,5 +147,6 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     who = resolve_world(rank, world)
     return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,
                           shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
-                          reader_options=options, backend=chosen)
+                          reader_options=options, backend=chosen, balance=balance, cost_reduce=cost_reduce,
+                          max_batch_cost=max_batch_cost)
 
