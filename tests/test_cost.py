@@ -293,7 +293,7 @@ def test_cost_loader_arguments_are_checked(cost_plan, lengths):
         (dict(plan=plain, balance="cost"), "needs a plan made with a cost"),
         (dict(plan=cost_plan, balance="fair"), "balance='fair'"),
         (dict(plan=cost_plan, cost_reduce="mean"), "cost_reduce='mean'"),
-        (dict(plan=cost_plan, max_batch_cost=10_000), "pass batch_size=None"),
+        (dict(plan=cost_plan, batch_size=8, max_batch_cost=10_000), "pass batch_size=None"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=1), "below the plan's largest row cost"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=0), "max_batch_cost=0"),
         (dict(plan=cost_plan, balance="cost", shuffle=False), "needs shuffle=True"),
