@@ -32,6 +32,8 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, help="rows per batch; without it rows are balanced, not batches")
     parser.add_argument("--policy", choices=("drop", "pad"), default="drop")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cost", help="per-row cost to balance per step: a numeric column or any Spark SQL numeric "
+                        "expression, e.g. length(text) (loaders evaluate a column or length/size of one)")
     return parser.parse_args(argv)
 
 
@@ -53,7 +55,8 @@ def main(argv=None) -> int:
     spark = get_session()
     try:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
-                           policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output)
+                           policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output,
+                           cost=args.cost)
     except InvalidWhereError as exc:
         print(f"{PROG}: error: --where {exc.expression!r} {exc.problem}: {exc.reason}", file=sys.stderr)
         return 2
