@@ -37,7 +37,7 @@ class Settings:
             raise TypeError(f"shuffle={shuffle!r} must be True or False")
         if isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int) or shuffle_window < 1:
             raise ValueError(f"shuffle_window={shuffle_window!r} must be an int >= 1 (rows per shuffle window)")
-        rows_batch = self.batch_size or 1  # a token budget assigns rows one by one, then packs them
+        rows_batch = 1 if budget else self.batch_size  # a token budget assigns rows one by one, then packs them
         self.steps = self.plan.steps_per_epoch(self.world_size, rows_batch)  # checks batch_size too
         if self.plan.total_rows < self.world_size * rows_batch:  # the balancer would refuse it at iteration
             raise ValueError(f"batch_size={self.batch_size} x world_size={self.world_size} rows per step exceed the "
