@@ -360,3 +360,30 @@ def _sums_for(ours, theirs):
 
 def ours_total(path):
     return int(pq.read_table(path, columns=["length"]).column(0).to_numpy().sum())
+
+
+# ------------------------------------------------------------------------------------------------ tools
+
+def test_inspect_and_compare_show_the_cost_side(cost_plan, lengths):
+    from petastorm_balanced.tools.report import compare_report, format_compare, format_inspect, inspect_report
+    report = inspect_report(cost_plan, plan_url="x")
+    cost = report["cost"]
+    assert cost["total_cost"] == int(cost_plan.catalog.cost_sums().sum()) == sum(cost["petastorm_rank_costs"])
+    assert abs(sum(cost["rank_costs"]) - cost["total_cost"]) <= cost["total_cost"] * 0.05  # drop leaves < W x B
+    assert cost["straggler_ratio"] >= 1.0 and "max/mean" in format_inspect(report)
+    assert "cost 'length'" in format_compare(compare_report(cost_plan))
+    assert "cost" not in inspect_report(plan_shards(lengths, 3, batch_size=8, engine="local"), plan_url="x")
+
+
+def test_verify_rechecks_cost_statistics(cost_plan):
+    from dataclasses import replace
+    from petastorm_balanced.plan.catalog import Catalog
+    from petastorm_balanced.tools.verify import cost_check
+    assert cost_check(cost_plan).ok
+    groups = list(cost_plan.catalog.row_groups)
+    groups[2] = replace(groups[2], cost_sum=groups[2].cost_sum + 1)
+    catalog = cost_plan.catalog
+    edited = replace(cost_plan, catalog=Catalog(catalog.files, tuple(groups), catalog.kind,
+                                                catalog.partition_columns, catalog.cost))
+    check = cost_check(edited)
+    assert not check.ok and f"row group {groups[2].row_group}" in check.detail
