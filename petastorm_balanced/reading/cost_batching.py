@@ -52,11 +52,17 @@ def _rank_free(key: Sequence[int]) -> Tuple[int, ...]:
 
 
 def _shuffle_within(batches: np.ndarray, key: Sequence[int]) -> np.ndarray:
-    """Each row of ``batches`` (batches, rows) permuted by its own draw from ``key``."""
+    """Each row of ``batches`` (batches, rows) permuted by a draw from ``key``.
+
+    Two stable radix passes over the flat array (seeded 16-bit words, then the batch index) rather than one small
+    sort per batch, whose per-call overhead dominated (about 5x slower for batches of 16).
+    """
     k, rows = batches.shape
     words = np.random.Generator(np.random.PCG64([*key, _ROWS_IN_BATCH])).bit_generator.random_raw(k * rows)
-    inner = np.argsort(words.astype(np.uint16).reshape(k, rows), axis=1, kind="stable")  # 16-bit: radix sort
-    return np.take_along_axis(batches, inner, axis=1)
+    order = np.argsort(words.astype(np.uint16), kind="stable")
+    batch_of = (order // rows).astype(np.uint16 if k <= 0xFFFF else np.uint32)
+    order = order[np.argsort(batch_of, kind="stable")]
+    return batches.reshape(-1)[order].reshape(k, rows)
 
 
 def _ascending(costs: np.ndarray, key: Sequence[int]) -> np.ndarray:
