@@ -387,3 +387,25 @@ def test_verify_rechecks_cost_statistics(cost_plan):
                                                 catalog.partition_columns, catalog.cost))
     check = cost_check(edited)
     assert not check.ok and f"row group {groups[2].row_group}" in check.detail
+
+
+@pytest.mark.slow
+def test_cli_plans_inspects_and_verifies_a_cost_plan(lengths, tmp_path):
+    """The real command: plan --cost, inspect --json shows the cost side, verify --read re-checks it."""
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def cli(*args):
+        done = subprocess.run([sys.executable, "-m", "petastorm_balanced", *map(str, args)], cwd=repo,
+                              env=dict(os.environ, PYTHONPATH=repo), capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        return done.stdout
+
+    out = tmp_path / "plan"
+    cli("plan", lengths, "--world-size", 3, "--batch-size", 8, "--engine", "local", "--cost", "length(text)",
+        "--output", out)
+    report = json.loads(cli("inspect", out, "--json"))
+    assert report["cost"]["text"] == "length(text)" and report["cost"]["max_row_cost"] == load_plan(
+        str(out)).max_row_cost
+    assert "ok    cost statistics (read)" in cli("verify", out, "--read")
