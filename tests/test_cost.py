@@ -310,13 +310,15 @@ def test_cost_loader_arguments_are_checked(cost_plan, lengths):
 def test_backends_agree_under_cost_balance(cost_plan):
     pytest.importorskip("petastorm")
     from petastorm_balanced import make_loader
-    for kwargs in (dict(cost_reduce="sum"), dict(cost_reduce="max"),
-                   dict(batch_size=None, max_batch_cost=cost_plan.max_row_cost + 100)):
-        a = [b["id"].tolist() for b in make_loader(2, 3, plan=cost_plan, backend="arrow", shuffle_window=64,
-                                                    **kwargs)]
-        b = [b["id"].tolist() for b in make_loader(2, 3, plan=cost_plan, backend="petastorm", shuffle_window=64,
-                                                    **kwargs)]
+    cases = [(dict(cost_reduce="sum"), None), (dict(cost_reduce="max"), ["id"]),  # ["id"]: the cost's source
+             (dict(batch_size=None, max_batch_cost=cost_plan.max_row_cost + 100), ["id"])]  # is read, then dropped
+    for kwargs, fields in cases:
+        a = [(b["id"].tolist(), b["_cost"].tolist(), sorted(b)) for b in make_loader(
+            2, 3, plan=cost_plan, backend="arrow", shuffle_window=64, schema_fields=fields, **kwargs)]
+        b = [(b["id"].tolist(), b["_cost"].tolist(), sorted(b)) for b in make_loader(
+            2, 3, plan=cost_plan, backend="petastorm", shuffle_window=64, schema_fields=fields, **kwargs)]
         assert a == b, kwargs
+        assert fields is None or a[0][2] == ["_cost", "id"]
 
 
 def test_iterable_dataset_with_workers_balances_cost(cost_plan):
@@ -406,3 +408,15 @@ def test_cli_plans_inspects_and_verifies_a_cost_plan(lengths, tmp_path):
     assert report["cost"]["text"] == "length(text)" and report["cost"]["max_row_cost"] == load_plan(
         str(out)).max_row_cost
     assert "ok    cost statistics (read)" in cli("verify", out, "--read")
+
+
+def test_petastorm_dataset_cost_by_a_unischema_field(petastorm_dataset):
+    """A Unischema dataset: cost from a scalar field and from length(lang); both backends, same batches."""
+    pytest.importorskip("petastorm")
+    from petastorm_balanced import make_loader
+    for cost in ("label", "length(lang)"):
+        plan = plan_shards(petastorm_dataset.path, 2, batch_size=16, engine="local", cost=cost)
+        runs = {backend: [(b["id"].tolist(), b["_cost"].tolist()) for b in make_loader(
+            1, 2, plan=plan, backend=backend, shuffle_window=256, schema_fields=["id", "image"])]
+            for backend in ("arrow", "petastorm")}
+        assert runs["arrow"] == runs["petastorm"] and len(runs["arrow"]) == plan.steps_per_epoch()
