@@ -307,6 +307,7 @@ def test_cost_loader_arguments_are_checked(cost_plan, lengths):
     assert "_cost" not in next(iter(make_loader(0, 3, plan=cost_plan, backend="arrow", shuffle=False)))
 
 
+@pytest.mark.slow  # six Petastorm readers: about 7 s (the Unischema test below checks agreement quickly)
 def test_backends_agree_under_cost_balance(cost_plan):
     pytest.importorskip("petastorm")
     from petastorm_balanced import make_loader
