@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     spark = get_session()
     try:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
-                           policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output)
+                           policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output,
+                           cost=args.cost)
     except InvalidWhereError as exc:
         print(f"{PROG}: error: --where {exc.expression!r} {exc.problem}: {exc.reason}", file=sys.stderr)
         return 2

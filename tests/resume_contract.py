@@ -71,10 +71,11 @@ def check_resume_contract(make, next_epoch, *, epochs: int = 3, cuts=None) -> No
             assert key in str(exc)
         else:
             raise AssertionError(f"load_state_dict accepted a state without {key!r}")
-    foreign = dict(state, batch_size=state["batch_size"] + 1)
+    name = "batch_size" if state["batch_size"] is not None else "max_batch_cost"  # token budgets: no batch size
+    foreign = dict(state, **{name: state[name] + 1})
     try:
         make().load_state_dict(foreign)
     except ValueError as exc:
-        assert "batch_size" in str(exc)
+        assert name in str(exc)
     else:
-        raise AssertionError("load_state_dict accepted a state saved with another batch_size")
+        raise AssertionError(f"load_state_dict accepted a state saved with another {name}")

@@ -167,11 +167,13 @@ def pass_sequence(counts: np.ndarray, *, seed: int, pass_index: int, reshuffle: 
 
 
 def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str, seed: int, epoch: int,
-           num_workers: int = 1, reshuffle: str = "epoch", partition_epoch: int = 1) -> Pieces:
+           num_workers: int = 1, reshuffle: str = "epoch", partition_epoch: int = 1, order=None) -> Pieces:
     """Assign the matching rows of each catalog row group (``counts``) to ``world_size * num_workers`` slots.
 
     With ``partition_epoch=P`` the pass ``epoch // P`` (one order, one set of steps) is cut into P consecutive
-    parts of whole global steps, and ``epoch`` gets part ``epoch % P``.
+    parts of whole global steps, and ``epoch`` gets part ``epoch % P``. ``order`` replaces the pass's seeded row
+    group order (cost plans pass ``cost_order.cost_order``'s, which deals it so every stretch carries average cost);
+    the cuts are the same row quotas either way.
     """
     check_params(world_size=world_size, batch_size=batch_size, num_workers=num_workers, seed=seed, epoch=epoch,
                  partition_epoch=partition_epoch)
@@ -184,7 +186,11 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
     steps = steps_per_rank(total, world_size, batch_size, policy)
     check_partition(steps, partition_epoch)
     pass_index, part = split_epoch(epoch, partition_epoch)
-    sequence = pass_sequence(counts, seed=seed, pass_index=pass_index, reshuffle=reshuffle)
+    if order is None:
+        sequence = pass_sequence(counts, seed=seed, pass_index=pass_index, reshuffle=reshuffle)
+    else:
+        order = np.asarray(order, dtype=np.int64)
+        sequence = plain_sequence(order, counts[order])
     return cut_part(pad_to(sequence, steps * world_size * batch_size), steps=steps, part=part,
                     parts=partition_epoch, world_size=world_size, num_workers=num_workers, batch_size=batch_size)
 

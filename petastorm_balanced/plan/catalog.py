@@ -36,6 +36,8 @@ class RowGroupMatch:
     total_rows: int
     matching_rows: int
     selection: bytes = b""
+    cost_sum: Optional[int] = None  # cost plans: the matching rows' cost sum and largest row cost
+    cost_max: Optional[int] = None
 
     def positions(self) -> np.ndarray:
         return selection.decode(self.selection, self.total_rows)
@@ -49,11 +51,14 @@ class Catalog:
     row_groups: Tuple[RowGroupMatch, ...]
     kind: str = "plain"  # 'petastorm' when the dataset carries a Unischema
     partition_columns: Tuple[str, ...] = field(default=())
+    cost: Optional[str] = None  # the cost (column or Spark SQL expression) every row group has stats for
 
     def __post_init__(self):
         keys = [(r.path, r.row_group) for r in self.row_groups]
         if keys != sorted(keys) or len(set(keys)) != len(keys):
             raise ValueError("catalog row groups must be unique and sorted by (path, row_group)")
+        if self.cost is not None and any(r.cost_sum is None or r.cost_max is None for r in self.row_groups):
+            raise ValueError(f"catalog with cost={self.cost!r} has row groups without cost statistics")
 
     @property
     def total_rows(self) -> int:
@@ -63,6 +68,17 @@ class Catalog:
     @property
     def scanned_rows(self) -> int:
         return sum(f.num_rows for f in self.files)
+
+    def cost_sums(self) -> np.ndarray:
+        """Cost of each row group's matching rows, shape (row groups,); only for a catalog with a cost."""
+        return np.fromiter((r.cost_sum for r in self.row_groups), dtype=np.int64, count=len(self.row_groups))
+
+    @property
+    def max_row_cost(self) -> Optional[int]:
+        """The largest cost of one matching row (a token budget below it could never hold that row)."""
+        if self.cost is None:
+            return None
+        return max((int(r.cost_max) for r in self.row_groups), default=0)
 
     def matching_counts(self) -> np.ndarray:
         # (row groups,)

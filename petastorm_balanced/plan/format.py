@@ -38,6 +38,8 @@ ASSIGNMENT = "assignment.parquet"
 
 _CATALOG_SCHEMA = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("total_rows", pa.int64()),
                              ("matching_rows", pa.int64()), ("selection", pa.binary())])
+# A cost plan's catalog has two more columns; a plan without a cost is written exactly as before.
+_COST_SCHEMA = _CATALOG_SCHEMA.append(pa.field("cost_sum", pa.int64())).append(pa.field("cost_max", pa.int64()))
 
 
 def dataset_fingerprint(files) -> str:
@@ -54,12 +56,17 @@ def content_checksum(plan: ShardPlan) -> str:
 
     Per row group it hashes ``json.dumps([path, row_group, total_rows, matching_rows])`` and the selection's
     sha256; the JSON text is formatted directly (same bytes), which is 3x faster for plans of many row groups.
+    A cost plan also hashes ``json.dumps([cost_sum, cost_max])`` per row group (and its header names the cost);
+    a plan without a cost hashes exactly what it did before costs existed.
     """
     digest = hashlib.sha256(json.dumps(_header(plan), sort_keys=True).encode())
+    with_cost = plan.catalog.cost is not None
     for r in plan.catalog.row_groups:
         digest.update(f"[{_json_str(r.path)}, {int(r.row_group)}, {int(r.total_rows)}, "
                       f"{int(r.matching_rows)}]".encode())
         digest.update(hashlib.sha256(r.selection).digest())
+        if with_cost:
+            digest.update(f"[{int(r.cost_sum)}, {int(r.cost_max)}]".encode())
     return digest.hexdigest()
 
 
@@ -96,7 +103,16 @@ def totals(plan: ShardPlan) -> dict:
     return {"scanned_rows": plan.catalog.scanned_rows, "matching_rows": plan.total_rows,
             "row_groups": len(plan.catalog.row_groups), "rows_per_rank": pieces.steps_per_rank * pieces.batch_size,
             "steps_per_epoch": pieces.steps_per_rank, "padded_rows": int(pieces.num_rows[pieces.padding].sum()),
-            "dropped_rows": plan.total_rows - delivered, "split_row_groups": split_row_groups(pieces)}
+            "dropped_rows": plan.total_rows - delivered, "split_row_groups": split_row_groups(pieces),
+            **(_cost_totals(plan, pieces) if plan.catalog.cost is not None else {})}
+
+
+def _cost_totals(plan: ShardPlan, pieces: balance.Pieces) -> dict:
+    """Cost side of the totals: the whole cost, the largest row's, and each rank's estimated share (each piece
+    counted at its row group's mean cost per row; exact for whole row groups)."""
+    from .cost_report import rank_costs
+    return {"total_cost": int(plan.catalog.cost_sums().sum()), "max_row_cost": plan.catalog.max_row_cost,
+            "cost_per_rank": [int(round(c)) for c in rank_costs(plan.catalog, pieces)]}
 
 
 def split_row_groups(pieces: balance.Pieces) -> int:
@@ -153,7 +169,14 @@ def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
 
 
 def _header(plan: ShardPlan) -> dict:
+    cost = {}
+    if plan.catalog.cost is not None:
+        from .cost import parse_cost
+        from .cost_order import NAME, VERSION
+        cost = {"cost": {"text": plan.catalog.cost, "kind": parse_cost(plan.catalog.cost).kind,
+                         "order": NAME, "order_version": VERSION}}
     return {
+        **cost,
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
         "dataset": {"url": plan.dataset_url, "fingerprint": plan.dataset_fingerprint, "kind": plan.catalog.kind,
                     "partition_columns": list(plan.catalog.partition_columns)},
@@ -167,13 +190,16 @@ def _header(plan: ShardPlan) -> dict:
 
 def _catalog_table(catalog: Catalog) -> pa.Table:
     rows = catalog.row_groups
-    return pa.table([[r.path for r in rows], [r.row_group for r in rows], [r.total_rows for r in rows],
-                     [r.matching_rows for r in rows], [r.selection for r in rows]], schema=_CATALOG_SCHEMA)
+    columns = [[r.path for r in rows], [r.row_group for r in rows], [r.total_rows for r in rows],
+               [r.matching_rows for r in rows], [r.selection for r in rows]]
+    if catalog.cost is None:
+        return pa.table(columns, schema=_CATALOG_SCHEMA)
+    return pa.table(columns + [[r.cost_sum for r in rows], [r.cost_max for r in rows]], schema=_COST_SCHEMA)
 
 
 def assignment_table(plan: ShardPlan) -> pa.Table:
     """Epoch 0 for the planned world size and one worker per rank; a batch-less plan is balanced per row."""
-    p = plan.pieces(batch_size=plan.batch_size or 1)
+    p = plan.pieces(batch_size=plan.batch_size or 1)  # a cost plan's is cost-balanced ("auto")
     sequence = np.arange(len(p.rank)) - np.searchsorted(p.rank, p.rank)  # position inside the rank
     return pa.table({"rank": p.rank.astype(np.int32), "worker": p.worker.astype(np.int32),
                      "sequence": sequence.astype(np.int64), "catalog_row": p.catalog_row, "start": p.start,

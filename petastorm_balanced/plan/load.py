@@ -85,9 +85,17 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
                                f"package has {balance.ALGORITHM} v{balance.ALGORITHM_VERSION}; re-plan")
     files = tuple(FileInfo(p, int(s), tuple(int(n) for n in rows)) for p, s, rows in document["dataset_files"])
     cat = tables[CATALOG].to_pydict()
+    cost = document.get("cost")  # absent from plans without a cost (and from plans older than costs)
+    stats = [cat["cost_sum"], cat["cost_max"]] if cost is not None else []
     row_groups = tuple(RowGroupMatch(*r) for r in zip(cat["file"], cat["row_group"], cat["total_rows"],
-                                                        cat["matching_rows"], cat["selection"]))
-    catalog = Catalog(files, row_groups, dataset["kind"], tuple(dataset["partition_columns"]))
+                                                        cat["matching_rows"], cat["selection"], *stats))
+    if cost is not None:
+        from .cost_order import NAME, VERSION
+        if (cost["order"], cost["order_version"]) != (NAME, VERSION):
+            raise PlanVersionError(f"{url} orders cost by {cost['order']} v{cost['order_version']}; this package has "
+                                   f"{NAME} v{VERSION}; re-plan")
+    catalog = Catalog(files, row_groups, dataset["kind"], tuple(dataset["partition_columns"]),
+                      None if cost is None else cost["text"])
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
                      params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
     if content_checksum(plan) != document["checksum"] or dataset_fingerprint(files) != dataset["fingerprint"]:

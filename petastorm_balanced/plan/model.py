@@ -14,8 +14,12 @@ import numpy as np
 
 from ..world import check_rank_world
 from . import balance, elastic, selection
+from .cost_order import cost_order
 from .catalog import Catalog
 from .predicate import PredicateInfo
+
+
+BALANCE = ("auto", "cost", "rows")
 
 
 @dataclass(frozen=True)
@@ -75,36 +79,68 @@ class ShardPlan:
         balance.check_params(world_size=world, batch_size=batch)
         return balance.steps_per_rank(self.total_rows, world, batch, self.policy)
 
+    @property
+    def cost(self) -> Optional[str]:
+        """The cost (a column or a Spark SQL expression) the plan has per-row-group statistics for, or None."""
+        return self.catalog.cost
+
+    @property
+    def max_row_cost(self) -> Optional[int]:
+        return self.catalog.max_row_cost
+
+    def resolve_balance(self, balance_by: str = "auto") -> str:
+        """``"cost"`` or ``"rows"``: ``"auto"`` balances cost when the plan has one."""
+        if balance_by not in BALANCE:
+            raise ValueError(f"balance={balance_by!r} is not one of {BALANCE}")
+        if balance_by == "auto":
+            return "cost" if self.cost is not None else "rows"
+        if balance_by == "cost" and self.cost is None:
+            raise ValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
+                             "or pass balance='rows'")
+        return balance_by
+
     def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
                batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
-               stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None) -> balance.Pieces:
+               stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None,
+               balance_by: str = "auto") -> balance.Pieces:
         """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank).
 
         ``partition_epoch=P``: ``epoch`` is part ``epoch % P`` of pass ``epoch // P``. ``stages``: the worlds that
         served this pass before an elastic resume (``elastic.py``), with ``unread`` telling which rows their slots
-        had not delivered yet.
+        had not delivered yet. Cost balance deals the pass's row group order so every rank's stretch carries
+        average cost (``cost_order``).
         """
         world = self.world_size if world_size is None else world_size
+        by_cost = self.resolve_balance(balance_by) == "cost"
         if stages:
+            if by_cost:
+                raise ValueError("an elastic resume (a state saved at another world size or worker count) of a "
+                                 "cost-balanced loader is not supported: its rows per old rank follow the cost order; "
+                                 "resume at the same world size, or finish the epoch, or use balance='rows'")
             if unread is None:
                 raise ValueError("stages need unread= (which rows each old slot had not delivered)")
             return elastic.stage_pieces(self._counts, stages=stages, world_size=world, num_workers=num_workers,
                                         batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
                                         epoch=epoch, unread=unread, reshuffle=reshuffle,
                                         partition_epoch=partition_epoch)
+        order = None
+        if by_cost:
+            pass_index = 0 if reshuffle == "fixed" else balance.split_epoch(epoch, partition_epoch)[0]
+            order = cost_order(self._counts, self.catalog.cost_sums(), seed=self.seed, epoch=pass_index)
         return balance.assign(self._counts, world_size=world, batch_size=self._batch(batch_size), policy=self.policy,
                               seed=self.seed, epoch=epoch, num_workers=num_workers, reshuffle=reshuffle,
-                              partition_epoch=partition_epoch)
+                              partition_epoch=partition_epoch, order=order)
 
     def assignment(self, rank: int, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
                    batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
-                   stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None) -> List[Fragment]:
+                   stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None,
+                   balance_by: str = "auto") -> List[Fragment]:
         """The fragments rank ``rank`` reads in ``epoch``, worker by worker, in delivery order."""
         world = self.world_size if world_size is None else world_size
         check_rank_world(rank, world)
         mine = self.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch_size,
                            reshuffle=reshuffle, partition_epoch=partition_epoch, stages=stages,
-                           unread=unread).of_rank(rank)
+                           unread=unread, balance_by=balance_by).of_rank(rank)
         groups = self.catalog.row_groups
         fragments = []
         for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding)):

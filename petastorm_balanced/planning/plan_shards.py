@@ -6,6 +6,7 @@ from typing import Optional
 from ..io import fs as fsutil
 from ..plan import balance
 from ..plan.catalog import Catalog
+from ..plan.cost import FUNCTIONS, parse_cost
 from ..plan.format import dataset_fingerprint
 from ..plan.model import ShardPlan
 from ..plan.predicate import PredicateInfo, predicate_info
@@ -15,12 +16,14 @@ ENGINES = ("spark", "local")
 
 def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, predicate=None,
                 batch_size: Optional[int] = None, policy: str = "drop", seed: int = 0, engine: str = "spark",
-                spark=None, output_url=None, progress=None) -> ShardPlan:
+                spark=None, output_url=None, progress=None, cost: Optional[str] = None) -> ShardPlan:
     """Scan ``dataset_url``, keep the rows that match ``where`` (Spark SQL) or ``predicate`` (Petastorm), and
     balance them over ``world_size`` ranks; saves the plan when ``output_url`` is given.
 
     ``batch_size`` may be left out and given to the loader instead; the plan then balances rows, not batches.
     ``progress``, a callable taking a count, hears of each footer the local engine reads (the CLI's progress line).
+    ``cost`` (a numeric column, ``length(col)``/``size(col)``, or with ``engine="spark"`` any Spark SQL numeric
+    expression) records each row group's cost sum and largest row cost, so loaders can balance cost per step.
     """
     balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
                                                                 {"batch_size": batch_size}))
@@ -33,6 +36,10 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
         raise ValueError(f"where={where!r} must be a non-empty Spark SQL boolean expression")
     url = fsutil.normalize_url(dataset_url)
     described = predicate_info(where, predicate)  # before scanning: a predicate we cannot fingerprint fails fast
+    cost_spec = None if cost is None else parse_cost(cost)
+    if cost_spec is not None and engine == "local" and not cost_spec.loader_evaluable:
+        raise ValueError(f"cost={cost!r} is a Spark SQL expression and needs engine='spark'; with engine='local' "
+                         f"pass a numeric column or one of {', '.join(FUNCTIONS)} of a column")
     if engine == "local":
         if where is not None:
             raise ValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
@@ -42,11 +49,27 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     else:
         from .engines.spark import build_catalog
         catalog = build_catalog(url, where=where, predicate=predicate, spark=spark)
+    if cost_spec is not None:
+        catalog = _add_costs(url, catalog, cost_spec, engine=engine, where=where, predicate=predicate, spark=spark)
     plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
                      predicate=described)
     if output_url is not None:
         plan.save(output_url)
     return plan
+
+
+def _add_costs(url, catalog, spec, *, engine, where, predicate, spark):
+    """The catalog with cost statistics: Spark SQL evaluates the cost unless a Petastorm predicate chose the rows
+    (Spark cannot name those), then this process reads the cost column."""
+    from .costs import local_cost_stats, with_costs
+    if engine == "local" or predicate is not None:
+        return with_costs(catalog, spec, local_cost_stats(url, catalog, spec))
+    from ..io.dataset import list_data_files
+    from .engines.spark import get_session
+    from .engines.spark_cost import spark_cost_stats
+    _, root, _ = list_data_files(url)
+    stats = spark_cost_stats(get_session(spark), url, root, catalog.files, spec, where)
+    return with_costs(catalog, spec, stats)
 
 
 def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Optional[int], policy: str, seed: int,

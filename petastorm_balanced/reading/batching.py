@@ -26,7 +26,7 @@ cut them into batches, so per-batch work is a slice, and conversions (to tensors
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -115,10 +115,14 @@ class WindowBatcher:
     """
 
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
-                 key: Optional[Sequence[int]]):
+                 key: Optional[Sequence[int]], arrange: Optional[Callable] = None):
         if window_rows % batch_size:
             raise ValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
         self._total, self._batch, self._window_rows, self._key = total_rows, batch_size, window_rows, key
+        # arrange(window columns, key) -> (order, lengths): cost balancing (``cost_batching``) in place of the plain
+        # permutation; ``lengths`` (rows per batch, token budgets) makes every batch its own run, and then the start
+        # point's ``skip_rows`` counts batches. Like the permutation it must depend on the window and key alone.
+        self._arrange = arrange
         self._window = start.window
         self._row = start.row  # slot row where the window being filled starts
         self._skip = start.skip_rows
@@ -151,14 +155,22 @@ class WindowBatcher:
 
     def _emit(self, size: int) -> Iterator[Columns]:
         window = self._take(size)
+        lengths = None
         if self._key is not None:
-            order = window_permutation(size, (*self._key, self._window))
+            if self._arrange is not None:
+                order, lengths = self._arrange(window, (*self._key, self._window))
+            else:
+                order = window_permutation(size, (*self._key, self._window))
             window = {name: _gather(values, order) for name, values in window.items()}
         else:  # batches are writable arrays (torch needs that); one copy per window, not one per batch
             window = {name: values if isinstance(values, pa.Array) or values.flags.writeable
                       or values.dtype == object else values.copy() for name, values in window.items()}
         skip, self._skip = self._skip, 0
-        if skip < size:
+        if lengths is not None:  # batches of varying rows, each its own run; skip counts batches
+            ends = np.cumsum(lengths)
+            for end, rows in zip(ends[skip:], lengths[skip:]):
+                yield {name: values[end - rows:end] for name, values in window.items()}
+        elif skip < size:
             yield {name: values[skip:] for name, values in window.items()} if skip else window
         self._window += 1
         self._row += size

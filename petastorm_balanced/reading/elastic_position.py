@@ -24,9 +24,10 @@ class Layout:
     saved state (``Layout.of_state``) to show or check an elastic resume without a loader."""
 
     def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int, shuffle: bool,
-                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1):
+                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1, balance_by: str = "rows"):
         self.plan, self.world_size, self.rank, self.batch_size = plan, world_size, rank, batch_size
         self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
+        self.balance_by = balance_by  # "rows", or "cost" (the plan's cost order: ``plan.pieces``)
         self.steps = plan.steps_per_epoch(world_size, batch_size)  # of a whole pass
         self.partition_epoch = check_partition_epoch(partition_epoch, self.steps)
         self._stage_steps = {}  # (epoch, stages, world) -> steps, for positions after an elastic resume
@@ -37,7 +38,8 @@ class Layout:
         try:
             return cls(plan, world_size, batch_size=state["batch_size"], shuffle=state["shuffle"],
                        shuffle_window=state["shuffle_window"], reshuffle=state["reshuffle"],
-                       partition_epoch=state.get(PARTITION_EPOCH, 1))
+                       partition_epoch=state.get(PARTITION_EPOCH, 1),
+                       balance_by="cost" if state.get("balance") == "cost" else "rows")
         except KeyError as exc:
             raise ValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 
@@ -48,9 +50,10 @@ class Layout:
 
     def pieces_args(self, epoch: int, num_workers: int = 1, stages=()) -> dict:
         """Keyword arguments of ``plan.pieces`` / ``plan.assignment`` for this layout's ``epoch``."""
-        return dict(epoch=epoch, world_size=self.world_size, num_workers=num_workers, batch_size=self.batch_size,
+        return dict(epoch=epoch, world_size=self.world_size, num_workers=num_workers,
+                    batch_size=self.batch_size or 1,  # None: a token budget, which assigns rows one by one
                     reshuffle=self.reshuffle, partition_epoch=self.partition_epoch, stages=stages,
-                    unread=unread_rule(self, epoch) if stages else None)
+                    unread=unread_rule(self, epoch) if stages else None, balance_by=self.balance_by)
 
     def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
         """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""

@@ -49,12 +49,15 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
-                 schema_fields=None, padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1):
+                 schema_fields=None, padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1,
+                 balance: str = "auto", cost_reduce: str = "sum"):
         require_torch()
         self.backend = resolve_backend(backend)
+        # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
                                    reshuffle=reshuffle, shuffle_window=shuffle_window, schema_fields=schema_fields,
-                                   padding_mask=padding_mask, partition_epoch=partition_epoch)
+                                   padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
+                                   cost_reduce=cost_reduce)
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
@@ -101,7 +104,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
-                                batches_done=(done + worker) // num_workers + own)
+                                batches_done=(done + worker) // num_workers + own, cost=settings.cost,
+                                drop=settings.drop)
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.

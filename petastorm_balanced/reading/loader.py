@@ -43,11 +43,13 @@ class BalancedLoader(PlannedView):
 
     def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
                  shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
-                 reader_options: Optional[dict] = None, backend: str = "auto", partition_epoch: int = 1):
+                 reader_options: Optional[dict] = None, backend: str = "auto", partition_epoch: int = 1,
+                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None):
         require_torch()
         self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                    shuffle_window=shuffle_window, schema_fields=schema_fields,
-                                   padding_mask=padding_mask, partition_epoch=partition_epoch)
+                                   padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
+                                   cost_reduce=cost_reduce, max_batch_cost=max_batch_cost)
         self._position = Position(self._settings, epoch)
         self.backend = resolve_backend(backend)
         self._reader_options = dict(reader_options or {})
@@ -72,10 +74,12 @@ class BalancedLoader(PlannedView):
             chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
-                                key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start)
+                                key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
+                                cost=settings.cost, drop=settings.drop)
         try:
-            for batch_run in runs:
-                for batch in torch_batches(batch_run, settings.batch_size, settings.padding_mask):
+            for batch_run in runs:  # a token budget's batches come one per run
+                size = settings.batch_size or len(batch_run[stream.PADDING])
+                for batch in torch_batches(batch_run, size, settings.padding_mask):
                     run.delivered()
                     yield batch
         finally:
@@ -119,6 +123,7 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
                 shuffle: bool = True, reshuffle: str = "epoch", workers_count: int = 4,
                 reader_pool_type: str = "thread", schema_fields=None, padding_mask: bool = False,
                 shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
+                balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
                 **petastorm_kwargs) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
@@ -136,6 +141,12 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     ``partition_epoch=P`` splits each pass over the data into P sub-epochs: loader epoch ``e`` serves part ``e % P``
     of pass ``e // P`` (every rank the same steps in a part, parts differing by at most one step, no row twice in
     a pass). ``load_state_dict`` also takes a state saved at another world size (elastic resume, G10).
+
+    Cost plans (``plan_shards(cost=...)``): ``balance="cost"`` (the default for them) arranges every shuffle window
+    so that each step's batches cost about the same on every rank, with no communication (docs/how-it-works.md);
+    ``cost_reduce="sum"`` for packed batches, ``"max"`` for padded ones (batch_size x longest row). Batches then
+    carry each row's cost as ``_cost``. ``max_batch_cost=C`` with ``batch_size=None``: batches of as many rows as
+    fit under C, the same number of steps on every rank.
     """
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     check_pool_options(reader_pool_type, workers_count)
@@ -149,5 +160,6 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     who = resolve_world(rank, world)
     return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,
                           shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
-                          reader_options=options, backend=chosen, partition_epoch=partition_epoch)
+                          reader_options=options, backend=chosen, partition_epoch=partition_epoch, balance=balance,
+                          cost_reduce=cost_reduce, max_batch_cost=max_batch_cost)
 

@@ -17,6 +17,9 @@ from .elastic_position import Layout
 from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..world import World
+from .cost_batching import resolve_cost
+from ..params import check_int
+from ..plan import balance as balance_module
 from .options import resolve_plan
 
 
@@ -24,27 +27,39 @@ class Settings(Layout):
     """Checked loader settings shared by BalancedLoader and BalancedIterableDataset."""
 
     def __init__(self, plan, world: World, *, batch_size, shuffle, reshuffle, shuffle_window, schema_fields,
-                 padding_mask, partition_epoch=1):
+                 padding_mask, partition_epoch=1, balance="auto", cost_reduce="sum", max_batch_cost=None):
         self.plan: ShardPlan = resolve_plan(plan)
         self.rank, self.world_size = world.rank, world.size
-        self.batch_size = self.plan.batch_size if batch_size is None else batch_size
-        if self.batch_size is None:
+        # cost balancing (None: rows only); with a token budget batches have no fixed size
+        self.cost = resolve_cost(self.plan, balance=balance, cost_reduce=cost_reduce, max_batch_cost=max_batch_cost,
+                                 batch_size=batch_size, shuffle=shuffle)
+        budget = self.cost is not None and self.cost.budget is not None
+        self.batch_size = None if budget else self.plan.batch_size if batch_size is None else batch_size
+        if self.batch_size is None and not budget:
             raise ValueError("batch_size=None and the plan was made without one; pass batch_size=")
         if reshuffle not in ("epoch", "fixed"):
             raise ValueError(f"reshuffle={reshuffle!r} is not one of 'epoch' (new assignment every epoch) or "
                              "'fixed' (the epoch-0 assignment, for caching)")
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle={shuffle!r} must be True or False")
-        if isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int) or shuffle_window < 1:
-            raise ValueError(f"shuffle_window={shuffle_window!r} must be an int >= 1 (rows per shuffle window)")
-        self.steps = self.plan.steps_per_epoch(self.world_size, self.batch_size)  # checks batch_size too
-        if self.plan.total_rows < self.world_size * self.batch_size:  # the balancer would refuse it at iteration
-            raise ValueError(f"batch_size={self.batch_size} x world_size={self.world_size} rows per step exceed the "
-                             f"plan's {self.plan.total_rows} matching rows; lower batch_size")
-        Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=self.batch_size, shuffle=shuffle,
-                        shuffle_window=shuffle_window, reshuffle=reshuffle, partition_epoch=partition_epoch)
+        check_int("shuffle_window", shuffle_window, minimum=1, hint=" (rows per shuffle window)")
+        if budget and partition_epoch != 1:
+            raise ValueError(f"partition_epoch={partition_epoch} with max_batch_cost: a token budget packs each "
+                             "window's rows into batches, so sub-epochs are not supported with it; leave "
+                             "partition_epoch=1 or use batch_size")
+        rows_batch = 1 if budget else self.batch_size  # a token budget assigns rows one by one, then packs them
+        balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, check_int(
+            "batch_size", rows_batch, minimum=1))
+        Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=rows_batch, shuffle=shuffle,
+                        shuffle_window=shuffle_window, reshuffle=reshuffle, partition_epoch=partition_epoch,
+                        balance_by="rows" if self.cost is None else "cost")
+        self.batch_size = None if budget else rows_batch
+        if budget:
+            self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
         self.padding_mask = bool(padding_mask)
-        self.columns = stream.dataset_columns(self.plan, schema_fields)
+        # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
+        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, schema_fields),
+                                                          self.plan, self.cost)
         self._checksum = None
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
@@ -55,7 +70,7 @@ class Settings(Layout):
         if self._checksum is None:
             self._checksum = self.plan.checksum
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
-        return dict(zip(Position.IDENTITY_KEYS, values))
+        return {**dict(zip(Position.IDENTITY_KEYS, values)), **({} if self.cost is None else self.cost.identity())}
 
 
 class Position:

@@ -6,6 +6,7 @@ the same ``WindowBatcher``, so for the same slot they deliver the same batches, 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -16,6 +17,8 @@ import pyarrow.parquet as pq
 from . import fragments as fr
 from ..io import fs as fsutil
 from .batching import WindowBatcher, start_point, window_rows
+from .cost_batching import CostOptions
+from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
 from ..io.dataset import load_unischema, partition_values
 
@@ -61,27 +64,60 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
     return Columns(tuple(names), used, {n: fields[n] for n in names} if fields else None)
 
 
-def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int, shuffle: bool,
-              shuffle_window: int, key: Sequence[int], batches_done: int = 0) -> Iterator[dict]:
+def with_cost_source(columns: Columns, plan: ShardPlan, cost: Optional[CostOptions]) -> Tuple[Columns, tuple]:
+    """The columns to read when balancing by ``cost`` (its source column added if not requested), and the names
+    to drop after computing the cost."""
+    if cost is not None and COST_COLUMN in columns.names:
+        raise ValueError(f"the dataset has a column named {COST_COLUMN!r}, which a loader balancing cost adds; "
+                         "rename the column, or pass balance='rows'")
+    if cost is None or cost.column in columns.names:
+        return columns, ()
+    source = dataset_columns(plan, [re.escape(cost.column)])
+    fields = None if columns.fields is None else {**columns.fields, **(source.fields or {})}
+    return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields), \
+        source.names
+
+
+def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: Optional[int], shuffle: bool,
+              shuffle_window: int, key: Sequence[int], batches_done: int = 0,
+              cost: Optional[CostOptions] = None, drop: Sequence[str] = ()) -> Iterator[dict]:
     """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
+    With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
+    ``cost_batching`` instead of permuted, and ``drop`` names columns read only to compute the cost.
+    ``batch_size=None`` (token budgets) makes every batch its own run.
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
-    size = window_rows(batch_size, shuffle_window, shuffle)
-    start = start_point(rows, batch_size=batch_size, window_rows=size, batches_done=batches_done, shuffle=shuffle)
+    budget = cost is not None and cost.budget is not None
+    size = window_rows(1 if budget else batch_size, shuffle_window, shuffle)
+    if budget:
+        start = cost.budget_start(total, size, rows, batches_done)
+    else:
+        start = start_point(rows, batch_size=batch_size, window_rows=size, batches_done=batches_done,
+                            shuffle=shuffle)
     if start.row >= total:
         return
     first = fragments[start.fragment]
     todo = [replace(first, start=first.start + start.offset)] + list(fragments[start.fragment + 1:])
-    batcher = WindowBatcher(total_rows=total, batch_size=batch_size, window_rows=size, start=start,
-                            key=tuple(key) if shuffle else None)
+    arrange = None
+    if cost is not None:
+        def arrange(window, window_key):
+            return cost.arrange(window[COST_COLUMN], batch_size, window_key)
+    batcher = WindowBatcher(total_rows=total, batch_size=1 if budget else batch_size, window_rows=size,
+                            start=start, key=tuple(key) if shuffle else None, arrange=arrange)
+    spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
     stream = iter(chunks(todo))
     try:
         for chunk, columns in stream:
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
+            if spec is not None:
+                where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
+                columns[COST_COLUMN] = check_costs(evaluate(spec, columns[spec.column]), where)
+                for name in drop:
+                    del columns[name]
             yield from batcher.push(columns)
     finally:
         close = getattr(stream, "close", None)

@@ -48,7 +48,7 @@ def cmd_plan(args) -> int:
     with Progress("reading footers") as bar, _spark(args) as spark:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine=args.engine, spark=spark,
-                           output_url=args.output, progress=bar)
+                           output_url=args.output, progress=bar, cost=args.cost)
     from .report import compare_report
     r = compare_report(plan)
     if plan.batch_size is None:
@@ -192,7 +192,8 @@ def cmd_compare(args) -> int:
     engine = args.engine or ("spark" if args.where else "local")
     with Progress("reading footers") as bar, _spark(args, engine) as spark:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
-                           policy=args.policy, seed=args.seed, engine=engine, spark=spark, progress=bar)
+                           policy=args.policy, seed=args.seed, engine=engine, spark=spark, progress=bar,
+                           cost=args.cost)
     report = compare_report(plan)
     print(json.dumps(report, indent=2) if args.json else format_compare(report))
     return OK
@@ -258,6 +259,8 @@ def add_planning_arguments(p, default_engine=None, *, engine_options: bool = Tru
                    help="rows per batch; without it rows are balanced, not batches")
     p.add_argument("--policy", choices=("drop", "pad"), default="drop")
     p.add_argument("--seed", type=_non_negative, default=0, metavar="S")
+    p.add_argument("--cost", metavar="EXPR", help="per-row cost to balance per step: a numeric column, "
+                   "length(col), size(col), or with the Spark engine any Spark SQL numeric expression")
     if engine_options:
         p.add_argument("--engine", choices=("spark", "local"), default=default_engine,
                        help="default: spark" if default_engine else "default: spark with --where, else local")

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..plan import balance
 from ..plan.catalog import Catalog
-from .petastorm_sharding import petastorm_shards
+from .petastorm_sharding import petastorm_shards, piece_keys
+from ..plan.cost_report import rank_costs, straggler_ratio
 from ..plan.model import ShardPlan
 from ..plan.format import split_row_groups
 
@@ -52,7 +53,39 @@ def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] 
         "petastorm": petastorm_report(plan.catalog, world, batch),
         **parts,
         "resume": resume,
+        **cost_report(plan.catalog, pieces),
     }
+
+
+def cost_report(catalog: Catalog, pieces: balance.Pieces) -> dict:
+    """The cost side of a cost plan (empty for others): each rank's epoch cost, ours and Petastorm's, estimated
+    from the plan's per-row-group sums, and the straggler ratio (max / mean) of those totals. Per-step figures
+    need the rows themselves: benchmarks/bench_cost.py measures them."""
+    if catalog.cost is None:
+        return {}
+    ours = rank_costs(catalog, pieces)
+    sums = {(r.path, r.row_group): r.cost_sum for r in catalog.row_groups}
+    keys = piece_keys(catalog)
+    theirs = np.bincount(np.arange(len(keys)) % pieces.world_size,
+                         weights=[sums.get((p, i), 0) for p, i, _ in keys], minlength=pieces.world_size)
+    return {"cost": {"text": catalog.cost, "total_cost": int(catalog.cost_sums().sum()),
+                     "max_row_cost": catalog.max_row_cost, "rank_costs": [int(round(c)) for c in ours],
+                     "straggler_ratio": round(straggler_ratio(ours), 4),
+                     "petastorm_rank_costs": [int(c) for c in theirs],
+                     "petastorm_straggler_ratio": round(straggler_ratio(theirs), 4)}}
+
+
+def format_cost(report: dict) -> List[str]:
+    """Lines for the cost side (none for a plan without a cost)."""
+    cost = report.get("cost")
+    if not cost:
+        return []
+    return ["", f"cost {cost['text']!r}: {cost['total_cost']} in all, largest row {cost['max_row_cost']}",
+            f"epoch cost per rank (from row group sums): petastorm-balanced {cost['rank_costs']}, max/mean "
+            f"{cost['straggler_ratio']:.3f}; Petastorm cur_shard/shard_count {cost['petastorm_rank_costs']}, "
+            f"max/mean {cost['petastorm_straggler_ratio']:.3f}",
+            "per step, make_loader(balance='cost') evens the ranks' batch costs inside each shuffle window "
+            "(benchmarks/bench_cost.py)"]
 
 
 def compare_report(plan: ShardPlan, *, batch_size: Optional[int] = None) -> dict:
@@ -66,6 +99,7 @@ def compare_report(plan: ShardPlan, *, batch_size: Optional[int] = None) -> dict
         **balanced_totals(plan.catalog, pieces),
         "ranks": balanced_ranks(plan.catalog, pieces),
         "petastorm": petastorm_report(plan.catalog, plan.world_size, batch),
+        **cost_report(plan.catalog, pieces),
     }
 
 
@@ -137,7 +171,7 @@ def format_inspect(report: dict) -> str:
     p = report["petastorm"]
     lines += ["", f"Petastorm cur_shard/shard_count over the same rows: {p['min_rows']}..{p['max_rows']} rows, "
               f"{p['min_steps']}..{p['max_steps']} steps per rank (petastorm-balanced compare shows the table)"]
-    return "\n".join(lines)
+    return "\n".join(lines + format_cost(report))
 
 
 def _parts_lines(report: dict) -> List[str]:
@@ -171,7 +205,7 @@ def format_compare(report: dict) -> str:
                      "the others hang in their next all-reduce")
     if p["refused"]:
         lines.append(f"(Petastorm itself refuses this: fewer row groups than world_size={report['world_size']})")
-    return "\n".join(lines)
+    return "\n".join(lines + format_cost(report))
 
 
 def _header(dataset_url, kind, text, world, batch, policy, seed) -> dict:

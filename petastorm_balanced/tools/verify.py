@@ -65,6 +65,8 @@ class ReadCheck:
             checks.append(_g1_rows(self.plan, per_rank, self.batch, epoch, self.how))
             checks.append(_g2_rows(self.plan, per_rank, self.batch, epoch, self.expected,
                                    f"{self.source}; read with {self.how}"))
+        if self.plan.cost is not None:
+            checks.append(cost_check(self.plan))
         return checks
 
     def _rank_rows(self, rank: int, epoch: int):
@@ -177,6 +179,29 @@ class _RowReader:
             return self._offsets[(path, row_group)]
         except KeyError:
             raise PlanError(f"{path!r} row group {row_group} is in the plan but not in the data files") from None
+
+
+def cost_check(plan: ShardPlan) -> Check:
+    """A cost plan's per-row-group statistics against the data: every matching row's cost evaluated again (with
+    the loader's functions) must give the recorded sums and largest costs, and be a non-negative integer."""
+    from ..plan.cost import parse_cost
+    from ..planning.costs import local_cost_stats
+    name = "cost statistics (read)"
+    spec = parse_cost(plan.cost)
+    if not spec.loader_evaluable:
+        return Check(name, True, f"not re-evaluated: {plan.cost!r} is a Spark SQL expression (re-plan to compare)")
+    try:
+        stats = local_cost_stats(plan.dataset_url, plan.catalog, spec)
+    except ValueError as exc:
+        return Check(name, False, str(exc))
+    for r in plan.catalog.row_groups:
+        got = stats[(r.path, r.row_group)]
+        if got != (r.cost_sum, r.cost_max):
+            return Check(name, False, f"{r.path!r} row group {r.row_group}: the data gives cost sum {got[0]} and "
+                                      f"max {got[1]}, the plan recorded {r.cost_sum} and {r.cost_max}; re-plan")
+    return Check(name, True, f"{plan.cost!r} sums and largest costs of {len(plan.catalog.row_groups)} row groups "
+                             f"match the data (total {int(plan.catalog.cost_sums().sum())}, largest row "
+                             f"{plan.max_row_cost})")
 
 
 def _dataset_check(plan: ShardPlan) -> Check:
