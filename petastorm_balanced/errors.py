@@ -7,6 +7,25 @@ users expect.
 from typing import Sequence
 
 
+class BadInputError(Exception):
+    """Base of the errors our own checks raise for bad arguments or data: what the CLI reports as bad usage (exit 2).
+
+    Anything else escaping the package (a ``TypeError`` from a bug, say) is a bug and is shown with its traceback.
+    """
+
+
+class InvalidValueError(BadInputError, ValueError):
+    """A bad value: the message names the parameter, the value and the fix (still a ``ValueError``)."""
+
+
+class InvalidTypeError(BadInputError, TypeError):
+    """A value of the wrong type: the message names the parameter and what it takes (still a ``TypeError``)."""
+
+
+class MissingDependencyError(BadInputError, ImportError):
+    """A feature needs a package this environment lacks (or cannot import): the message says what to install."""
+
+
 class PlanError(Exception):
     """A plan cannot be used: corrupt, partial, foreign, stale or of an unknown version."""
 
@@ -23,7 +42,7 @@ class PlanVersionError(PlanError):
     """The plan was written in a format version this package does not read."""
 
 
-class InvalidWhereError(ValueError):
+class InvalidWhereError(InvalidValueError):
     """``where`` is not a Spark SQL boolean expression over the dataset's columns, or it fails on its rows."""
 
     def __init__(self, expression: str, reason: str, columns: Sequence[str], *, on_data: bool = False):

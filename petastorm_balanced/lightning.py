@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 
+from .errors import InvalidValueError, MissingDependencyError
 from .reading.loader import make_loader
 
 
@@ -39,8 +40,8 @@ def _lightning_module():
         import lightning.pytorch
         return lightning.pytorch
     except ImportError:
-        raise ImportError("petastorm_balanced.lightning needs PyTorch Lightning: pip install "
-                          "pytorch-lightning (see requirements/frameworks.txt for the tested version)") from None
+        raise MissingDependencyError("petastorm_balanced.lightning needs PyTorch Lightning: pip install "
+                                     "pytorch-lightning (see requirements/frameworks.txt for the tested version)") from None
 
 
 pl = _lightning_module()
@@ -65,7 +66,7 @@ class BalancedDataModule(pl.LightningDataModule):
         super().__init__()
         for name, why in OWNED.items():
             if name in make_loader_kwargs:
-                raise ValueError(f"{name}={make_loader_kwargs[name]!r} is not accepted by BalancedDataModule: {why}")
+                raise InvalidValueError(f"{name}={make_loader_kwargs[name]!r} is not accepted by BalancedDataModule: {why}")
         self.plan, self.val_plan, self.batch_size = plan, val_plan, batch_size
         self.make_loader_kwargs = dict(make_loader_kwargs)
 

@@ -5,22 +5,24 @@ range raises ``ValueError``; both messages name the parameter, the value and wha
 >>> check_int("batch_size", 0, minimum=1)
 Traceback (most recent call last):
 ...
-ValueError: batch_size=0 must be >= 1
+petastorm_balanced.errors.InvalidValueError: batch_size=0 must be >= 1
 """
 from __future__ import annotations
 
 from numbers import Integral
 from typing import Optional
 
+from .errors import InvalidTypeError, InvalidValueError
+
 
 def check_int(name: str, value, *, minimum: Optional[int] = None, maximum: Optional[int] = None,
               hint: str = "") -> int:
     """``value`` as a Python int, after checking it is an integer in ``[minimum, maximum]`` (inclusive)."""
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        raise InvalidTypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     value = int(value)
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}{hint}")
+        raise InvalidValueError(f"{name}={value} must be >= {minimum}{hint}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name}={value} must be <= {maximum}{hint}")
+        raise InvalidValueError(f"{name}={value} must be <= {maximum}{hint}")
     return value

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from .params import check_int
+from .errors import InvalidValueError
 
 # (rank variable, size variable, launcher), in the order they are trusted.
 _ENV_PAIRS = (
@@ -67,8 +68,8 @@ def resolve_world(rank, world) -> World:
         return World.detect()
     if rank is None or world is None:
         missing = "rank" if rank is None else "world"
-        raise ValueError(f"{missing}=None while the other is given; pass both rank and world, or neither to "
-                         "detect them from the environment")
+        raise InvalidValueError(f"{missing}=None while the other is given; pass both rank and world, or neither to "
+                                "detect them from the environment")
     return World(rank, world)
 
 

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         ours.propagate = False
     ours.setLevel(logging.INFO)
     from petastorm_balanced import PlanError, plan_shards
-    from petastorm_balanced.errors import InvalidWhereError
+    from petastorm_balanced.errors import BadInputError, InvalidWhereError
     from petastorm_balanced.planning.engines.spark import get_session
     from pyspark.sql import SparkSession
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     except InvalidWhereError as exc:
         print(f"{PROG}: error: --where {exc.expression!r} {exc.problem}: {exc.reason}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, PlanError, ImportError) as exc:  # ImportError: what to install, e.g. S3A
+    except (BadInputError, PlanError) as exc:  # our checks' errors (what to install, e.g. S3A, included)
         print(f"{PROG}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
     finally:

@@ -14,6 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from . import fs as fsutil
+from ..errors import InvalidValueError, MissingDependencyError
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 
@@ -37,15 +38,15 @@ def list_data_files(url: str) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]
     filesystem, root = fsutil.resolve(url)
     info = filesystem.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
-        raise ValueError(f"dataset_url={url!r} does not exist; check the path or URL")
+        raise InvalidValueError(f"dataset_url={url!r} does not exist; check the path or URL")
     if info.type == pafs.FileType.File:
         return filesystem, root.rsplit("/", 1)[0], [info]
     entries = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     files = [e for e in entries if e.type == pafs.FileType.File
              and all(is_data_name(part) for part in relative_path(e.path, root).split("/"))]
     if not files:
-        raise ValueError(f"dataset_url={url!r} holds no Parquet data file (files named _* or .* are metadata); "
-                         "point it at a folder of Parquet files")
+        raise InvalidValueError(f"dataset_url={url!r} holds no Parquet data file (files named _* or .* are metadata); "
+                                "point it at a folder of Parquet files")
     return filesystem, root, sorted(files, key=lambda e: relative_path(e.path, root))
 
 
@@ -66,10 +67,10 @@ def load_unischema(url: str):
     try:
         import petastorm  # noqa: F401  (the pickle names Petastorm's classes)
     except ImportError as exc:
-        raise ImportError(f"{url} is a Petastorm dataset (a Unischema in _common_metadata): its cells are encoded by "
-                          f"Petastorm codecs, and Petastorm cannot be imported here ({exc}). Install the petastorm "
-                          "stack (pip install 'petastorm-balanced[petastorm]', pyarrow < 15; docs/stacks.md), or "
-                          "rewrite the dataset as plain Parquet") from None
+        raise MissingDependencyError(f"{url} is a Petastorm dataset (a Unischema in _common_metadata): its cells are encoded by "
+                                     f"Petastorm codecs, and Petastorm cannot be imported here ({exc}). Install the petastorm "
+                                     "stack (pip install 'petastorm-balanced[petastorm]', pyarrow < 15; docs/stacks.md), or "
+                                     "rewrite the dataset as plain Parquet") from None
     return pickle.loads(payload)
 
 

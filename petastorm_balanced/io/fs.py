@@ -12,13 +12,15 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from ..errors import InvalidTypeError
+
 
 def normalize_url(url) -> str:
     """A canonical spelling: local paths become absolute ``file://`` URLs, remote URLs lose trailing slashes."""
     if isinstance(url, os.PathLike):
         url = os.fspath(url)
     if not isinstance(url, str) or not url:
-        raise TypeError(f"dataset_url must be a non-empty str or path, got {url!r}")
+        raise InvalidTypeError(f"dataset_url must be a non-empty str or path, got {url!r}")
     parsed = urlparse(url)
     if parsed.scheme in ("", "file"):
         path = parsed.path if parsed.scheme == "file" else url

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pyarrow.filesystem as legacyfs
 
+from ..errors import MissingDependencyError
 from . import fs as fsutil
 
 S3_SCHEMES = ("s3", "s3a")
@@ -65,7 +66,7 @@ def s3fs_filesystem(url, **storage_options):
     try:
         import s3fs
     except ImportError:  # pragma: no cover - depends on the installation
-        raise ImportError("reading s3:// datasets needs s3fs: pip install 'petastorm-balanced[s3]'") from None
+        raise MissingDependencyError("reading s3:// datasets needs s3fs: pip install 'petastorm-balanced[s3]'") from None
     options = dict(storage_options)
     client = options["client_kwargs"] = dict(options.get("client_kwargs") or {})  # never edit the caller's dict
     endpoint = endpoint_url(url)

@@ -18,8 +18,6 @@ a pass has left after a world change the same way (``Sequence``, ``pad_to``, ``c
 pyspark in here.
 
 >>> import numpy as np
-
-from ..params import check_int
 >>> pieces = assign(np.array([10, 3, 7]), world_size=2, batch_size=4, policy="drop", seed=0, epoch=0)
 >>> [int(pieces.rows_of_rank(r)) for r in range(2)]
 [8, 8]
@@ -31,6 +29,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from ..errors import InvalidValueError
 from ..params import check_int
 
 POLICIES = ("drop", "pad")
@@ -179,7 +178,7 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
                  partition_epoch=partition_epoch)
     check_policy(policy)
     if reshuffle not in RESHUFFLES:
-        raise ValueError(f"reshuffle={reshuffle!r} is not one of {RESHUFFLES}")
+        raise InvalidValueError(f"reshuffle={reshuffle!r} is not one of {RESHUFFLES}")
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
     check_fills_a_step(total, world_size, batch_size)
@@ -197,8 +196,8 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
 
 def check_partition(steps: int, partition_epoch: int) -> None:
     if partition_epoch > steps:
-        raise ValueError(f"partition_epoch={partition_epoch} exceeds the {steps} steps per rank of a pass; every "
-                         f"part needs at least one step: use partition_epoch <= {steps}")
+        raise InvalidValueError(f"partition_epoch={partition_epoch} exceeds the {steps} steps per rank of a pass; every "
+                                f"part needs at least one step: use partition_epoch <= {steps}")
 
 
 def pad_to(sequence: Sequence, delivered: int) -> Sequence:
@@ -227,7 +226,7 @@ def cut_part(sequence: Sequence, *, steps: int, part: int, parts: int, world_siz
     seg_pos = sequence.positions  # (segments + 1,)
     end = int(slot_pos[-1])
     if end > sequence.total:
-        raise ValueError(f"the sequence holds {sequence.total} rows; part {part} needs rows up to {end}")
+        raise InvalidValueError(f"the sequence holds {sequence.total} rows; part {part} needs rows up to {end}")
     cuts = np.union1d(seg_pos[(seg_pos >= begin) & (seg_pos <= end)], slot_pos)  # where a piece starts or ends
     lo, hi = cuts[:-1], cuts[1:]
     seg = np.searchsorted(seg_pos, lo, side="right") - 1
@@ -255,15 +254,15 @@ def _tail(sequence: Sequence, rows: int) -> Sequence:
 def check_fills_a_step(total_rows: int, world_size: int, batch_size: int) -> None:
     """The one "too few rows" rule: every rank needs at least one full batch (planning, plans and loaders ask)."""
     if total_rows < world_size * batch_size:
-        raise ValueError(f"{total_rows} matching rows cannot fill one step of world_size={world_size} x "
-                         f"batch_size={batch_size} = {world_size * batch_size} rows; use a smaller batch_size or "
-                         "world_size, or a predicate that matches more rows")
+        raise InvalidValueError(f"{total_rows} matching rows cannot fill one step of world_size={world_size} x "
+                                f"batch_size={batch_size} = {world_size * batch_size} rows; use a smaller batch_size or "
+                                "world_size, or a predicate that matches more rows")
 
 
 def check_policy(policy: str) -> None:
     if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r} is not one of {POLICIES}: 'drop' leaves out fewer than "
-                         "world_size x batch_size rows, 'pad' repeats as many, flagged as padding")
+        raise InvalidValueError(f"policy={policy!r} is not one of {POLICIES}: 'drop' leaves out fewer than "
+                                "world_size x batch_size rows, 'pad' repeats as many, flagged as padding")
 
 
 def check_params(**params) -> None:

@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from . import selection
+from ..errors import InvalidValueError
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,9 @@ class Catalog:
     def __post_init__(self):
         keys = [(r.path, r.row_group) for r in self.row_groups]
         if keys != sorted(keys) or len(set(keys)) != len(keys):
-            raise ValueError("catalog row groups must be unique and sorted by (path, row_group)")
+            raise InvalidValueError("catalog row groups must be unique and sorted by (path, row_group)")
         if self.cost is not None and any(r.cost_sum is None or r.cost_max is None for r in self.row_groups):
-            raise ValueError(f"catalog with cost={self.cost!r} has row groups without cost statistics")
+            raise InvalidValueError(f"catalog with cost={self.cost!r} has row groups without cost statistics")
 
     @property
     def total_rows(self) -> int:

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import InvalidValueError
+
 #: Spark SQL functions of one column the loader evaluates the same way Spark does (characters for strings,
 #: bytes for binary, elements for arrays).
 FUNCTIONS = ("length", "char_length", "character_length", "octet_length", "size", "cardinality")
@@ -56,8 +58,8 @@ class CostSpec:
 def parse_cost(text) -> CostSpec:
     """The cost spec of ``cost=``; a ``ValueError`` names the parameter when it is not a non-empty string."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"cost={text!r} must be a column name or a Spark SQL numeric expression such as "
-                         "'length(text)'")
+        raise InvalidValueError(f"cost={text!r} must be a column name or a Spark SQL numeric expression such as "
+                                "'length(text)'")
     match = _COLUMN_RE.match(text)
     if match:
         return CostSpec(text, match.group(1) or match.group(2))
@@ -75,12 +77,12 @@ def evaluate(spec: CostSpec, values) -> np.ndarray:
     if spec.function is None:
         if isinstance(values, pa.Array):
             if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
-                raise ValueError(f"cost={spec.text!r}: column {spec.column!r} is {values.type}, not numeric; pass a "
-                                 "numeric column or an expression such as 'length(text)'")
+                raise InvalidValueError(f"cost={spec.text!r}: column {spec.column!r} is {values.type}, not numeric; pass a "
+                                        "numeric column or an expression such as 'length(text)'")
             return values.to_numpy(zero_copy_only=False)
         values = np.asarray(values)
         if values.dtype.kind not in "iuf":
-            raise ValueError(f"cost={spec.text!r}: column {spec.column!r} is {values.dtype}, not numeric")
+            raise InvalidValueError(f"cost={spec.text!r}: column {spec.column!r} is {values.dtype}, not numeric")
         return values
     if isinstance(values, pa.Array):
         kind = values.type
@@ -94,8 +96,8 @@ def evaluate(spec: CostSpec, values) -> np.ndarray:
                 pa.types.is_large_string(kind):
             if spec.function != "size":
                 return pc.binary_length(values).to_numpy(zero_copy_only=False)
-        raise ValueError(f"cost={spec.text!r}: {spec.function}() does not apply to column {spec.column!r} of type "
-                         f"{kind}")
+        raise InvalidValueError(f"cost={spec.text!r}: {spec.function}() does not apply to column {spec.column!r} of type "
+                                f"{kind}")
     # numpy: a list column the reader turned into arrays, or decoded Unischema cells
     values = np.asarray(values)
     if values.ndim == 2:  # fixed-size lists came back as a 2-D array
@@ -110,23 +112,23 @@ def check_costs(raw: np.ndarray, where: str) -> np.ndarray:
     if raw.dtype == object:
         nulls = np.fromiter((v is None for v in raw), dtype=bool, count=len(raw))
         if nulls.any():
-            raise ValueError(f"cost is NULL in {where} (row {int(np.argmax(nulls))}); costs must be non-negative "
-                             "integers: fill or filter those rows (where=...)")
+            raise InvalidValueError(f"cost is NULL in {where} (row {int(np.argmax(nulls))}); costs must be non-negative "
+                                    "integers: fill or filter those rows (where=...)")
         raw = raw.astype(np.float64)
     if raw.dtype.kind == "f":
         bad = np.isnan(raw)
         if bad.any():
-            raise ValueError(f"cost is NULL in {where} (row {int(np.argmax(bad))}); costs must be non-negative "
-                             "integers: fill or filter those rows (where=...)")
+            raise InvalidValueError(f"cost is NULL in {where} (row {int(np.argmax(bad))}); costs must be non-negative "
+                                    "integers: fill or filter those rows (where=...)")
         fractional = raw != np.floor(raw)
         if fractional.any():
-            raise ValueError(f"cost {raw[fractional][0]!r} in {where} is not an integer; costs are integer counts "
-                             "(tokens, bytes): round them, e.g. cost='ceil(x)' with the Spark engine")
+            raise InvalidValueError(f"cost {raw[fractional][0]!r} in {where} is not an integer; costs are integer counts "
+                                    "(tokens, bytes): round them, e.g. cost='ceil(x)' with the Spark engine")
     if raw.dtype.kind not in "iuf" and len(raw):
-        raise ValueError(f"cost values in {where} are {raw.dtype}, not numbers")
+        raise InvalidValueError(f"cost values in {where} are {raw.dtype}, not numbers")
     negative = raw < 0
     if negative.any():
-        raise ValueError(f"cost {raw[negative][0]!r} in {where} is negative; costs must be >= 0")
+        raise InvalidValueError(f"cost {raw[negative][0]!r} in {where} is negative; costs must be >= 0")
     return raw.astype(np.int64, copy=False)
 
 

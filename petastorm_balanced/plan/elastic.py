@@ -43,6 +43,7 @@ import numpy as np
 
 from . import balance
 from .balance import Pieces, Sequence
+from ..errors import InvalidValueError
 
 # (slot rows, batches the slot delivered, stage, rank, slot) -> (sorted positions, inside the slot, of the
 # undelivered rows of the window being delivered; the slot position from which no row was delivered)
@@ -65,11 +66,11 @@ class Stage:
     def from_list(cls, values) -> "Stage":
         if not isinstance(values, (list, tuple)) or len(values) != 4 or any(
                 isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in values):
-            raise ValueError(f"a saved stage must be 4 ints [world_size, num_workers, part, batches], got {values!r}")
+            raise InvalidValueError(f"a saved stage must be 4 ints [world_size, num_workers, part, batches], got {values!r}")
         stage = cls(*(int(v) for v in values))
         balance.check_params(world_size=stage.world_size, num_workers=stage.num_workers)
         if stage.part < 0 or stage.batches < 0:
-            raise ValueError(f"a saved stage has a negative part or batch count: {values!r}")
+            raise InvalidValueError(f"a saved stage has a negative part or batch count: {values!r}")
         return stage
 
 
@@ -89,18 +90,18 @@ def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num
     first_part = 0  # the first part the current stage serves
     for index, stage in enumerate(stages):
         if not first_part <= stage.part < partition_epoch:
-            raise ValueError(f"stage {index} stopped in part {stage.part}, outside parts {first_part}.."
-                             f"{partition_epoch - 1} that were left in the pass")
+            raise InvalidValueError(f"stage {index} stopped in part {stage.part}, outside parts {first_part}.."
+                                    f"{partition_epoch - 1} that were left in the pass")
         pieces, begin = _cut(pool, stage.world_size, stage.num_workers, batch_size, policy,
                              stage.part - first_part, partition_epoch - first_part)
         if stage.batches > pieces.steps_per_rank:
-            raise ValueError(f"stage {index} took {stage.batches} batches in part {stage.part}, which has only "
-                             f"{pieces.steps_per_rank} steps at world_size={stage.world_size}")
+            raise InvalidValueError(f"stage {index} took {stage.batches} batches in part {stage.part}, which has only "
+                                    f"{pieces.steps_per_rank} steps at world_size={stage.world_size}")
         pool = unconsumed(pool, stage, index, pieces, unread, part_begin=begin)
         first_part = stage.part
     if part < first_part:
-        raise ValueError(f"epoch {epoch} is part {part} of pass {pass_index}, which a world before the last resume "
-                         f"already served (it stopped in part {first_part}); set_epoch to a later epoch")
+        raise InvalidValueError(f"epoch {epoch} is part {part} of pass {pass_index}, which a world before the last resume "
+                                f"already served (it stopped in part {first_part}); set_epoch to a later epoch")
     return _cut(pool, world_size, num_workers, batch_size, policy, part - first_part,
                 partition_epoch - first_part)[0]
 

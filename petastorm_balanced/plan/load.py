@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._version import __version__
-from ..errors import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
+from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
 from . import balance
 from .catalog import Catalog, FileInfo, RowGroupMatch
@@ -50,7 +50,7 @@ def read_plan(plan_url: str) -> ShardPlan:
     try:
         document = json.loads(raw.to_pybytes())
         if not isinstance(document, dict):
-            raise ValueError("not an object")
+            raise InvalidValueError("not an object")
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlanIntegrityError(f"{url}/{PLAN_JSON} is not valid JSON ({exc}); re-run planning") from None
     if document.get("format") != FORMAT_NAME:

@@ -17,6 +17,7 @@ from . import balance, elastic, selection
 from .cost_order import cost_order
 from .catalog import Catalog
 from .predicate import PredicateInfo
+from ..errors import InvalidValueError
 
 
 BALANCE = ("auto", "cost", "rows")
@@ -91,12 +92,12 @@ class ShardPlan:
     def resolve_balance(self, balance_by: str = "auto") -> str:
         """``"cost"`` or ``"rows"``: ``"auto"`` balances cost when the plan has one."""
         if balance_by not in BALANCE:
-            raise ValueError(f"balance={balance_by!r} is not one of {BALANCE}")
+            raise InvalidValueError(f"balance={balance_by!r} is not one of {BALANCE}")
         if balance_by == "auto":
             return "cost" if self.cost is not None else "rows"
         if balance_by == "cost" and self.cost is None:
-            raise ValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
-                             "or pass balance='rows'")
+            raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
+                                    "or pass balance='rows'")
         return balance_by
 
     def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
@@ -114,11 +115,11 @@ class ShardPlan:
         by_cost = self.resolve_balance(balance_by) == "cost"
         if stages:
             if by_cost:
-                raise ValueError("an elastic resume (a state saved at another world size or worker count) of a "
-                                 "cost-balanced loader is not supported: its rows per old rank follow the cost order; "
-                                 "resume at the same world size, or finish the epoch, or use balance='rows'")
+                raise InvalidValueError("an elastic resume (a state saved at another world size or worker count) of a "
+                                        "cost-balanced loader is not supported: its rows per old rank follow the cost order; "
+                                        "resume at the same world size, or finish the epoch, or use balance='rows'")
             if unread is None:
-                raise ValueError("stages need unread= (which rows each old slot had not delivered)")
+                raise InvalidValueError("stages need unread= (which rows each old slot had not delivered)")
             return elastic.stage_pieces(self._counts, stages=stages, world_size=world, num_workers=num_workers,
                                         batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
                                         epoch=epoch, unread=unread, reshuffle=reshuffle,
@@ -174,5 +175,5 @@ class ShardPlan:
     def _batch(self, batch_size: Optional[int]) -> int:
         batch = self.batch_size if batch_size is None else batch_size
         if batch is None:
-            raise ValueError("batch_size=None: this plan was made without a batch size; pass batch_size=")
+            raise InvalidValueError("batch_size=None: this plan was made without a batch size; pass batch_size=")
         return batch

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import PlanIntegrityError
+from ..errors import InvalidValueError, PlanIntegrityError
 
 _ALL = b""
 _RUNS = b"R"
@@ -34,7 +34,7 @@ def encode(positions: np.ndarray, total_rows: int) -> bytes:
     if len(positions) == total_rows:
         return _ALL
     if len(positions) == 0:
-        raise ValueError("a row group with no matching row is left out of the catalog, not encoded")
+        raise InvalidValueError("a row group with no matching row is left out of the catalog, not encoded")
     runs = _runs(positions)
     bitmap_size = 1 + (total_rows + 7) // 8
     if 2 + runs.size * runs.dtype.itemsize < bitmap_size:

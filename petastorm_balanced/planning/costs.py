@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from ..io import fs as fsutil
 from ..plan.catalog import Catalog
 from ..plan.cost import CostSpec, check_costs, evaluate, row_group_stats
+from ..errors import InvalidValueError
 
 Stats = Dict[Tuple[str, int], Tuple[int, int]]
 
@@ -33,12 +34,12 @@ def with_costs(catalog: Catalog, spec: CostSpec, stats: Stats) -> Catalog:
 def local_cost_stats(url: str, catalog: Catalog, spec: CostSpec, *, threads: int = 8) -> Stats:
     """``(sum, max)`` of the matching rows' costs for every catalog row group, read with pyarrow."""
     if not spec.loader_evaluable:
-        raise ValueError(f"cost={spec.text!r} is a Spark SQL expression; this path evaluates a numeric column or "
-                         f"one of length/octet_length/size(column): plan with engine='spark' and where= (not a "
-                         "Petastorm predicate), or store the expression as a column")
+        raise InvalidValueError(f"cost={spec.text!r} is a Spark SQL expression; this path evaluates a numeric column or "
+                                f"one of length/octet_length/size(column): plan with engine='spark' and where= (not a "
+                                "Petastorm predicate), or store the expression as a column")
     if spec.column in catalog.partition_columns:
-        raise ValueError(f"cost={spec.text!r}: {spec.column!r} is a hive partition column; costs come from a stored "
-                         "column")
+        raise InvalidValueError(f"cost={spec.text!r}: {spec.column!r} is a hive partition column; costs come from a stored "
+                                "column")
     filesystem, root = fsutil.resolve(url)
     by_file: Dict[str, list] = {}
     for r in catalog.row_groups:
@@ -49,14 +50,14 @@ def local_cost_stats(url: str, catalog: Catalog, spec: CostSpec, *, threads: int
         with filesystem.open_input_file(f"{root}/{path}") as handle:
             parquet = pq.ParquetFile(handle)
             if spec.column not in parquet.schema_arrow.names:
-                raise ValueError(f"cost={spec.text!r}: {path!r} has no column {spec.column!r}; the dataset has "
-                                 f"{parquet.schema_arrow.names}")
+                raise InvalidValueError(f"cost={spec.text!r}: {path!r} has no column {spec.column!r}; the dataset has "
+                                        f"{parquet.schema_arrow.names}")
             for r in by_file[path]:
                 where = f"{path!r} row group {r.row_group}"
                 try:
                     column = parquet.read_row_group(r.row_group, columns=[spec.column]).column(0)
                 except (OSError, pa.ArrowException) as exc:
-                    raise ValueError(f"cost={spec.text!r}: cannot read {where} ({exc})") from exc
+                    raise InvalidValueError(f"cost={spec.text!r}: cannot read {where} ({exc})") from exc
                 if r.selection:
                     column = column.take(pa.array(r.positions()))
                 out[(r.path, r.row_group)] = row_group_stats(check_costs(evaluate(spec, column), where))

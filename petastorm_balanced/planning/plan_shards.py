@@ -10,6 +10,7 @@ from ..plan.cost import FUNCTIONS, parse_cost
 from ..plan.format import dataset_fingerprint
 from ..plan.model import ShardPlan
 from ..plan.predicate import PredicateInfo, predicate_info
+from ..errors import InvalidValueError
 
 ENGINES = ("spark", "local")
 
@@ -29,21 +30,21 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
                                                                 {"batch_size": batch_size}))
     balance.check_policy(policy)
     if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
+        raise InvalidValueError(f"engine={engine!r} is not one of {ENGINES}")
     if where is not None and predicate is not None:
-        raise ValueError("pass where= (Spark SQL) or predicate= (Petastorm), not both")
+        raise InvalidValueError("pass where= (Spark SQL) or predicate= (Petastorm), not both")
     if where is not None and (not isinstance(where, str) or not where.strip()):
-        raise ValueError(f"where={where!r} must be a non-empty Spark SQL boolean expression")
+        raise InvalidValueError(f"where={where!r} must be a non-empty Spark SQL boolean expression")
     url = fsutil.normalize_url(dataset_url)
     described = predicate_info(where, predicate)  # before scanning: a predicate we cannot fingerprint fails fast
     cost_spec = None if cost is None else parse_cost(cost)
     if cost_spec is not None and engine == "local" and not cost_spec.loader_evaluable:
-        raise ValueError(f"cost={cost!r} is a Spark SQL expression and needs engine='spark'; with engine='local' "
-                         f"pass a numeric column or one of {', '.join(FUNCTIONS)} of a column")
+        raise InvalidValueError(f"cost={cost!r} is a Spark SQL expression and needs engine='spark'; with engine='local' "
+                                f"pass a numeric column or one of {', '.join(FUNCTIONS)} of a column")
     if engine == "local":
         if where is not None:
-            raise ValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
-                             "predicate= instead")
+            raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
+                                    "predicate= instead")
         from .engines.local import build_catalog
         catalog = build_catalog(url, predicate=predicate, progress=progress)
     else:
@@ -77,7 +78,7 @@ def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Option
     """The plan for a catalog, refusing parameters that would give zero steps."""
     if catalog.total_rows == 0:
         what = f"the predicate {predicate.text!r}" if predicate.kind != "none" else "the dataset"
-        raise ValueError(f"{what} matches no row of {url}; nothing to balance")
+        raise InvalidValueError(f"{what} matches no row of {url}; nothing to balance")
     balance.check_fills_a_step(catalog.total_rows, world_size, batch_size or 1)
     return ShardPlan(url, catalog, world_size, batch_size, policy, seed, predicate,
                      dataset_fingerprint(catalog.files))

@@ -18,19 +18,20 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from .scan import partition_values
+from ..errors import InvalidTypeError, InvalidValueError
 
 
 def check_fields(predicate, columns: Iterable[str], url: str) -> list:
     """The predicate's fields, after making sure each one is a column of the dataset."""
     if not hasattr(predicate, "get_fields") or not hasattr(predicate, "do_include"):
-        raise TypeError(f"predicate={predicate!r} is not a petastorm.predicates.PredicateBase; use where= for SQL")
+        raise InvalidTypeError(f"predicate={predicate!r} is not a petastorm.predicates.PredicateBase; use where= for SQL")
     fields = sorted(set(predicate.get_fields()))
     if not fields:
-        raise ValueError(f"predicate={predicate!r} names no field in get_fields(); it must name the columns it reads")
+        raise InvalidValueError(f"predicate={predicate!r} names no field in get_fields(); it must name the columns it reads")
     missing = [f for f in fields if f not in set(columns)]
     if missing:
-        raise ValueError(f"predicate reads column(s) {missing} that dataset_url={url!r} does not have; "
-                         f"its columns are {sorted(set(columns))}")
+        raise InvalidValueError(f"predicate reads column(s) {missing} that dataset_url={url!r} does not have; "
+                                f"its columns are {sorted(set(columns))}")
     return fields
 
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
 from ..io.dataset import has_unischema, list_data_files, partition_values, relative_path
-from ..errors import StalePlanError
+from ..errors import InvalidValueError, StalePlanError
 from ..plan.catalog import FileInfo
 from ..plan.format import check_dataset
 
@@ -92,8 +92,8 @@ def _check_same_columns(url, files, names_per_file, names):
     """Every file must have the first file's column names (``None``: its schema equals the first file's)."""
     for f, other in zip(files, names_per_file):
         if other is not None and other != names:
-            raise ValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but {files[0].path!r} has "
-                             f"{sorted(names)}; all files of a dataset must share one schema")
+            raise InvalidValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but {files[0].path!r} has "
+                                    f"{sorted(names)}; all files of a dataset must share one schema")
 
 
 def check_footers(plan) -> None:
@@ -116,7 +116,7 @@ def read_footer(filesystem, path: str):
     return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), meta
 
 
-def footer_error(path: str, url: str, exc) -> ValueError:
+def footer_error(path: str, url: str, exc) -> InvalidValueError:
     """The error for a footer that cannot be read: a type this pyarrow does not know is not a broken file.
 
     Current writers (arrow-rs, pyarrow >= 16) write view types (``Utf8View``, ``BinaryView``) that old pyarrow
@@ -124,9 +124,9 @@ def footer_error(path: str, url: str, exc) -> ValueError:
     """
     text = " ".join(str(exc).split())  # an exception, or its text when it crossed from a Spark task
     if isinstance(exc, pa.ArrowNotImplementedError) or "Unrecognized type" in text or "NotImplemented" in text:
-        return ValueError(f"{path!r} in dataset_url={url!r} uses a Parquet/Arrow type that pyarrow {pa.__version__} "
-                          f"cannot read ({text}); it is probably valid data from a newer writer (view types such as "
-                          "Utf8View need pyarrow >= 16): upgrade pyarrow (the modern stack, docs/stacks.md) or "
-                          "rewrite the file with plain string/binary types")
-    return ValueError(f"{path!r} in dataset_url={url!r} is not a readable Parquet file ({text}); it is corrupt or not "
-                      "Parquet: restore it, or rename it with a leading '_' so it is not data")
+        return InvalidValueError(f"{path!r} in dataset_url={url!r} uses a Parquet/Arrow type that pyarrow {pa.__version__} "
+                                 f"cannot read ({text}); it is probably valid data from a newer writer (view types such as "
+                                 "Utf8View need pyarrow >= 16): upgrade pyarrow (the modern stack, docs/stacks.md) or "
+                                 "rewrite the file with plain string/binary types")
+    return InvalidValueError(f"{path!r} in dataset_url={url!r} is not a readable Parquet file ({text}); it is corrupt or not "
+                             "Parquet: restore it, or rename it with a leading '_' so it is not data")

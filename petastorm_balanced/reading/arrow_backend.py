@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from ..io import fs as fsutil
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
+from ..errors import InvalidValueError
 
 POOL_TYPES = ("thread", "dummy")  # "dummy": read in the consuming thread (DataLoader workers, debugging)
 
@@ -70,9 +71,9 @@ class BundleReader:
 
 def check_pool_type(reader_pool_type) -> None:
     if reader_pool_type not in POOL_TYPES:
-        raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of {POOL_TYPES} for backend='arrow' "
-                         "(pyarrow decodes in C++ without the GIL, so threads suffice); use backend='petastorm' for "
-                         "Petastorm's process pool")
+        raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of {POOL_TYPES} for backend='arrow' "
+                                "(pyarrow decodes in C++ without the GIL, so threads suffice); use backend='petastorm' for "
+                                "Petastorm's process pool")
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",

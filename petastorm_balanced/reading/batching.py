@@ -31,6 +31,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
+from ..errors import InvalidValueError
+
 Columns = Dict[str, np.ndarray]
 
 
@@ -78,7 +80,7 @@ def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int,
     total = int(fragment_rows.sum())
     next_row = batches_done * batch_size
     if batches_done < 0 or next_row > total:
-        raise ValueError(f"batches_done={batches_done} is outside this slot's {total // batch_size} batches")
+        raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {total // batch_size} batches")
     window = next_row // window_rows if shuffle else 0
     row = window * window_rows if shuffle else next_row
     ends = np.cumsum(fragment_rows)  # (fragments,)
@@ -97,7 +99,7 @@ def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_d
     """
     done = batches_done * batch_size
     if done > total_rows or batches_done < 0:
-        raise ValueError(f"batches_done={batches_done} is outside this slot's {total_rows // batch_size} batches")
+        raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {total_rows // batch_size} batches")
     if key is None or done == total_rows:
         return np.empty(0, dtype=np.int64), done
     window = done // window_rows
@@ -117,7 +119,7 @@ class WindowBatcher:
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
                  key: Optional[Sequence[int]], arrange: Optional[Callable] = None):
         if window_rows % batch_size:
-            raise ValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
+            raise InvalidValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
         self._total, self._batch, self._window_rows, self._key = total_rows, batch_size, window_rows, key
         # arrange(window columns, key) -> (order, lengths): cost balancing (``cost_batching``) in place of the plain
         # permutation; ``lengths`` (rows per batch, token budgets) makes every batch its own run, and then the start
@@ -212,5 +214,5 @@ def split_batches(run: Columns, batch_size: int) -> Iterator[Columns]:
 def _num_rows(columns: Columns) -> int:
     lengths = {len(values) for values in columns.values()}
     if len(lengths) != 1:
-        raise ValueError(f"columns of one chunk have different lengths {sorted(lengths)}")
+        raise InvalidValueError(f"columns of one chunk have different lengths {sorted(lengths)}")
     return lengths.pop()

@@ -38,6 +38,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .batching import StartPoint, window_permutation
+from ..errors import InvalidValueError
 
 REDUCES = ("sum", "max")
 BALANCES = ("auto", "cost", "rows")
@@ -93,7 +94,7 @@ def arrange_sum(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     costs = np.asarray(costs, dtype=np.int64)
     k = len(costs) // batch_size
     if k * batch_size != len(costs):
-        raise ValueError(f"a window of {len(costs)} rows is not whole batches of {batch_size}")
+        raise InvalidValueError(f"a window of {len(costs)} rows is not whole batches of {batch_size}")
     # rounds: (batch_size, k), round j holds the j-th k largest rows, largest first
     rounds = _descending(costs, key).reshape(batch_size, k)
     loads = np.zeros(k, dtype=np.int64)
@@ -114,7 +115,7 @@ def arrange_max(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     costs = np.asarray(costs, dtype=np.int64)
     k = len(costs) // batch_size
     if k * batch_size != len(costs):
-        raise ValueError(f"a window of {len(costs)} rows is not whole batches of {batch_size}")
+        raise InvalidValueError(f"a window of {len(costs)} rows is not whole batches of {batch_size}")
     buckets = _ascending(costs, key).reshape(k, batch_size)  # bucket q: the q-th cheapest run
     buckets = buckets[window_permutation(k, (*_rank_free(key), _STEP_ORDER))]
     return _shuffle_within(buckets, key).reshape(-1)
@@ -139,7 +140,7 @@ def arrange_budget(costs: np.ndarray, batches: int, budget: int, key: Sequence[i
     left out. Every batch holds at least one row when every row costs at most ``budget``."""
     costs = np.asarray(costs, dtype=np.int64)
     if costs.size and int(costs.max()) > budget:
-        raise ValueError(f"a row costs {int(costs.max())}, more than max_batch_cost={budget}")
+        raise InvalidValueError(f"a row costs {int(costs.max())}, more than max_batch_cost={budget}")
     loads = [0] * batches
     members = [[] for _ in range(batches)]
     # a heap of (load, tie, batch) keeps the emptiest batch on top
@@ -202,7 +203,7 @@ class CostOptions:
         per_window = budget_batches(window_rows, self.mean_cost, self.budget)
         steps = self.budget_steps(rows, window_rows)
         if batches_done < 0 or batches_done > steps:
-            raise ValueError(f"batches_done={batches_done} is outside this slot's {steps} batches")
+            raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {steps} batches")
         window = min(batches_done // per_window, -(-rows // window_rows))
         row = min(window * window_rows, rows)
         ends = np.cumsum(np.asarray(fragment_rows, dtype=np.int64))
@@ -217,44 +218,44 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
     loader is built, naming the parameter."""
     from ..plan.cost import parse_cost
     if balance not in BALANCES:
-        raise ValueError(f"balance={balance!r} is not one of {BALANCES}: 'cost' balances each step's cost (needs a "
-                         "plan made with cost=), 'rows' only rows, 'auto' cost when the plan has one")
+        raise InvalidValueError(f"balance={balance!r} is not one of {BALANCES}: 'cost' balances each step's cost (needs a "
+                                "plan made with cost=), 'rows' only rows, 'auto' cost when the plan has one")
     if cost_reduce not in REDUCES:
-        raise ValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' for "
-                         "padded ones (batch_size x longest row)")
+        raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' for "
+                                "padded ones (batch_size x longest row)")
     if max_batch_cost is not None:
         if isinstance(max_batch_cost, bool) or not isinstance(max_batch_cost, (int, np.integer)) or \
                 max_batch_cost < 1:
-            raise ValueError(f"max_batch_cost={max_batch_cost!r} must be an int >= 1 (the cost budget per batch)")
+            raise InvalidValueError(f"max_batch_cost={max_batch_cost!r} must be an int >= 1 (the cost budget per batch)")
         if batch_size is not None:
-            raise ValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass batch_size=None "
-                             f"(not {batch_size})")
+            raise InvalidValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass batch_size=None "
+                                    f"(not {batch_size})")
         if balance == "rows":
-            raise ValueError("max_batch_cost needs balance='cost' (or 'auto') and a plan made with cost=")
+            raise InvalidValueError("max_batch_cost needs balance='cost' (or 'auto') and a plan made with cost=")
         if cost_reduce != "sum":
-            raise ValueError("max_batch_cost works with cost_reduce='sum' (a batch's cost is its rows' sum); "
-                             "padded budgets (cost_reduce='max') are not supported")
+            raise InvalidValueError("max_batch_cost works with cost_reduce='sum' (a batch's cost is its rows' sum); "
+                                    "padded budgets (cost_reduce='max') are not supported")
     chosen = balance
     if balance == "auto":
         chosen = "cost" if plan.cost is not None and (shuffle or max_batch_cost is not None) else "rows"
     if chosen == "rows":
         return None
     if plan.cost is None:
-        raise ValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); or "
-                         "pass balance='rows'")
+        raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); or "
+                                "pass balance='rows'")
     if not shuffle:
-        raise ValueError("balance='cost' arranges rows inside shuffle windows and needs shuffle=True; pass "
-                         "balance='rows' to read in plan order")
+        raise InvalidValueError("balance='cost' arranges rows inside shuffle windows and needs shuffle=True; pass "
+                                "balance='rows' to read in plan order")
     spec = parse_cost(plan.cost)
     if not spec.loader_evaluable:
-        raise ValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate per "
-                         "row (it evaluates a column or length/octet_length/size of a column); store it as a "
-                         "column and re-plan with cost='that_column', or pass balance='rows'")
+        raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate per "
+                                "row (it evaluates a column or length/octet_length/size of a column); store it as a "
+                                "column and re-plan with cost='that_column', or pass balance='rows'")
     mean = 0.0
     if max_batch_cost is not None:
         if max_batch_cost < plan.max_row_cost:
-            raise ValueError(f"max_batch_cost={max_batch_cost} is below the plan's largest row cost "
-                             f"{plan.max_row_cost}: that row could never be delivered; raise max_batch_cost to at "
-                             f"least {plan.max_row_cost} or filter long rows when planning (where=)")
+            raise InvalidValueError(f"max_batch_cost={max_batch_cost} is below the plan's largest row cost "
+                                    f"{plan.max_row_cost}: that row could never be delivered; raise max_batch_cost to at "
+                                    f"least {plan.max_row_cost} or filter long rows when planning (where=)")
         mean = float(plan.catalog.cost_sums().sum()) / plan.total_rows
     return CostOptions(plan.cost, spec.column, spec.function, cost_reduce, max_batch_cost, mean)

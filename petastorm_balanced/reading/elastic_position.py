@@ -13,6 +13,7 @@ from ..plan import balance
 from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from .batching import unread_rows, window_rows
+from ..errors import InvalidValueError
 
 # state_dict keys read here (the others are Position's); STAGES and PARTITION_EPOCH may be absent (older states)
 EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
@@ -41,7 +42,7 @@ class Layout:
                        partition_epoch=state.get(PARTITION_EPOCH, 1),
                        balance_by="cost" if state.get("balance") == "cost" else "rows")
         except KeyError as exc:
-            raise ValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
+            raise InvalidValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 
     def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
         """Window shuffle key of a slot; a stage after an elastic resume gets its own."""
@@ -95,9 +96,9 @@ def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_e
     if to_epoch % partition_epoch >= stages[-1].part:
         return tuple(stages)
     if strict:
-        raise ValueError(f"epoch={to_epoch} is part {to_epoch % partition_epoch} of a pass whose parts up to "
-                         f"{stages[-1].part} a world before the elastic resume already served; set_epoch to epoch "
-                         f">= {to_epoch - to_epoch % partition_epoch + stages[-1].part}, or to another pass")
+        raise InvalidValueError(f"epoch={to_epoch} is part {to_epoch % partition_epoch} of a pass whose parts up to "
+                                f"{stages[-1].part} a world before the elastic resume already served; set_epoch to epoch "
+                                f">= {to_epoch - to_epoch % partition_epoch + stages[-1].part}, or to another pass")
     return ()
 
 
@@ -106,20 +107,20 @@ def loaded(settings: Layout, state: dict, workers: int) -> Tuple[int, int, Tuple
     state from another world size adds a stage. ``workers``: slots per rank the state was saved with."""
     parts = state.get(PARTITION_EPOCH, 1)
     if parts != settings.partition_epoch:
-        raise ValueError(f"state[{PARTITION_EPOCH!r}]={parts!r} but this loader has "
-                         f"partition_epoch={settings.partition_epoch}; resume with the same partition_epoch")
+        raise InvalidValueError(f"state[{PARTITION_EPOCH!r}]={parts!r} but this loader has "
+                                f"partition_epoch={settings.partition_epoch}; resume with the same partition_epoch")
     saved_stages = state.get(STAGES, [])
     if not isinstance(saved_stages, (list, tuple)):
-        raise ValueError(f"state[{STAGES!r}]={saved_stages!r} must be a list of saved stages")
+        raise InvalidValueError(f"state[{STAGES!r}]={saved_stages!r} must be a list of saved stages")
     stages = tuple(Stage.from_list(s) for s in saved_stages)
     epoch, batches, world = state[EPOCH], state[BATCHES], state[WORLD_SIZE]
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"state[{EPOCH!r}]={epoch!r} must be an int >= 0")
+        raise InvalidValueError(f"state[{EPOCH!r}]={epoch!r} must be an int >= 0")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"state[{WORLD_SIZE!r}]={world!r} must be an int >= 1")
+        raise InvalidValueError(f"state[{WORLD_SIZE!r}]={world!r} must be an int >= 1")
     steps = settings.steps_of(epoch, stages, world_size=world)
     if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= steps:
-        raise ValueError(f"state[{BATCHES!r}]={batches!r} must be an int in [0, {steps}]")
+        raise InvalidValueError(f"state[{BATCHES!r}]={batches!r} must be an int in [0, {steps}]")
     if batches == steps:  # an ended epoch is the start of the next one
         epoch, batches, stages = epoch + 1, 0, carry(stages, epoch, epoch + 1, settings.partition_epoch)
     if world != settings.world_size:

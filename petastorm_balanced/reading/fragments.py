@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import StalePlanError
+from ..errors import InvalidTypeError, InvalidValueError, StalePlanError
 from ..plan.model import Fragment
 from ..io.dataset import partition_values
 
@@ -58,15 +58,15 @@ def select_columns(available: Sequence[str], schema_fields) -> List[str]:
     if schema_fields is None:
         return list(available)
     if isinstance(schema_fields, (str, bytes)) or not hasattr(schema_fields, "__iter__"):
-        raise TypeError(f"schema_fields={schema_fields!r} must be a list of column names or patterns")
+        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of column names or patterns")
     wanted = set()
     for item in schema_fields:
         name = getattr(item, "name", item)
         if not isinstance(name, str):
-            raise TypeError(f"schema_fields item {item!r} is neither a column name nor a UnischemaField")
+            raise InvalidTypeError(f"schema_fields item {item!r} is neither a column name nor a UnischemaField")
         matches = [c for c in available if c == name or re.fullmatch(name, c)]
         if not matches:
-            raise ValueError(f"schema_fields item {name!r} matches no column; the dataset has {list(available)}")
+            raise InvalidValueError(f"schema_fields item {name!r} matches no column; the dataset has {list(available)}")
         wanted.update(matches)
     return [c for c in available if c in wanted]
 

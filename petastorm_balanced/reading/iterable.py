@@ -30,6 +30,7 @@ from .fragments import as_list
 from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 from ..world import resolve_world
+from ..errors import InvalidTypeError, InvalidValueError
 
 _Base = torch.utils.data.IterableDataset if torch is not None else object
 
@@ -143,13 +144,13 @@ class BalancedIterableDataset(PlannedView, _Base):
         """Resume at ``state``. With another world size, or another number of DataLoader workers than the state
         was saved with, the epoch continues elastically: the rows no slot had consumed, split over the new slots."""
         if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+            raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         if self.NUM_WORKERS not in state:
             raise KeyError(f"state is missing [{self.NUM_WORKERS!r}]; pass a dict saved by "
                            "BalancedIterableDataset.state_dict()")
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")
+            raise InvalidValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")
         if self.WORKER in state:
             self._load_worker_state(state, workers)
             return
@@ -159,15 +160,15 @@ class BalancedIterableDataset(PlannedView, _Base):
     def _load_worker_state(self, state: dict, workers: int) -> None:
         info = torch.utils.data.get_worker_info()
         if info is None:
-            raise ValueError(f"state was saved inside DataLoader worker {state[self.WORKER]!r} (torchdata "
-                             "StatefulDataLoader's per-worker state); load the StatefulDataLoader's own "
-                             "state_dict() with StatefulDataLoader.load_state_dict, which gives each worker its part")
+            raise InvalidValueError(f"state was saved inside DataLoader worker {state[self.WORKER]!r} (torchdata "
+                                    "StatefulDataLoader's per-worker state); load the StatefulDataLoader's own "
+                                    "state_dict() with StatefulDataLoader.load_state_dict, which gives each worker its part")
         if (state[self.WORKER], workers) != (info.id, info.num_workers):
-            raise ValueError(f"state of worker {state[self.WORKER]!r} of {workers} loaded into worker {info.id} of "
-                             f"{info.num_workers}; resume with the same num_workers")
+            raise InvalidValueError(f"state of worker {state[self.WORKER]!r} of {workers} loaded into worker {info.id} of "
+                                    f"{info.num_workers}; resume with the same num_workers")
         own = state.get(self.WORKER_BATCHES)
         if isinstance(own, bool) or not isinstance(own, int) or own < 0:
-            raise ValueError(f"state[{self.WORKER_BATCHES!r}]={own!r} must be an int >= 0")
+            raise InvalidValueError(f"state[{self.WORKER_BATCHES!r}]={own!r} must be an int >= 0")
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
         self._worker_resume = (*self._position.current(), own)
 
@@ -194,13 +195,13 @@ class BalancedDataLoader(_Loader):
 
     def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, **kwargs):
         if not isinstance(dataset, BalancedIterableDataset):
-            raise TypeError(f"dataset must be a BalancedIterableDataset, got {type(dataset).__name__}")
+            raise InvalidTypeError(f"dataset must be a BalancedIterableDataset, got {type(dataset).__name__}")
         for name, allowed in (("batch_size", None), ("sampler", None), ("batch_sampler", None),
                               ("shuffle", None), ("persistent_workers", False), ("in_order", True),
                               ("drop_last", False)):
             if name in kwargs and kwargs[name] != allowed:
-                raise ValueError(f"{name}={kwargs[name]!r} is not accepted: the dataset yields whole, planned batches "
-                                 f"in a fixed order (leave {name} at {allowed!r})")
+                raise InvalidValueError(f"{name}={kwargs[name]!r} is not accepted: the dataset yields whole, planned batches "
+                                        f"in a fixed order (leave {name} at {allowed!r})")
             kwargs.pop(name, None)
         # Tensors cross from DataLoader workers through one shared-memory segment each, which costs far more than
         # pickling a batch's small numpy arrays; so workers send numpy and tensors are made here (zero copy).

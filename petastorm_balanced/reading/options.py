@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..params import check_int
 from ..plan.model import ShardPlan
+from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 
 # Petastorm arguments the plan owns, and what to do instead.
 OWNED_ARGUMENTS = {
@@ -49,15 +50,15 @@ def petastorm_importable() -> bool:
 def resolve_backend(backend) -> str:
     """``"petastorm"`` or ``"arrow"``: ``auto`` takes Petastorm where it imports, else Arrow."""
     if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}: 'arrow' reads with pyarrow alone (any "
-                         "stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks Petastorm where it "
-                         "imports")
+        raise InvalidValueError(f"backend={backend!r} is not one of {BACKENDS}: 'arrow' reads with pyarrow alone (any "
+                                "stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks Petastorm where it "
+                                "imports")
     if backend == "auto":
         return "petastorm" if petastorm_importable() else "arrow"
     if backend == "petastorm" and not petastorm_importable():
-        raise ImportError("backend='petastorm' needs Petastorm, which cannot be imported here (Petastorm needs "
-                          "pyarrow < 15); use backend='arrow' (same batches), or install the petastorm stack: "
-                          "pip install 'petastorm-balanced[petastorm]' (docs/stacks.md)")
+        raise MissingDependencyError("backend='petastorm' needs Petastorm, which cannot be imported here (Petastorm needs "
+                                     "pyarrow < 15); use backend='arrow' (same batches), or install the petastorm stack: "
+                                     "pip install 'petastorm-balanced[petastorm]' (docs/stacks.md)")
     return backend
 
 
@@ -65,9 +66,9 @@ def check_arrow_kwargs(kwargs: dict) -> None:
     """The Petastorm reader arguments the Arrow backend cannot honour, refused with what to do instead."""
     for name, value in kwargs.items():
         if name in ("storage_options", "filesystem"):
-            raise ValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_STORAGE}")
+            raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_STORAGE}")
         if name != "results_queue_size":  # the Arrow backend bounds its prefetch by workers_count instead
-            raise ValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_REFUSED}")
+            raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_REFUSED}")
 
 
 def check_petastorm_kwargs(kwargs: dict, refused: Optional[dict] = None) -> None:
@@ -75,10 +76,10 @@ def check_petastorm_kwargs(kwargs: dict, refused: Optional[dict] = None) -> None
     refused = {**OWNED_ARGUMENTS, **(refused or {})}
     for name in kwargs:
         if name in refused:
-            raise ValueError(f"{name}={kwargs[name]!r} is not accepted here: {refused[name]}")
+            raise InvalidValueError(f"{name}={kwargs[name]!r} is not accepted here: {refused[name]}")
         if name not in PASS_THROUGH:
-            raise TypeError(f"unexpected keyword argument {name!r}; Petastorm reader arguments accepted here: "
-                            f"{', '.join(a for a in PASS_THROUGH if a not in refused)}")
+            raise InvalidTypeError(f"unexpected keyword argument {name!r}; Petastorm reader arguments accepted here: "
+                                   f"{', '.join(a for a in PASS_THROUGH if a not in refused)}")
 
 
 def resolve_plan(plan) -> ShardPlan:
@@ -87,7 +88,7 @@ def resolve_plan(plan) -> ShardPlan:
     if isinstance(plan, ShardPlan):
         return plan
     if plan is None:
-        raise ValueError("plan=None: pass a ShardPlan or the URL of a saved plan (plan_shards(output_url=...))")
+        raise InvalidValueError("plan=None: pass a ShardPlan or the URL of a saved plan (plan_shards(output_url=...))")
     return load_plan(plan)
 
 
@@ -98,4 +99,4 @@ def check_pool_options(reader_pool_type, workers_count) -> None:
     """Refuse a bad pool choice when the loader or reader is made, not at its first batch."""
     check_int("workers_count", workers_count, minimum=1)
     if reader_pool_type not in POOL_TYPES:
-        raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of {', '.join(map(repr, POOL_TYPES))}")
+        raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of {', '.join(map(repr, POOL_TYPES))}")

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Tuple
 from petastorm.workers_pool import EmptyResultError, VentilatedItemProcessedMessage
 from petastorm.workers_pool.thread_pool import ThreadPool, WorkerTerminationRequested, WorkerThread
 from petastorm.workers_pool.ventilator import Ventilator
+from ..errors import InvalidValueError
 
 
 class Gate:
@@ -24,7 +25,7 @@ class Gate:
 
     def __init__(self, max_ahead: int):
         if max_ahead < 1:
-            raise ValueError(f"max_ahead={max_ahead} must be >= 1")
+            raise InvalidValueError(f"max_ahead={max_ahead} must be >= 1")
         self.max_ahead = max_ahead
         self._consumed = 0
         self._stopped = False

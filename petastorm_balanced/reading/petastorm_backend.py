@@ -23,6 +23,8 @@ from typing import Optional, Sequence, Tuple
 
 import pyarrow as pa
 
+from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError, PlanError, StalePlanError
+
 try:
     from petastorm.arrow_reader_worker import ArrowReaderWorker
     from petastorm.cache import NullCache
@@ -31,16 +33,15 @@ try:
     from petastorm.utils import decode_row
     from petastorm.workers_pool import EmptyResultError
 except ImportError as _missing:
-    raise ImportError(f"make_reader returns a Petastorm reader and the Petastorm backend reads through one, but "
-                      f"Petastorm cannot be imported here ({_missing}; Petastorm needs pyarrow < 15). For the same "
-                      "planned rows on this stack use make_loader(..., backend='arrow') or BalancedIterableDataset; "
-                      "or install the petastorm stack: pip install 'petastorm-balanced[petastorm]' "
-                      "(docs/stacks.md)") from None
+    raise MissingDependencyError(f"make_reader returns a Petastorm reader and the Petastorm backend reads through one, but "
+                                 f"Petastorm cannot be imported here ({_missing}; Petastorm needs pyarrow < 15). For the same "
+                                 "planned rows on this stack use make_loader(..., backend='arrow') or BalancedIterableDataset; "
+                                 "or install the petastorm stack: pip install 'petastorm-balanced[petastorm]' "
+                                 "(docs/stacks.md)") from None
 
 from . import fragments as fr
 from . import stream
 from .batching import window_permutation
-from ..errors import PlanError, StalePlanError
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
@@ -200,7 +201,7 @@ class BalancedReader(Reader):
     def __init__(self, pyarrow_filesystem, dataset_path, *, fragments: Sequence[Fragment], task: ReadTask,
                  plan_files: Sequence[str], dataset_url: str, max_ahead: Optional[int] = None, **reader_kwargs):
         if task.mode not in MODES:
-            raise ValueError(f"mode={task.mode!r} is not one of {MODES}")
+            raise InvalidValueError(f"mode={task.mode!r} is not one of {MODES}")
         self.fragments = list(fragments)
         self.bundles = fr.bundle(self.fragments, fr.BUNDLE_ROWS if task.mode == "columns" else 0)
         self._task, self._plan_files, self._dataset_url, self._max_ahead = task, set(plan_files), dataset_url, \
@@ -298,7 +299,7 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
         cache = LocalDiskCache(cache_location, cache_size_limit, cache_row_size_estimate,
                                **(cache_extra_settings or {}))
     else:
-        raise ValueError(f"cache_type={cache_type!r} is not one of None, 'null', 'local-disk'")
+        raise InvalidValueError(f"cache_type={cache_type!r} is not one of None, 'null', 'local-disk'")
     if reader_pool_type == "thread":
         pool = BlockingThreadPool(workers_count, results_queue_size)
     elif reader_pool_type == "process":
@@ -307,7 +308,7 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     elif reader_pool_type == "dummy":
         pool = DummyPool()
     else:
-        raise ValueError(f"reader_pool_type={reader_pool_type!r} is not one of 'thread', 'process', 'dummy'")
+        raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of 'thread', 'process', 'dummy'")
     unischema = plan.catalog.kind == "petastorm"
     try:
         with quiet_legacy_pyarrow():
@@ -351,8 +352,8 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
     key = (plan.seed if seed is None else seed, epoch, who.rank) if shuffle_rows else None
     schema_fields = petastorm_kwargs.get("schema_fields")
     if schema_fields is not None and not isinstance(schema_fields, (list, tuple)):
-        raise TypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
-                        "(NGram is not supported by planned readers)")
+        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
+                               "(NGram is not supported by planned readers)")
     task = ReadTask("rows" if plan.catalog.kind == "petastorm" else "batches",
                     partition_types=tuple(fr.partition_types([f.path for f in plan.catalog.files]).items()),
                     shuffle_key=key)

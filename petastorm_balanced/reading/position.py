@@ -21,6 +21,7 @@ from .cost_batching import resolve_cost
 from ..params import check_int
 from ..plan import balance as balance_module
 from .options import resolve_plan
+from ..errors import InvalidTypeError, InvalidValueError
 
 
 class Settings(Layout):
@@ -36,17 +37,17 @@ class Settings(Layout):
         budget = self.cost is not None and self.cost.budget is not None
         self.batch_size = None if budget else self.plan.batch_size if batch_size is None else batch_size
         if self.batch_size is None and not budget:
-            raise ValueError("batch_size=None and the plan was made without one; pass batch_size=")
+            raise InvalidValueError("batch_size=None and the plan was made without one; pass batch_size=")
         if reshuffle not in ("epoch", "fixed"):
-            raise ValueError(f"reshuffle={reshuffle!r} is not one of 'epoch' (new assignment every epoch) or "
-                             "'fixed' (the epoch-0 assignment, for caching)")
+            raise InvalidValueError(f"reshuffle={reshuffle!r} is not one of 'epoch' (new assignment every epoch) or "
+                                    "'fixed' (the epoch-0 assignment, for caching)")
         if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle={shuffle!r} must be True or False")
+            raise InvalidTypeError(f"shuffle={shuffle!r} must be True or False")
         check_int("shuffle_window", shuffle_window, minimum=1, hint=" (rows per shuffle window)")
         if budget and partition_epoch != 1:
-            raise ValueError(f"partition_epoch={partition_epoch} with max_batch_cost: a token budget packs each "
-                             "window's rows into batches, so sub-epochs are not supported with it; leave "
-                             "partition_epoch=1 or use batch_size")
+            raise InvalidValueError(f"partition_epoch={partition_epoch} with max_batch_cost: a token budget packs each "
+                                    "window's rows into batches, so sub-epochs are not supported with it; leave "
+                                    "partition_epoch=1 or use batch_size")
         rows_batch = 1 if budget else self.batch_size  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, check_int(
             "batch_size", rows_batch, minimum=1))
@@ -169,7 +170,7 @@ class Position:
         """Strict about settings, except the world size: a state saved at another one resumes elastically (G10);
         ``workers`` is the number of slots per rank the state was saved with."""
         if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+            raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         expected = {**self.settings.identity(), **(extra or {})}
         missing = [k for k in (self.EPOCH, self.BATCHES, *expected) if k not in state]
         if missing:
@@ -178,8 +179,8 @@ class Position:
             if key == self.WORLD_SIZE:
                 continue  # another world size is an elastic resume, checked below
             if state[key] != value:
-                raise ValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
-                                 "position only resumes a loader with the same plan and settings")
+                raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
+                                        "position only resumes a loader with the same plan and settings")
         check_epoch(state[self.EPOCH])
         self.epoch, self.batches, self.stages = elastic_position.loaded(self.settings, state, workers)
         self._owner, self.resumed = None, True
@@ -210,7 +211,7 @@ class EpochSampler:
 
 def check_epoch(epoch):
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-        raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        raise InvalidValueError(f"epoch={epoch!r} must be an int >= 0")
 
 
 class PlannedView:

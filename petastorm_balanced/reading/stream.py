@@ -21,6 +21,7 @@ from .cost_batching import CostOptions
 from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
 from ..io.dataset import load_unischema, partition_values
+from ..errors import InvalidValueError
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
@@ -59,7 +60,7 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
         names, fields = [n for n in partition_values(first) if n not in stored] + list(stored), None
     names = fr.select_columns(names, schema_fields)
     if PADDING in names:
-        raise ValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding flags")
+        raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding flags")
     used = tuple((k, v) for k, v in types.items() if k in names)
     return Columns(tuple(names), used, {n: fields[n] for n in names} if fields else None)
 
@@ -68,8 +69,8 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: Optional[CostOptio
     """The columns to read when balancing by ``cost`` (its source column added if not requested), and the names
     to drop after computing the cost."""
     if cost is not None and COST_COLUMN in columns.names:
-        raise ValueError(f"the dataset has a column named {COST_COLUMN!r}, which a loader balancing cost adds; "
-                         "rename the column, or pass balance='rows'")
+        raise InvalidValueError(f"the dataset has a column named {COST_COLUMN!r}, which a loader balancing cost adds; "
+                                "rename the column, or pass balance='rows'")
     if cost is None or cost.column in columns.names:
         return columns, ()
     source = dataset_columns(plan, [re.escape(cost.column)])

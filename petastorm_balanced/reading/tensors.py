@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ..errors import MissingDependencyError
 from . import stream
 from .fragments import as_list
 
@@ -15,7 +16,7 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 def require_torch():
     if torch is None:
-        raise ImportError("make_loader needs torch; install it (pip install 'petastorm-balanced[torch]')")
+        raise MissingDependencyError("make_loader needs torch; install it (pip install 'petastorm-balanced[torch]')")
 
 
 def to_torch(batch: dict, padding_mask: bool) -> dict:

@@ -1,8 +1,9 @@
 """``petastorm-balanced``: plan, inspect, verify and compare balanced shard plans (docs/cli.md).
 
-Exit codes: 0 ok, 1 a check failed (``verify``), 2 bad usage or input. Input errors (a missing plan, a bad
-parameter, a stale or corrupt plan given to ``inspect``) print one line on stderr, never a traceback: the message
-already names the parameter and the fix.
+Exit codes: 0 ok, 1 a check failed (``verify``) or a bug, 2 bad usage or input. Input errors (a missing plan, a
+bad parameter, a stale or corrupt plan given to ``inspect``: our own checks' typed errors, ``errors.BadInputError``
+and ``PlanError``) print one line on stderr: the message already names the parameter and the fix. Anything else is
+a bug and keeps its traceback (exit 1), so it is never mistaken for bad usage.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import warnings
 from typing import List, Optional
 
 from ..io import fs as fsutil
-from ..errors import PlanError
+from ..errors import BadInputError, PlanError
 from ..plan.format import PLAN_JSON
 from .progress import Progress
 
@@ -33,14 +34,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
         return args.run(args)
-    except (InputError, PlanError, ValueError, TypeError, OSError, ImportError) as exc:
+    except (InputError, PlanError, BadInputError, OSError) as exc:  # our checks' errors, and files that are not there
         print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - Spark's errors (bad SQL, missing column) are bad input too
         if type(exc).__module__.split(".")[0] in ("pyspark", "py4j"):
             print(f"{PROG} {args.command}: error: Spark refused the input: {_one_line(exc)}", file=sys.stderr)
             return BAD_INPUT
-        raise
+        raise  # anything else is a bug: its traceback, and exit 1
 
 
 def cmd_plan(args) -> int:

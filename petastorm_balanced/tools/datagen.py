@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from ..errors import InvalidValueError
 
 __all__ = ["DatasetInfo", "make_plain_dataset", "make_petastorm_dataset", "main"]
 
@@ -68,11 +69,11 @@ def _plan(rng, num_files, total_rows, empty_files, min_rg, max_rg):
     """
     n_data = num_files - empty_files
     if num_files < 1 or empty_files < 0 or n_data < 1:
-        raise ValueError("need num_files >= 1 and at least one non-empty file")
+        raise InvalidValueError("need num_files >= 1 and at least one non-empty file")
     if total_rows < n_data:
-        raise ValueError("total_rows must be >= the number of non-empty files")
+        raise InvalidValueError("total_rows must be >= the number of non-empty files")
     if not 1 <= min_rg <= max_rg:
-        raise ValueError("need 1 <= min_row_group_rows <= max_row_group_rows")
+        raise InvalidValueError("need 1 <= min_row_group_rows <= max_row_group_rows")
     counts = np.zeros(num_files, dtype=np.int64)
     slots = np.sort(rng.choice(num_files, size=n_data, replace=False))
     counts[slots] = 1 + _apportion(total_rows - n_data, rng.lognormal(0.0, 1.0, size=n_data))

@@ -8,6 +8,7 @@ import os
 import textwrap
 
 import numpy as np
+from ..errors import InvalidValueError
 
 FIGSIZE = (12.0, 5.0)  # inches
 DPI = 100  # so the PNG is 1200 x 500 pixels
@@ -21,7 +22,7 @@ def plot_report(report: dict, path: str) -> str:
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install 'petastorm-balanced[plot]'") from None
+        raise InvalidValueError("--plot needs matplotlib: pip install 'petastorm-balanced[plot]'") from None
     ranks = np.arange(report["world_size"])
     theirs, ours = report["petastorm"]["ranks"], report["ranks"]
     fig, axes = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI)

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from ..plan import balance
 from ..io import fs as fsutil
-from ..errors import PlanError
+from ..errors import InvalidValueError, PlanError
 from ..plan.model import ShardPlan
 from ..plan.format import split_row_groups
 from ..planning.scan import check_footers
@@ -87,14 +87,14 @@ class _LoaderRows:
     def __init__(self, plan: ShardPlan, rows: "_RowReader", column: str, batch: int):
         self._ids = rows.column(column)  # (rows in files,) the id of every row, indexed by key
         if len(np.unique(self._ids)) != len(self._ids):
-            raise ValueError(f"--id-column {column!r} has repeated values, so it cannot identify rows; pick a "
-                             "unique column or leave --id-column out to check rows by position")
+            raise InvalidValueError(f"--id-column {column!r} has repeated values, so it cannot identify rows; pick a "
+                                    "unique column or leave --id-column out to check rows by position")
         try:
             from ..reading.loader import make_loader
             from ..reading.stream import PADDING
         except ImportError as exc:
-            raise ValueError(f"--id-column needs the loader and torch ({exc}); leave it out to check rows by "
-                             "position with pyarrow") from None
+            raise InvalidValueError(f"--id-column needs the loader and torch ({exc}); leave it out to check rows by "
+                                    "position with pyarrow") from None
         self.plan, self.batch, self.column, self.padding = plan, batch, column, PADDING
         self._make_loader = make_loader
 
@@ -169,8 +169,8 @@ class _RowReader:
             with self.filesystem.open_input_file(f"{self.root}/{path}") as handle:
                 parquet = pq.ParquetFile(handle, metadata=self._meta[path])
                 if name not in parquet.schema_arrow.names:
-                    raise ValueError(f"--id-column {name!r} is not a stored column of {path!r}; its columns are "
-                                     f"{parquet.schema_arrow.names}")
+                    raise InvalidValueError(f"--id-column {name!r} is not a stored column of {path!r}; its columns are "
+                                            f"{parquet.schema_arrow.names}")
                 parts.append(parquet.read(columns=[name]).column(name).to_numpy(zero_copy_only=False))
         return np.concatenate(parts)
 

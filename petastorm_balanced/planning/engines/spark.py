@@ -35,7 +35,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pandas as pd
 
-from ...errors import InvalidWhereError
+from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
 from ..scan import footer_error, read_footer
 from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
@@ -47,8 +47,8 @@ try:
                                 NumberFormatException, SparkRuntimeException)
     from pyspark.sql import SparkSession, functions as F
 except ImportError as _exc:  # pragma: no cover - exercised only without pyspark
-    raise ImportError("engine='spark' needs pyspark (pip install 'pyspark>=4.0'); or plan with engine='local' "
-                      "and a Petastorm predicate=") from _exc
+    raise MissingDependencyError("engine='spark' needs pyspark (pip install 'pyspark>=4.0'); or plan with engine='local' "
+                                 "and a Petastorm predicate=") from _exc
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def get_session(spark=None):
     """
     if spark is not None:
         if not isinstance(spark, SparkSession):
-            raise TypeError(f"spark={spark!r} is not a pyspark.sql.SparkSession")
+            raise InvalidTypeError(f"spark={spark!r} is not a pyspark.sql.SparkSession")
         return spark
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -173,8 +173,8 @@ def _file_infos(url: str, results: Sequence[tuple], sizes: Dict[str, int]) -> Li
     first = results[0]
     for relpath, _, names in results:
         if set(names) != set(first[2]):
-            raise ValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} has "
-                             f"{sorted(first[2])}; all files of a dataset must share one schema")
+            raise InvalidValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} has "
+                                    f"{sorted(first[2])}; all files of a dataset must share one schema")
     return [FileInfo(relpath, sizes[relpath], rows) for relpath, rows, _ in results]
 
 
@@ -194,8 +194,8 @@ def spark_relative_path(spark_path: str, root: str) -> str:
         path = parsed.netloc + path
     prefix = root.rstrip("/") + "/"
     if not path.startswith(prefix):
-        raise ValueError(f"Spark reads {spark_path!r}, which is not under the dataset root {root!r}; pass the "
-                         "dataset URL in the form Spark and pyarrow both resolve (no symlinks or aliases)")
+        raise InvalidValueError(f"Spark reads {spark_path!r}, which is not under the dataset root {root!r}; pass the "
+                                "dataset URL in the form Spark and pyarrow both resolve (no symlinks or aliases)")
     return path[len(prefix):]
 
 
@@ -229,8 +229,8 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     frame = _read_for_where(spark, url)
     columns = frame.columns
     if "_metadata" in columns:
-        raise ValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file metadata "
-                         "that where= needs; rename the column or plan with a Petastorm predicate=")
+        raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file metadata "
+                                "that where= needs; rename the column or plan with a Petastorm predicate=")
     _check_same_files(url, root, files, frame.inputFiles())
     # Which file a row comes from: its size when that tells the files with rows apart (a number, so Spark's
     # aggregation skips hashing a path per row: about 1.5x faster), else its path.
@@ -276,10 +276,10 @@ def _read_for_where(spark, url: str):
         text = str(exc)
         if "S3AFileSystem not found" in text or "No FileSystem for scheme" in text:
             scheme = urlparse(spark_url(url)).scheme
-            raise ImportError(f"where= on {url} needs Spark to read it, and this Spark has no Hadoop filesystem for "
-                              f"{scheme}:// (for S3: the hadoop-aws jar matching Spark's Hadoop and the AWS SDK "
-                              "bundle it names, e.g. --packages org.apache.hadoop:hadoop-aws:3.4.1; see "
-                              "docs/remote.md); or plan with engine='local' and a Petastorm predicate=") from None
+            raise MissingDependencyError(f"where= on {url} needs Spark to read it, and this Spark has no Hadoop filesystem for "
+                                         f"{scheme}:// (for S3: the hadoop-aws jar matching Spark's Hadoop and the AWS SDK "
+                                         "bundle it names, e.g. --packages org.apache.hadoop:hadoop-aws:3.4.1; see "
+                                         "docs/remote.md); or plan with engine='local' and a Petastorm predicate=") from None
         raise
 
 
@@ -290,8 +290,8 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
     for path in sorted(ours ^ theirs):
         who = "Spark reads it but petastorm-balanced skips it" if path in theirs else \
             "petastorm-balanced reads it but Spark skips it"
-        raise ValueError(f"{path!r} in dataset_url={url!r}: {who}; rename it (a leading '_' or '.' marks a "
-                         "file that is not data) or remove it")
+        raise InvalidValueError(f"{path!r} in dataset_url={url!r}: {who}; rename it (a leading '_' or '.' marks a "
+                                "file that is not data) or remove it")
 
 
 def _file_encoder(root: str, lookup, by_size: bool):
@@ -303,8 +303,8 @@ def _file_encoder(root: str, lookup, by_size: bool):
         key = words["file"].iat[0]
         entry = lookup.value.get(int(key) if by_size else spark_relative_path(key, root))
         if entry is None:
-            raise ValueError(f"Spark read a file ({key!r}) that planning did not list; the dataset changed while "
-                             "planning: re-run planning")
+            raise InvalidValueError(f"Spark read a file ({key!r}) that planning did not list; the dataset changed while "
+                                    "planning: re-run planning")
         relpath, rows = entry
         bounds = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
         # bits: (words in file,) little-endian, bit k of word w is row 64 * w + k
@@ -336,8 +336,8 @@ def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> List
     out = sc.parallelize(work, slices).mapPartitions(_predicate_task(url, root, predicate, fields, kind)).collect()
     errors = [r for r in out if r[0] is None]
     if errors:
-        raise ValueError(f"predicate={predicate!r} failed on {errors[0][1]}; fix the predicate so do_include "
-                         "accepts the rows of this dataset")
+        raise InvalidValueError(f"predicate={predicate!r} failed on {errors[0][1]}; fix the predicate so do_include "
+                                "accepts the rows of this dataset")
     return [RowGroupMatch(*r) for r in out]
 
 

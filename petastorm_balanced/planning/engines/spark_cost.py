@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ...errors import InvalidWhereError
+from ...errors import InvalidValueError, InvalidWhereError
 from ...plan.catalog import FileInfo
 from ...plan.cost import CostSpec, check_costs
 from ..costs import Stats
@@ -43,20 +43,20 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
                                 F.col("_metadata.row_index").alias("row_index"),
                                 F.expr(spec.text).cast("double").alias("cost"))
         except AnalysisException as exc:
-            raise ValueError(f"cost={spec.text!r} is not a numeric Spark SQL expression over columns {columns} "
-                             f"({_first_line(exc)})") from None
+            raise InvalidValueError(f"cost={spec.text!r} is not a numeric Spark SQL expression over columns {columns} "
+                                    f"({_first_line(exc)})") from None
         try:
             partial = rows.mapInPandas(_partial_stats(root, shared), _PARTIAL_SCHEMA)
             merged = (partial.groupBy("path", "row_group")
                       .agg(F.sum("cost_sum").alias("cost_sum"), F.max("cost_max").alias("cost_max"),
                            F.first("bad", ignorenulls=True).alias("bad")).collect())
         except (AnalysisException, SparkRuntimeException) as exc:
-            raise ValueError(f"cost={spec.text!r} failed on the data ({_first_line(exc)})") from None
+            raise InvalidValueError(f"cost={spec.text!r} failed on the data ({_first_line(exc)})") from None
         finally:
             shared.destroy()
     bad = sorted((r.path, r.row_group, r.bad) for r in merged if r.bad)
     if bad:
-        raise ValueError(f"cost={spec.text!r}: {bad[0][2]}")
+        raise InvalidValueError(f"cost={spec.text!r}: {bad[0][2]}")
     return {(r.path, int(r.row_group)): (int(r.cost_sum), int(r.cost_max)) for r in merged}
 
 
