@@ -21,7 +21,9 @@ with no communication. No I/O, no torch, no pyspark in here.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -77,20 +79,32 @@ def worker_steps(steps: int, num_workers: int) -> np.ndarray:
     return steps // num_workers + (np.arange(num_workers) < steps % num_workers)
 
 
+@functools.lru_cache(maxsize=2)
 def epoch_order(num_row_groups: int, seed: int, epoch: int) -> np.ndarray:
-    """A permutation of catalog rows drawn from ``[seed, epoch]``.
+    """A permutation of catalog rows drawn from ``[seed, epoch]`` (read-only).
 
     Sorting raw PCG64 words rather than calling ``Generator.permutation`` keeps the order identical across NumPy
-    versions, because only the bit generator's stream is guaranteed stable.
+    versions, because only the bit generator's stream is guaranteed stable. The last two orders are kept: a rank
+    that loads a plan (checks at epoch 0) and then asks for its epoch-0 assignment sorts a million words once.
     """
     words = np.random.Generator(np.random.PCG64([seed, epoch])).bit_generator.random_raw(num_row_groups)
-    return np.argsort(words, kind="stable").astype(np.int64)
+    order = np.argsort(words, kind="stable").astype(np.int64)
+    order.flags.writeable = False
+    return order
 
 
 def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str, seed: int, epoch: int,
-           num_workers: int = 1, reshuffle: str = "epoch") -> Pieces:
-    """Assign the matching rows of each catalog row group (``counts``) to ``world_size * num_workers`` slots."""
+           num_workers: int = 1, reshuffle: str = "epoch", rank: Optional[int] = None) -> Pieces:
+    """Assign the matching rows of each catalog row group (``counts``) to ``world_size * num_workers`` slots.
+
+    With ``rank``, only that rank's pieces are cut (the same pieces as ``assign(...).of_rank(rank)``): with a
+    million row groups a rank then cuts its own thousand, not everyone's.
+    """
     check_params(world_size=world_size, batch_size=batch_size, num_workers=num_workers, seed=seed, epoch=epoch)
+    if rank is not None:
+        check_params(rank=rank)
+        if rank >= world_size:
+            raise ValueError(f"rank={rank} must be < world_size={world_size}")
     check_policy(policy)
     if reshuffle not in RESHUFFLES:
         raise ValueError(f"reshuffle={reshuffle!r} is not one of {RESHUFFLES}")
@@ -117,7 +131,12 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
     slot_rows = np.tile(worker_steps(steps, num_workers) * batch_size, world_size)
     slot_pos = np.concatenate(([0], np.cumsum(slot_rows)))  # (slots + 1,)
 
-    cuts = np.union1d(seg_pos[seg_pos <= delivered], slot_pos)  # every point where a piece starts or ends
+    if rank is None:
+        cuts = np.union1d(seg_pos[seg_pos <= delivered], slot_pos)  # every point where a piece starts or ends
+    else:  # the same cuts, inside the rank's part of the sequence only
+        lo, hi = slot_pos[rank * num_workers], slot_pos[(rank + 1) * num_workers]
+        inside = seg_pos[np.searchsorted(seg_pos, lo, side="left"):np.searchsorted(seg_pos, hi, side="right")]
+        cuts = np.union1d(inside, slot_pos[rank * num_workers:(rank + 1) * num_workers + 1])
     lo, hi = cuts[:-1], cuts[1:]
     seg = np.searchsorted(seg_pos, lo, side="right") - 1
     slot = np.searchsorted(slot_pos, lo, side="right") - 1
@@ -145,7 +164,7 @@ def check_policy(policy: str) -> None:
 
 def check_params(**params) -> None:
     """Reject non-integers and out-of-range sizes, naming the parameter."""
-    minimum = {"world_size": 1, "batch_size": 1, "num_workers": 1, "seed": 0, "epoch": 0}
+    minimum = {"world_size": 1, "batch_size": 1, "num_workers": 1, "seed": 0, "epoch": 0, "rank": 0}
     for name, value in params.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")

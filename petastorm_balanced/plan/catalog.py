@@ -6,10 +6,15 @@ dataset root, index in the file), never by a position in some list whose order d
 """
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Iterable, Iterator, Optional, Tuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import selection
 
@@ -41,18 +46,118 @@ class RowGroupMatch:
         return selection.decode(self.selection, self.total_rows)
 
 
+class RowGroups(Sequence):
+    """The catalog's row groups as columns: a sequence of ``RowGroupMatch`` made on access.
+
+    A million row groups as dataclasses cost about 0.5 GB and seconds to build on every rank; as columns they
+    cost tens of MB, and a rank materializes only the row groups it reads. Paths are stored once each
+    (``paths``, sorted) and referenced by ``path_index``.
+    """
+
+    __slots__ = ("paths", "path_index", "row_group", "total_rows", "matching_rows", "selection")
+
+    def __init__(self, paths, path_index, row_group, total_rows, matching_rows, selection):
+        paths, path_index = tuple(paths), np.asarray(path_index, dtype=np.int64)
+        used = np.unique(path_index)
+        if len(used) != len(paths):  # keep only paths with a row group, so equal catalogs have equal columns
+            paths = tuple(paths[i] for i in used.tolist())
+            path_index = np.searchsorted(used, path_index)
+        self.paths = paths  # (distinct paths,) sorted
+        self.path_index = path_index  # (row groups,)
+        self.row_group = np.asarray(row_group, dtype=np.int64)
+        self.total_rows = np.asarray(total_rows, dtype=np.int64)
+        self.matching_rows = np.asarray(matching_rows, dtype=np.int64)
+        if not isinstance(selection, (pa.Array, pa.ChunkedArray)):
+            selection = pa.array(list(selection), pa.large_binary())
+        if isinstance(selection, pa.ChunkedArray):
+            selection = selection.combine_chunks() if selection.num_chunks != 1 else selection.chunk(0)
+        self.selection = selection.cast(pa.large_binary())  # (row groups,); empty = every row matches
+        n = len(self.path_index)
+        if not all(len(a) == n for a in (self.row_group, self.total_rows, self.matching_rows, self.selection)):
+            raise ValueError("catalog columns must have one value per row group")
+
+    @classmethod
+    def from_matches(cls, matches: Iterable[RowGroupMatch]) -> "RowGroups":
+        matches = list(matches)
+        paths = sorted({m.path for m in matches})
+        where = {p: i for i, p in enumerate(paths)}
+        return cls(paths, [where[m.path] for m in matches], [m.row_group for m in matches],
+                   [m.total_rows for m in matches], [m.matching_rows for m in matches],
+                   [m.selection for m in matches])
+
+    @classmethod
+    def from_columns(cls, path, row_group, total_rows, matching_rows, selection) -> "RowGroups":
+        """From per-row-group columns (``path`` a list of strings or an Arrow string array)."""
+        coded = pa.chunked_array([path]) if isinstance(path, pa.Array) else path
+        if not isinstance(coded, pa.ChunkedArray):
+            coded = pa.chunked_array([pa.array(list(coded), pa.string())])
+        coded = coded.combine_chunks().dictionary_encode()
+        paths = coded.dictionary.to_pylist()
+        rank = np.argsort(np.asarray(pc.sort_indices(coded.dictionary)))  # dictionary code -> sorted position
+        index = rank[coded.indices.to_numpy(zero_copy_only=False)] if len(paths) else np.zeros(0, np.int64)
+        return cls(sorted(paths), index, row_group, total_rows, matching_rows, selection)
+
+    def __len__(self) -> int:
+        return len(self.path_index)
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            return [self[i] for i in range(*item.indices(len(self)))]
+        i = int(item)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"row group {item} out of range for {len(self)} row groups")
+        return RowGroupMatch(self.paths[self.path_index[i]], int(self.row_group[i]), int(self.total_rows[i]),
+                             int(self.matching_rows[i]), self.selection[i].as_py())
+
+    def __iter__(self) -> Iterator[RowGroupMatch]:
+        paths = self.paths
+        for p, g, t, m, s in zip(self.path_index.tolist(), self.row_group.tolist(), self.total_rows.tolist(),
+                                 self.matching_rows.tolist(), self.selection.to_pylist()):
+            yield RowGroupMatch(paths[p], g, t, m, s)
+
+    def path_of(self) -> np.ndarray:
+        """(row groups,) path of each row group, as a numpy object array."""
+        return np.asarray(self.paths, dtype=object)[self.path_index] if self.paths else np.zeros(0, object)
+
+    def is_sorted_unique(self) -> bool:
+        """Keys strictly increasing by (path, row_group)."""
+        p, g = self.path_index, self.row_group
+        return bool(np.all((p[1:] > p[:-1]) | ((p[1:] == p[:-1]) & (g[1:] > g[:-1]))))
+
+    def __eq__(self, other):
+        if isinstance(other, RowGroups):
+            return (self.paths == other.paths and len(self) == len(other)
+                    and all(np.array_equal(getattr(self, n), getattr(other, n))
+                            for n in ("path_index", "row_group", "total_rows", "matching_rows"))
+                    and self.selection.equals(other.selection))
+        if isinstance(other, (tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"RowGroups({len(self)} row groups in {len(self.paths)} files)"
+
+
 @dataclass(frozen=True)
 class Catalog:
-    """Every data file, and every row group with a matching row, both sorted by key."""
+    """Every data file, and every row group with a matching row, both sorted by key.
+
+    ``row_groups`` may be given as any sequence of ``RowGroupMatch``; it is kept as ``RowGroups`` columns.
+    """
 
     files: Tuple[FileInfo, ...]
-    row_groups: Tuple[RowGroupMatch, ...]
+    row_groups: RowGroups
     kind: str = "plain"  # 'petastorm' when the dataset carries a Unischema
     partition_columns: Tuple[str, ...] = field(default=())
 
     def __post_init__(self):
-        keys = [(r.path, r.row_group) for r in self.row_groups]
-        if keys != sorted(keys) or len(set(keys)) != len(keys):
+        if not isinstance(self.row_groups, RowGroups):
+            object.__setattr__(self, "row_groups", RowGroups.from_matches(self.row_groups))
+        if not self.row_groups.is_sorted_unique():
             raise ValueError("catalog row groups must be unique and sorted by (path, row_group)")
 
     @property
@@ -66,14 +171,27 @@ class Catalog:
 
     def matching_counts(self) -> np.ndarray:
         # (row groups,)
-        return np.fromiter((r.matching_rows for r in self.row_groups), dtype=np.int64, count=len(self.row_groups))
+        return self.row_groups.matching_rows
 
 
-def full_catalog(files: Sequence[FileInfo], kind: str = "plain", partition_columns=()) -> Catalog:
+def full_catalog(files: Iterable[FileInfo], kind: str = "plain", partition_columns=()) -> Catalog:
     """The catalog when every row matches: one entry per non-empty row group, straight from the footers."""
-    row_groups = tuple(RowGroupMatch(f.path, i, n, n) for f in sorted(files, key=lambda f: f.path)
-                       for i, n in enumerate(f.row_group_rows) if n > 0)
-    return Catalog(tuple(sorted(files, key=lambda f: f.path)), row_groups, kind, tuple(partition_columns))
+    files = tuple(sorted(files, key=lambda f: f.path))
+    per_file = np.array([len(f.row_group_rows) for f in files], dtype=np.int64)
+    # (row groups of every file,)
+    rows = np.fromiter(itertools.chain.from_iterable(f.row_group_rows for f in files), np.int64, int(per_file.sum()))
+    file_of = np.repeat(np.arange(len(files)), per_file)
+    index = np.arange(len(rows)) - np.repeat(np.cumsum(per_file) - per_file, per_file)
+    keep = rows > 0
+    row_groups = RowGroups([f.path for f in files], file_of[keep], index[keep], rows[keep], rows[keep],
+                           empty_selections(int(keep.sum())))
+    return Catalog(files, row_groups, kind, tuple(partition_columns))
+
+
+def empty_selections(n: int) -> pa.Array:
+    """``n`` empty selections (every row matches), without making ``n`` Python objects."""
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(np.zeros(n + 1, np.int64)),
+                                                                   pa.py_buffer(b"")])
 
 
 def match_from_mask(path: str, row_group: int, mask: np.ndarray) -> Optional[RowGroupMatch]:

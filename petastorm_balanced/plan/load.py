@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import hashlib
+import itertools
 import json
 
 import pyarrow as pa
@@ -14,9 +15,9 @@ from .._version import __version__
 from ..errors import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
 from . import balance
-from .catalog import Catalog, FileInfo, RowGroupMatch
-from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, FORMAT_VERSION, PLAN_JSON, assignment_table, check_predicate,
-                     content_checksum, dataset_fingerprint, get_bytes, totals)
+from .catalog import Catalog, FileInfo
+from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, FORMAT_VERSION, PLAN_JSON, assignment_table, catalog_row_groups,
+                     check_predicate, content_checksum, dataset_fingerprint, get_bytes, planned_pieces, totals)
 from .format import check_dataset as _check_dataset
 from .model import ShardPlan
 from .predicate import PredicateInfo, predicate_info
@@ -83,17 +84,17 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     if (params["algorithm"], params["algorithm_version"]) != (balance.ALGORITHM, balance.ALGORITHM_VERSION):
         raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "
                                f"package has {balance.ALGORITHM} v{balance.ALGORITHM_VERSION}; re-plan")
-    files = tuple(FileInfo(p, int(s), tuple(int(n) for n in rows)) for p, s, rows in document["dataset_files"])
-    cat = tables[CATALOG].to_pydict()
-    row_groups = tuple(RowGroupMatch(*r) for r in zip(cat["file"], cat["row_group"], cat["total_rows"],
-                                                        cat["matching_rows"], cat["selection"]))
-    catalog = Catalog(files, row_groups, dataset["kind"], tuple(dataset["partition_columns"]))
+    files = tuple(FileInfo(p, int(s), tuple(rows)) for p, s, rows in document["dataset_files"])
+    if not set(map(type, itertools.chain.from_iterable(f.row_group_rows for f in files))) <= {int}:  # not bool
+        raise PlanIntegrityError(f"{url}/plan.json lists a row group size that is not an integer; re-run planning")
+    catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"], tuple(dataset["partition_columns"]))
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
                      params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
     if content_checksum(plan) != document["checksum"] or dataset_fingerprint(files) != dataset["fingerprint"]:
         raise PlanIntegrityError(f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning")
-    if not assignment_table(plan).equals(tables[ASSIGNMENT]):
+    pieces = planned_pieces(plan)  # balanced once for both checks below
+    if not assignment_table(plan, pieces).equals(tables[ASSIGNMENT]):
         raise PlanIntegrityError(f"{url}/{ASSIGNMENT} disagrees with the catalog and parameters; re-run planning")
-    if document["totals"] != totals(plan):  # not in the checksum, but shown to users
+    if document["totals"] != totals(plan, pieces):  # not in the checksum, but shown to users
         raise PlanIntegrityError(f"{url}/plan.json totals disagree with its catalog (edited?); re-run planning")
     return plan

@@ -75,11 +75,12 @@ class ShardPlan:
         return balance.steps_per_rank(self.total_rows, world, batch, self.policy)
 
     def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
-               batch_size: Optional[int] = None, reshuffle: str = "epoch") -> balance.Pieces:
-        """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank)."""
+               batch_size: Optional[int] = None, reshuffle: str = "epoch", rank: Optional[int] = None
+               ) -> balance.Pieces:
+        """Every slot's row ranges for one epoch, as arrays (only rank ``rank``'s when given)."""
         return balance.assign(self._counts, world_size=self.world_size if world_size is None else world_size,
                               batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
-                              epoch=epoch, num_workers=num_workers, reshuffle=reshuffle)
+                              epoch=epoch, num_workers=num_workers, reshuffle=reshuffle, rank=rank)
 
     def assignment(self, rank: int, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
                    batch_size: Optional[int] = None, reshuffle: str = "epoch") -> List[Fragment]:
@@ -88,8 +89,8 @@ class ShardPlan:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
             raise ValueError(f"rank={rank!r} must be an int in [0, world_size={world})")
         mine = self.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch_size,
-                           reshuffle=reshuffle).of_rank(rank)
-        groups = self.catalog.row_groups
+                           reshuffle=reshuffle, rank=int(rank))
+        groups = self.catalog.row_groups  # columns: only this rank's row groups become objects
         return [Fragment(groups[c].path, groups[c].row_group, bool(p), int(w), int(s), int(e),
                          groups[c].total_rows, groups[c].selection)
                 for c, w, s, e, p in zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding)]

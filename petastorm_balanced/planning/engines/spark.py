@@ -86,7 +86,7 @@ def get_session(spark=None):
 
 
 def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spark=None,
-                  footers_in_tasks: Optional[bool] = None) -> Catalog:
+                  footers_in_tasks: Optional[bool] = None, timings: Optional[dict] = None) -> Catalog:
     """The catalog of ``url`` (a normalized dataset URL) filtered by ``where`` or ``predicate``.
 
     A session (``get_session(spark)``) is taken only when Spark has work: a filter, or footers in tasks.
@@ -95,9 +95,15 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     Spark tasks read them for remote datasets (s3://, hdfs://) of more than ``DRIVER_FOOTERS_MAX`` files, where
     each footer is a network round trip; local footers are read fastest by driver threads (2,000 small files:
     0.8 s on the driver against 2.0 s through Spark tasks on 2 cores, benchmarks/bench_spark_plan.py).
+
+    ``timings``, a dict, receives seconds per step: ``session`` (a session started here), ``footers`` (listing
+    included), ``where`` or ``predicate``
+    (the Spark job, wall time) and ``encode`` (Python time inside the where's tasks, summed over tasks).
     """
+    timings = {} if timings is None else timings
     if spark is not None:
         get_session(spark)  # refuse a wrong type before any work
+    listed = time.perf_counter()
     url = fsutil.normalize_url(url)
     _, root, entries = list_data_files(url)
     relpaths = [relative_path(e.path, root) for e in entries]
@@ -107,9 +113,10 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX and not fsutil.is_local(url)
     log.info("scanning %d files (%.1f MB) of %s: footers %s", len(relpaths), sum(sizes.values()) / 1e6, url,
              "in Spark tasks" if in_tasks else "on the driver")
-    started = time.perf_counter()
+    before_session = time.perf_counter()
     if in_tasks or where is not None or predicate is not None:
         spark = get_session(spark)  # only now: footers of a local dataset need no Spark at all
+    timings["session"] = time.perf_counter() - before_session
     if in_tasks:
         _ship_package(spark)
         sc = spark.sparkContext
@@ -120,14 +127,14 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     files = _file_infos(url, results, sizes)
     kind = "petastorm" if has_unischema(url) else "plain"
     partition_columns = tuple(sorted({k for f in files for k in partition_values(f.path)}))
+    timings["footers"] = time.perf_counter() - listed - timings["session"]
     log.info("%d files, %d row groups, %d rows (footers read in %.1f s)", len(files),
-             sum(len(f.row_group_rows) for f in files), sum(f.num_rows for f in files),
-             time.perf_counter() - started)
+             sum(len(f.row_group_rows) for f in files), sum(f.num_rows for f in files), timings["footers"])
     if where is None and predicate is None:
         return full_catalog(files, kind, partition_columns)
     started = time.perf_counter()
     if where is not None:
-        matches = _where_matches(spark, url, root, files, where)
+        matches = _where_matches(spark, url, root, files, where, timings)
         what = f"where {where!r}"
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
@@ -136,6 +143,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         what = f"predicate on {fields}"
     catalog = Catalog(tuple(files), tuple(sorted(matches, key=lambda m: (m.path, m.row_group))), kind,
                       partition_columns)
+    timings["where" if where is not None else "predicate"] = time.perf_counter() - started
     log.info("%s matches %d of %d rows in %d row groups (%.1f s)", what, catalog.total_rows, catalog.scanned_rows,
              len(catalog.row_groups), time.perf_counter() - started)
     return catalog
@@ -261,7 +269,7 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
         finally:
             shared.destroy()
     if timings is not None:
-        timings["encode"] = timings.get("encode", 0.0) + sum(r.seconds for r in encoded)
+        timings["encode"] = sum(r.seconds for r in encoded)
     return merge_partial_matches(
         RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded)
 
