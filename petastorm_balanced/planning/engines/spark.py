@@ -247,13 +247,22 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     # to Python than a path per row), else its path.
     sizes = [f.size for f in files if f.num_rows > 0]
     by_size = len(set(sizes)) == len(sizes)
-    key = F.col("_metadata.file_size") if by_size else F.col("_metadata.file_path")
+    # With sizes, file and row index travel as one number, size << shift | row index, when it fits in 63 bits:
+    # moving rows from the JVM to Python is the per-row cost here, and one column costs less than two.
+    shift = max([f.num_rows for f in files] + [1]).bit_length()
+    if not (by_size and (max(sizes + [0]) + 1) << shift < 2 ** 63):
+        shift = None
     with _quiet_pyspark_error_logs():
         try:
             matching = frame.where(where)
         except AnalysisException as exc:  # includes ParseException
             raise InvalidWhereError(where, _first_line(exc), columns) from None
-        rows = matching.select(key.alias("file"), F.col("_metadata.row_index").alias("row_index"))
+        if shift is not None:
+            rows = matching.select(F.expr(f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index")
+                                   .alias("file_row"))
+        else:
+            rows = matching.select(F.col("_metadata.file_size" if by_size else "_metadata.file_path").alias("file"),
+                                   F.col("_metadata.row_index").alias("row_index"))
         lookup = {(f.size if by_size else f.path): (f.path, f.row_group_rows) for f in files if f.num_rows > 0}
         shared = spark.sparkContext.broadcast(lookup)
         _ship_package(spark)
@@ -262,7 +271,7 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
             # (Spark reads a row group in exactly one task: the split holding its midpoint), and only per-row-group
             # records reach the driver. Large Arrow batches: fewer JVM-Python round trips.
             with _sql_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS)):
-                encoded = rows.mapInArrow(_partition_encoder(root, shared, by_size), _MATCH_SCHEMA).collect()
+                encoded = rows.mapInArrow(_partition_encoder(root, shared, by_size, shift), _MATCH_SCHEMA).collect()
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
                 SparkRuntimeException) as exc:
             raise InvalidWhereError(where, _first_line(exc), columns, on_data=True) from None
@@ -318,43 +327,48 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
                          "file that is not data) or remove it")
 
 
-def _partition_encoder(root: str, lookup, by_size: bool):
-    """The ``mapInArrow`` function: (file key, row index) of one task's matching rows -> one catalog record per
-    row group with a matching row, and the seconds this task spent encoding (on its first record).
+def _partition_encoder(root: str, lookup, by_size: bool, shift: Optional[int]):
+    """The ``mapInArrow`` function: the matching rows one task read -> one catalog record per row group with a
+    matching row, and the seconds this task spent encoding (on its first record).
 
+    Rows come as (file key, row index), or as one number ``size << shift | row index`` when ``shift`` is set.
     ``lookup`` (broadcast) maps the file key (size, or Spark's path) to (relative path, row group rows).
     """
     def encode(batches):
         import pyarrow as pa
-        keys, indexes = [], []
+        columns = [[], []]
         for batch in batches:
             if batch.num_rows:
-                keys.append(batch.column(0))
-                indexes.append(batch.column(1))
-        if not indexes:
+                for i in range(batch.num_columns):
+                    columns[i].append(batch.column(i))
+        if not columns[0]:
             return
         started = time.perf_counter()
-        coded = pa.chunked_array(keys).combine_chunks().dictionary_encode()
-        code = coded.indices.to_numpy(zero_copy_only=False)
-        index = pa.chunked_array(indexes).combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
-        # (rows,) sorted by file, then row index: the scan yields each file's rows in order, so this is cheap
-        order = np.lexsort((index, code))
-        code, index = code[order], index[order]
+        if shift is not None:
+            packed = np.sort(pa.chunked_array(columns[0]).combine_chunks().to_numpy(zero_copy_only=False))
+            code, index = packed >> shift, packed & ((1 << shift) - 1)  # code: the file's size itself
+            names = None
+        else:
+            coded = pa.chunked_array(columns[0]).combine_chunks().dictionary_encode()
+            code = coded.indices.to_numpy(zero_copy_only=False)
+            index = pa.chunked_array(columns[1]).combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
+            order = np.lexsort((index, code))  # (rows,) by file, then row index
+            code, index, names = code[order], index[order], coded.dictionary
         cuts = np.flatnonzero(np.diff(code)) + 1
         records = []
         for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(code)]))):
-            file_key = coded.dictionary[int(code[lo])].as_py()
+            file_key = int(code[lo]) if names is None else names[int(code[lo])].as_py()
             entry = lookup.value.get(int(file_key) if by_size else spark_relative_path(file_key, root))
             if entry is None:
                 raise ValueError(f"Spark read a file ({file_key!r}) that planning did not list; the dataset changed "
                                  "while planning: re-run planning")
             records.extend(_row_group_records(entry[0], entry[1], index[lo:hi]))
-        columns = list(zip(*records))
+        out = list(zip(*records))
         seconds = np.zeros(len(records))
         seconds[0] = time.perf_counter() - started
         yield pa.RecordBatch.from_arrays(
-            [pa.array(columns[0], pa.string()), pa.array(columns[1], pa.int32()), pa.array(columns[2], pa.int64()),
-             pa.array(columns[3], pa.int64()), pa.array(columns[4], pa.binary()), pa.array(seconds)],
+            [pa.array(out[0], pa.string()), pa.array(out[1], pa.int32()), pa.array(out[2], pa.int64()),
+             pa.array(out[3], pa.int64()), pa.array(out[4], pa.binary()), pa.array(seconds)],
             names=["path", "row_group", "total_rows", "matching_rows", "selection", "seconds"])
     return encode
 
