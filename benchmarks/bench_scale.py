@@ -68,11 +68,11 @@ def rank_child(plan_dir: str, rank: int, world: int, workers: int, epochs: int) 
     import pyarrow.parquet  # noqa: F401
     import pandas  # noqa: F401  - pyarrow imports it on first conversions; a training process has it anyway
     before = rss_mb()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     plan = load_plan(plan_dir, check_dataset=False)
     loaded = time.perf_counter()
     first = plan.assignment(rank, epoch=0, world_size=world, num_workers=workers)
-    ready = time.perf_counter()
+    ready, cpu = time.perf_counter(), time.process_time() - cpu
     per_epoch = []
     for epoch in range(1, epochs + 1):
         t = time.perf_counter()
@@ -80,7 +80,7 @@ def rank_child(plan_dir: str, rank: int, world: int, workers: int, epochs: int) 
         per_epoch.append(time.perf_counter() - t)
     with open("/proc/self/status") as handle:
         peak = next(int(line.split()[1]) / 1e3 for line in handle if line.startswith("VmHWM"))
-    return {"load_s": loaded - started, "first_assignment_s": ready - loaded, "rank_start_s": ready - started,
+    return {"load_s": loaded - started, "first_assignment_s": ready - loaded, "rank_start_s": ready - started, "rank_start_cpu_s": cpu,
             "epoch_assignment_s": max(per_epoch), "rss_added_mb": rss_mb() - before, "peak_rss_mb": peak,
             "rss_before_mb": before, "fragments": len(first)}
 
@@ -132,12 +132,13 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({**result, "goals_met": met}))
         return 0
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times stretch with load)")
     print(f"{result['row_groups']:,} row groups over {result['files']:,} files ({args.partial:.0%} partial), "
           f"world {args.world_size} x {args.workers} workers; synthesized in {synthesized:.1f} s, saved in "
           f"{saved:.1f} s")
     print("  plan files: " + ", ".join(f"{n} {b / 1e6:.1f} MB" for n, b in sizes.items()))
     rows = [("plan size", f"{result['bytes_per_row_group']:.1f} bytes per row group", "bytes_per_row_group", "B"),
-            ("rank start", f"{result['rank_start_s']:.2f} s (load_plan {result['load_s']:.2f} s + first assignment "
+            ("rank start", f"{result['rank_start_s']:.2f} s ({result['rank_start_cpu_s']:.2f} s CPU; load_plan {result['load_s']:.2f} s + first assignment "
              f"{result['first_assignment_s']:.2f} s, {result['fragments']} fragments)", "rank_start_s", "s"),
             ("memory added", f"{result['rss_added_mb']:.0f} MB resident (peak of the process "
              f"{result['peak_rss_mb']:.0f} MB, {result['rss_before_mb']:.0f} MB before loading)", "rss_added_mb",

@@ -58,10 +58,12 @@ class RowGroups(Sequence):
 
     def __init__(self, paths, path_index, row_group, total_rows, matching_rows, selection):
         paths, path_index = tuple(paths), np.asarray(path_index, dtype=np.int64)
-        used = np.unique(path_index)
-        if len(used) != len(paths):  # keep only paths with a row group, so equal catalogs have equal columns
-            paths = tuple(paths[i] for i in used.tolist())
-            path_index = np.searchsorted(used, path_index)
+        if len(path_index) and (path_index.min() < 0 or path_index.max() >= len(paths)):
+            raise ValueError(f"path_index must point into the {len(paths)} paths")
+        used = np.bincount(path_index, minlength=len(paths)) > 0  # (paths,)
+        if not used.all():  # keep only paths with a row group, so equal catalogs have equal columns
+            paths = tuple(p for p, u in zip(paths, used.tolist()) if u)
+            path_index = (np.cumsum(used) - 1)[path_index]
         self.paths = paths  # (distinct paths,) sorted
         self.path_index = path_index  # (row groups,)
         self.row_group = np.asarray(row_group, dtype=np.int64)
@@ -87,15 +89,19 @@ class RowGroups(Sequence):
 
     @classmethod
     def from_columns(cls, path, row_group, total_rows, matching_rows, selection) -> "RowGroups":
-        """From per-row-group columns (``path`` a list of strings or an Arrow string array)."""
-        coded = pa.chunked_array([path]) if isinstance(path, pa.Array) else path
-        if not isinstance(coded, pa.ChunkedArray):
-            coded = pa.chunked_array([pa.array(list(coded), pa.string())])
-        coded = coded.combine_chunks().dictionary_encode()
-        paths = coded.dictionary.to_pylist()
-        rank = np.argsort(np.asarray(pc.sort_indices(coded.dictionary)))  # dictionary code -> sorted position
-        index = rank[coded.indices.to_numpy(zero_copy_only=False)] if len(paths) else np.zeros(0, np.int64)
-        return cls(sorted(paths), index, row_group, total_rows, matching_rows, selection)
+        """From per-row-group columns; ``path``: a sequence of strings, or an Arrow string or dictionary array
+        (chunked or not), which is never expanded into one Python string per row group."""
+        if not isinstance(path, (pa.Array, pa.ChunkedArray)):
+            path = pa.array(list(path), pa.string())
+        chunks = path.chunks if isinstance(path, pa.ChunkedArray) else [path]
+        coded = [c if pa.types.is_dictionary(c.type) else c.dictionary_encode() for c in chunks]
+        paths = sorted({p for c in coded for p in c.dictionary.to_pylist()})
+        where = {p: i for i, p in enumerate(paths)}
+        # each chunk's dictionary codes -> positions in the sorted path list
+        index = [np.array([where[p] for p in c.dictionary.to_pylist()], dtype=np.int64)[
+                 c.indices.to_numpy(zero_copy_only=False)] if len(c) else np.zeros(0, np.int64) for c in coded]
+        return cls(paths, np.concatenate(index) if index else np.zeros(0, np.int64), row_group, total_rows,
+                   matching_rows, selection)
 
     def __len__(self) -> int:
         return len(self.path_index)
@@ -167,7 +173,7 @@ class Catalog:
 
     @property
     def scanned_rows(self) -> int:
-        return sum(f.num_rows for f in self.files)
+        return sum(map(sum, (f.row_group_rows for f in self.files)))
 
     def matching_counts(self) -> np.ndarray:
         # (row groups,)

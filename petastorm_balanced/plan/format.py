@@ -93,8 +93,12 @@ def _row_group_bytes(rows: RowGroups, paths: pa.Array, start: int, stop: int) ->
     # digests: (row groups, 32) uint8
     digests = np.empty((n, 32), np.uint8)
     digests[:] = np.frombuffer(_EMPTY_DIGEST, np.uint8)
-    for i in np.flatnonzero(offsets[1:] != offsets[:-1]).tolist():
-        digests[i] = np.frombuffer(hashlib.sha256(data[offsets[i]:offsets[i + 1]]).digest(), np.uint8)
+    chosen = np.flatnonzero(offsets[1:] != offsets[:-1])  # row groups with a selection (not "all rows")
+    if len(chosen):
+        sha256 = hashlib.sha256
+        hashed = b"".join([sha256(data[a:b]).digest() for a, b in zip(offsets[chosen].tolist(),
+                                                                        offsets[chosen + 1].tolist())])
+        digests[chosen] = np.frombuffer(hashed, np.uint8).reshape(-1, 32)
     fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(digests)])
     joined = pc.binary_join_element_wise(text.cast(pa.large_binary()), fixed.cast(pa.large_binary()),
                                          pa.scalar(b"", pa.large_binary()))
@@ -155,8 +159,8 @@ def split_row_groups(pieces: balance.Pieces) -> int:
     real = ~pieces.padding
     slots = pieces.world_size * pieces.num_workers
     slot = pieces.rank[real] * pieces.num_workers + pieces.worker[real]
-    pairs = np.unique(pieces.catalog_row[real] * slots + slot)  # distinct (row group, slot) as one int64
-    return int(len(pairs) - len(np.unique(pairs // slots)))
+    pairs = balance.distinct(pieces.catalog_row[real] * slots + slot)  # distinct (row group, slot), one int64
+    return int(len(pairs) - len(balance.distinct(pairs // slots)))
 
 
 def check_dataset(plan: ShardPlan, *, files=None) -> None:
@@ -231,7 +235,7 @@ def catalog_row_groups(table: pa.Table) -> RowGroups:
     for name in table.schema.names:
         if table.column(name).null_count:
             raise PlanIntegrityError(f"catalog.parquet has a null {name}; re-run planning")
-    return RowGroups.from_columns(table.column("file").cast(pa.string()),
+    return RowGroups.from_columns(table.column("file"),
                                   *(table.column(n).to_numpy() for n in ("row_group", "total_rows", "matching_rows")),
                                   table.column("selection"))
 
