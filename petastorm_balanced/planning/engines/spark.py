@@ -7,10 +7,9 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
   ``pyarrow.fs``.
 - ``where`` (Spark SQL): Spark evaluates the expression with its own semantics (NULL does not match, hive partition
   columns usable) and reports each matching row as its file (``_metadata.file_size`` when that tells the files
-  apart, else ``_metadata.file_path``) and ``_metadata.row_index``. Spark itself folds those rows into 64-row bit
-  words (a map-side partial aggregate: what is shuffled is at most one word per 64 rows), then one pandas task per
-  file cuts its words into row groups with the footer row counts and encodes each with ``selection.encode``. The
-  driver collects one small record per matching row group.
+  apart, else ``_metadata.file_path``) and ``_metadata.row_index``. No shuffle: inside each scan task a
+  ``mapInArrow`` function takes the task's matching rows, cuts them into row groups with the footer row counts
+  and encodes each with ``selection.encode``; the driver collects one small record per matching row group.
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
