@@ -66,6 +66,7 @@ def test_columns_behave_as_the_tuple_of_matches(catalog):
     assert [rows[i] for i in range(len(rows))] == list(matches)
     assert rows[-1:] == list(matches[-1:]) and (not matches or rows[-1] == matches[-1])
     assert rows == matches and Catalog(catalog.files, matches) == catalog
+    assert hash(Catalog(catalog.files, matches)) == hash(catalog)
     table = plan_format._catalog_table(catalog)
     assert plan_format.catalog_row_groups(table) == rows  # what load reads back
     assert catalog.total_rows == sum(m.matching_rows for m in matches)

@@ -142,7 +142,10 @@ class RowGroups(Sequence):
             return tuple(self) == tuple(other)
         return NotImplemented
 
-    __hash__ = None
+    def __hash__(self):  # catalogs and plans were hashable as tuples of frozen dataclasses; they stay so
+        return hash((self.paths, *(getattr(self, n).tobytes() for n in ("path_index", "row_group", "total_rows",
+                                                                         "matching_rows")),
+                     tuple(self.selection.to_pylist())))
 
     def __repr__(self) -> str:
         return f"RowGroups({len(self)} row groups in {len(self.paths)} files)"
