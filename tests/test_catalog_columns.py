@@ -134,3 +134,10 @@ def test_partial_row_groups_from_several_tasks_merge_to_one_record():
              for half in (positions[:3], positions[3:])]
     other = RowGroupMatch("q", 0, 10, 10)
     assert sorted(spark_engine.merge_partial_matches(parts + [other]), key=lambda m: m.path) == [whole, other]
+
+
+def test_time_summary_names_steps_in_order_and_sums_wall_time():
+    from petastorm_balanced.planning.plan_shards import time_summary
+    line = time_summary({"footers": 0.5, "where": 2.0, "encode": 0.75, "balance": 0.25, "write": 0.25,
+                         "session": 0.0})
+    assert line == "footers 0.50 s, where 2.00 s, encode 0.75 s, balance 0.25 s, write 0.25 s; total 3.00 s"
