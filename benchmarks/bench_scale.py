@@ -80,7 +80,8 @@ def rank_child(plan_dir: str, rank: int, world: int, workers: int, epochs: int) 
         per_epoch.append(time.perf_counter() - t)
     with open("/proc/self/status") as handle:
         peak = next(int(line.split()[1]) / 1e3 for line in handle if line.startswith("VmHWM"))
-    return {"load_s": loaded - started, "first_assignment_s": ready - loaded, "rank_start_s": ready - started, "rank_start_cpu_s": cpu,
+    return {"load_s": loaded - started, "first_assignment_s": ready - loaded, "rank_start_s": ready - started,
+            "rank_start_cpu_s": cpu,
             "epoch_assignment_s": max(per_epoch), "rss_added_mb": rss_mb() - before, "peak_rss_mb": peak,
             "rss_before_mb": before, "fragments": len(first)}
 
@@ -115,7 +116,8 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         plan.save(os.path.join(work, "plan"))
         saved = time.perf_counter() - started
-        sizes = {n: os.path.getsize(os.path.join(work, "plan", n)) for n in sorted(os.listdir(os.path.join(work, "plan")))}
+        folder = os.path.join(work, "plan")
+        sizes = {n: os.path.getsize(os.path.join(folder, n)) for n in sorted(os.listdir(folder))}
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--rank-child", os.path.join(work, "plan"),
                               "--rank", str(rank_played), "--world-size", str(args.world_size), "--workers",
                               str(args.workers), "--epochs", str(args.epochs)],
@@ -138,8 +140,9 @@ def main(argv=None) -> int:
           f"{saved:.1f} s")
     print("  plan files: " + ", ".join(f"{n} {b / 1e6:.1f} MB" for n, b in sizes.items()))
     rows = [("plan size", f"{result['bytes_per_row_group']:.1f} bytes per row group", "bytes_per_row_group", "B"),
-            ("rank start", f"{result['rank_start_s']:.2f} s ({result['rank_start_cpu_s']:.2f} s CPU; load_plan {result['load_s']:.2f} s + first assignment "
-             f"{result['first_assignment_s']:.2f} s, {result['fragments']} fragments)", "rank_start_s", "s"),
+            ("rank start", f"{result['rank_start_s']:.2f} s ({result['rank_start_cpu_s']:.2f} s CPU; load_plan "
+             f"{result['load_s']:.2f} s + first assignment {result['first_assignment_s']:.2f} s, "
+             f"{result['fragments']} fragments)", "rank_start_s", "s"),
             ("memory added", f"{result['rss_added_mb']:.0f} MB resident (peak of the process "
              f"{result['peak_rss_mb']:.0f} MB, {result['rss_before_mb']:.0f} MB before loading)", "rss_added_mb",
              "MB"),

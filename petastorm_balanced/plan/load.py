@@ -79,8 +79,7 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
         # ParquetFile, not read_table: read_table's dataset scanner releases its file source later on an Arrow
         # pool thread, and when that happens during interpreter exit its PyBuffer takes the GIL and aborts the
         # process ("terminate called without an active exception", ~5% of runs). ParquetFile reads synchronously.
-        # Paths as a dictionary: a million row groups share tens of thousands of paths (100 MB
-        # less on a rank).
+        # Paths as a dictionary: a million row groups share tens of thousands of paths, so no string per row group.
         as_dictionary = ["file"] if name == CATALOG else None
         tables[name] = pq.ParquetFile(pa.BufferReader(data), read_dictionary=as_dictionary).read()
     params, dataset, predicate = document["parameters"], document["dataset"], document["predicate"]
@@ -90,7 +89,8 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     files = tuple(FileInfo(p, int(s), tuple(rows)) for p, s, rows in document["dataset_files"])
     if not set(map(type, itertools.chain.from_iterable(f.row_group_rows for f in files))) <= {int}:  # not bool
         raise PlanIntegrityError(f"{url}/plan.json lists a row group size that is not an integer; re-run planning")
-    catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"], tuple(dataset["partition_columns"]))
+    catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"],
+                      tuple(dataset["partition_columns"]))
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
                      params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
     if content_checksum(plan) != document["checksum"] or dataset_fingerprint(files) != dataset["fingerprint"]:
