@@ -1,12 +1,16 @@
 """How much does Spark planning cost next to the query it is built on?
 
-Two figures:
+Three figures:
 
 1. ``where`` planning time divided by a plain Spark ``spark.read.parquet(url).where(expr).count()`` on the same
    data and session (goal: <= 1.5x). Both read the same columns with the same pushdown; planning also reads the
    row index, folds matching rows into 64-row words, and encodes them per row group in pandas tasks.
 2. Metadata-only planning time (no filter) for many small files: footers in Spark tasks, on the driver, and with
    the in-process engine for reference.
+
+3. Fixed overheads: the spark-submit planning job (``spark_jobs/plan_shards.py --where``) on a small dataset
+   (``--job-rows``, 60,000) against a spark-submit job that starts a session and runs one ``count()`` of the same
+   where (goal: <= 2x wall time), with the job's own ``time:`` line.
 
 Runs are interleaved (count, plan, count, plan, ...) after one warm-up of each, so a busy machine slows both
 sides alike; we report the median and the best of ``--repeat`` runs.
@@ -18,6 +22,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,8 +71,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bench_spark_plan"))
+    parser.add_argument("--job-rows", type=int, default=60_000, help="rows of the small dataset the job plans")
+    parser.add_argument("--parts", default="where,metadata,job", help="which figures to measure (comma list)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
     wheres = args.where or ["lang = 'en' AND value > 3", "lang = 'en' AND label = 3"]
 
     big = dataset(os.path.join(args.workdir, f"big-{args.rows}-{args.files}"),
@@ -91,7 +99,7 @@ def main(argv=None) -> int:
                          predicate=predicate_info(None, None))
 
     filters = []
-    for where in wheres:
+    for where in (wheres if "where" in parts else []):
         def count(where=where):
             return spark.read.parquet(big.url).where(where).count()
 
@@ -110,20 +118,22 @@ def main(argv=None) -> int:
                         "ratio_median": round(statistics.median(plans) / statistics.median(counts), 2),
                         "ratio_best": round(min(plans) / min(counts), 2)})
 
-    metadata(True), metadata(False)
     tasks, driver, local = [], [], []
-    for _ in range(args.repeat):
+    if "metadata" in parts:
+        metadata(True), metadata(False)
+    for _ in range(args.repeat if "metadata" in parts else 0):
         tasks.append(timed(lambda: metadata(True))[0])
         driver.append(timed(lambda: metadata(False))[0])
         local.append(timed(lambda: plan_shards(small.url, args.world_size, engine="local"))[0])
 
+    spark.stop()
+    job = job_overhead(args, wheres[0]) if "job" in parts else None
     result = {
         "cores": cores, "rows": big.num_rows, "files": len(big.files), "row_groups": big.num_row_groups,
         "filters": filters, "small_files": len(small.files), "small_row_groups": small.num_row_groups,
-        "metadata_spark_tasks": summary(tasks), "metadata_spark_driver": summary(driver),
-        "metadata_local_engine": summary(local),
+        **({"metadata_spark_tasks": summary(tasks), "metadata_spark_driver": summary(driver),
+            "metadata_local_engine": summary(local)} if tasks else {}), "job": job,
     }
-    spark.stop()
     if args.json:
         print(json.dumps(result))
         return 0
@@ -134,12 +144,53 @@ def main(argv=None) -> int:
         print(f"    count() {f['count']['median_s']:.2f} s ({f['count']['best_s']:.2f}), plan "
               f"{f['plan_where']['median_s']:.2f} s ({f['plan_where']['best_s']:.2f}): ratio "
               f"{f['ratio_median']:.2f}x ({f['ratio_best']:.2f}x), goal <= 1.5x")
-    print(f"metadata-only planning, {result['small_files']} files, {result['small_row_groups']} row groups")
-    for label, key in (("footers in Spark tasks", "metadata_spark_tasks"),
-                       ("footers on the driver ", "metadata_spark_driver"),
-                       ("local engine          ", "metadata_local_engine")):
-        print(f"  {label}: median {result[key]['median_s']:.2f} s  best {result[key]['best_s']:.2f} s")
+    if tasks:
+        print(f"metadata-only planning, {result['small_files']} files, {result['small_row_groups']} row groups")
+        for label, key in (("footers in Spark tasks", "metadata_spark_tasks"),
+                           ("footers on the driver ", "metadata_spark_driver"),
+                           ("local engine          ", "metadata_local_engine")):
+            print(f"  {label}: median {result[key]['median_s']:.2f} s  best {result[key]['best_s']:.2f} s")
+    if job:
+        print(f"planning job (spark-submit, {job['rows']:,} rows, where {job['where']!r}) against spark-submit of "
+              "a session + one count()")
+        print(f"  count job {job['count_job']['median_s']:.1f} s ({job['count_job']['best_s']:.1f}), planning job "
+              f"{job['plan_job']['median_s']:.1f} s ({job['plan_job']['best_s']:.1f}): ratio "
+              f"{job['ratio_median']:.2f}x ({job['ratio_best']:.2f}x), goal <= 2x: "
+              f"{'met' if job['ratio_median'] <= 2 else 'NOT met'}")
+        print(f"  job's own line: {job['time_line']}")
+    for f in filters:
+        print(f"where goal <= 1.5x for {f['where']!r}: {'met' if f['ratio_median'] <= 1.5 else 'NOT met'} "
+              f"(median ratio {f['ratio_median']:.2f}x)")
     return 0
+
+
+def job_overhead(args, where: str) -> dict:
+    """Wall time of whole spark-submit runs, interleaved: the planning job, and a session plus one count()."""
+    info = dataset(os.path.join(args.workdir, f"job-{args.job_rows}"),
+                   lambda p: datagen.make_plain_dataset(p, num_files=12, total_rows=args.job_rows, seed=13))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    master = ["--master", args.master, "--conf", "spark.ui.enabled=false"]
+    count_cmd = ["spark-submit", *master, os.path.join(repo, "benchmarks", "spark_count_job.py"), info.url, where]
+    plan_cmd = ["spark-submit", *master, os.path.join(repo, "spark_jobs", "plan_shards.py"), info.url,
+                "--world-size", str(args.world_size), "--where", where, "--output",
+                os.path.join(args.workdir, "job-plan")]
+
+    def run(cmd):
+        started = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=args.workdir)
+        if out.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+        return time.perf_counter() - started, out.stdout + out.stderr
+
+    counts, plans, line = [], [], ""
+    for _ in range(args.repeat):
+        counts.append(run(count_cmd)[0])
+        seconds, text = run(plan_cmd)
+        plans.append(seconds)
+        line = next((x for x in text.splitlines() if x.startswith("plan_shards: time:")), "")
+    return {"rows": info.num_rows, "where": where, "count_job": summary(counts), "plan_job": summary(plans),
+            "ratio_median": round(statistics.median(plans) / statistics.median(counts), 2),
+            "ratio_best": round(min(plans) / min(counts), 2), "time_line": line}
 
 
 if __name__ == "__main__":

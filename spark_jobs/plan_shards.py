@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isdir(os.path.join(_REPO, "petastorm_balanced")) and _REPO not in sys.path:
@@ -48,7 +49,10 @@ def main(argv=None) -> int:
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None  # stop only a session this job started
+    started = time.perf_counter()
     spark = get_session()
+    ours.info("Spark session ready in %.1f s (planning's own time follows on the 'time:' line)",
+              time.perf_counter() - started)
     try:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output,

@@ -282,6 +282,9 @@ def test_job_hive_where_on_partition_column_totals_equal_spark_count(spark, hive
     job = _Job(tmp_path, hive_dataset.url, "--world-size", "2", "--where", HIVE_WHERE)
     plan = job.plan_written()
     assert any(" matches " in line for line in job.ours)
+    # one line says where planning's time went, every step named
+    (timing,) = [line for line in job.ours if line.startswith("plan_shards: time: ")]
+    assert all(f"{step} " in timing for step in ("footers", "where", "encode", "balance", "write", "total"))
     assert plan.total_rows == _spark_count(spark, hive_dataset.url, HIVE_WHERE) > 0
     assert {r.path.split("/")[0] for r in plan.catalog.row_groups} == {"year=2021"}
     again = plan_shards(hive_dataset.url, 2, where=HIVE_WHERE, engine="spark", spark=spark)

@@ -24,6 +24,7 @@ pyspark in here.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -144,14 +145,18 @@ def part_steps(steps: int, parts: int) -> np.ndarray:
     return steps // parts + (np.arange(parts) < steps % parts)
 
 
+@functools.lru_cache(maxsize=2)
 def epoch_order(num_row_groups: int, seed: int, epoch: int) -> np.ndarray:
     """A permutation of catalog rows drawn from ``[seed, epoch]``.
 
     Sorting raw PCG64 words rather than calling ``Generator.permutation`` keeps the order identical across NumPy
-    versions, because only the bit generator's stream is guaranteed stable.
+    versions, because only the bit generator's stream is guaranteed stable. The last two orders are kept (read-only):
+    a rank that loads a plan (checked at epoch 0) and then asks for its epoch-0 assignment sorts a million words once.
     """
     words = np.random.Generator(np.random.PCG64([seed, epoch])).bit_generator.random_raw(num_row_groups)
-    return np.argsort(words, kind="stable").astype(np.int64)
+    order = np.argsort(words, kind="stable").astype(np.int64)
+    order.flags.writeable = False
+    return order
 
 
 def split_epoch(epoch: int, partition_epoch: int) -> Tuple[int, int]:
@@ -194,6 +199,13 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
                     parts=partition_epoch, world_size=world_size, num_workers=num_workers, batch_size=batch_size)
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values, as ``np.unique`` gives them; by sorting, which NumPy 2's hash-based ``np.unique``
+    is several times slower than on a million int64s."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
+
+
 def check_partition(steps: int, partition_epoch: int) -> None:
     if partition_epoch > steps:
         raise InvalidValueError(f"partition_epoch={partition_epoch} exceeds the {steps} steps per rank of a pass; every "
@@ -227,7 +239,7 @@ def cut_part(sequence: Sequence, *, steps: int, part: int, parts: int, world_siz
     end = int(slot_pos[-1])
     if end > sequence.total:
         raise InvalidValueError(f"the sequence holds {sequence.total} rows; part {part} needs rows up to {end}")
-    cuts = np.union1d(seg_pos[(seg_pos >= begin) & (seg_pos <= end)], slot_pos)  # where a piece starts or ends
+    cuts = distinct(np.concatenate((seg_pos[(seg_pos >= begin) & (seg_pos <= end)], slot_pos)))  # piece ends
     lo, hi = cuts[:-1], cuts[1:]
     seg = np.searchsorted(seg_pos, lo, side="right") - 1
     slot = np.searchsorted(slot_pos, lo, side="right") - 1

@@ -7,6 +7,7 @@ crash, a truncated copy or an edited file is refused rather than read as valid.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import io
 import json
 import os
@@ -16,13 +17,14 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._version import __version__
 from . import balance
 from ..io import fs as fsutil
-from .catalog import Catalog, FileInfo
+from .catalog import Catalog, FileInfo, RowGroups
 from ..errors import PlanIntegrityError, StalePlanError
 from ..io.dataset import list_data_files
 
@@ -36,6 +38,8 @@ PLAN_JSON = "plan.json"
 CATALOG = "catalog.parquet"
 ASSIGNMENT = "assignment.parquet"
 
+_CHECKSUM_CHUNK = 1 << 17  # row groups hashed per Arrow pass: bounds the temporary memory
+_EMPTY_DIGEST = hashlib.sha256(b"").digest()
 _CATALOG_SCHEMA = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("total_rows", pa.int64()),
                              ("matching_rows", pa.int64()), ("selection", pa.binary())])
 # A cost plan's catalog has two more columns; a plan without a cost is written exactly as before.
@@ -43,11 +47,22 @@ _COST_SCHEMA = _CATALOG_SCHEMA.append(pa.field("cost_sum", pa.int64())).append(p
 
 
 def dataset_fingerprint(files) -> str:
-    """sha256 over every data file's path, size and row group sizes (each as ``json.dumps([path, size, rows])``)."""
+    """sha256 over every data file's path, size and row group sizes (each as ``json.dumps([path, size, rows])``).
+
+    The text is built column-wise with Arrow (same bytes as formatting each file in Python, several times faster
+    for a million row groups).
+    """
+    files = sorted(files, key=lambda f: f.path)
+    per_file = np.fromiter((len(f.row_group_rows) for f in files), np.int64, len(files))
+    rows = np.fromiter(itertools.chain.from_iterable(f.row_group_rows for f in files), np.int64, int(per_file.sum()))
+    offsets = pa.array(np.concatenate(([0], np.cumsum(per_file))), pa.int64())
+    lists = pa.LargeListArray.from_arrays(offsets, pc.cast(pa.array(rows), pa.string()))
+    text = pc.binary_join_element_wise(
+        "[", pa.array([_json_str(f.path) for f in files], pa.string()), ", ",
+        pc.cast(pa.array([int(f.size) for f in files], pa.int64()), pa.string()), ", [",
+        pc.binary_join(lists, ", "), "]]", "")
     digest = hashlib.sha256()
-    for f in sorted(files, key=lambda f: f.path):
-        rows = ", ".join(str(int(n)) for n in f.row_group_rows)
-        digest.update(f"[{_json_str(f.path)}, {int(f.size)}, [{rows}]]".encode())
+    digest.update(_values(text))
     return digest.hexdigest()
 
 
@@ -55,19 +70,56 @@ def content_checksum(plan: ShardPlan) -> str:
     """sha256 over everything that decides what rows go where; not over file bytes, which writers may vary.
 
     Per row group it hashes ``json.dumps([path, row_group, total_rows, matching_rows])`` and the selection's
-    sha256; the JSON text is formatted directly (same bytes), which is 3x faster for plans of many row groups.
-    A cost plan also hashes ``json.dumps([cost_sum, cost_max])`` per row group (and its header names the cost);
-    a plan without a cost hashes exactly what it did before costs existed.
+    sha256. The bytes are built column-wise with Arrow (same bytes as formatting each row group in Python, about
+    10x faster: a million row groups in well under a second). A cost plan also hashes ``json.dumps([cost_sum,
+    cost_max])`` per row group (and its header names the cost); a plan without a cost hashes exactly what it did
+    before costs existed.
     """
     digest = hashlib.sha256(json.dumps(_header(plan), sort_keys=True).encode())
-    with_cost = plan.catalog.cost is not None
-    for r in plan.catalog.row_groups:
-        digest.update(f"[{_json_str(r.path)}, {int(r.row_group)}, {int(r.total_rows)}, "
-                      f"{int(r.matching_rows)}]".encode())
-        digest.update(hashlib.sha256(r.selection).digest())
-        if with_cost:
-            digest.update(f"[{int(r.cost_sum)}, {int(r.cost_max)}]".encode())
+    rows = plan.catalog.row_groups
+    paths = pa.array([_json_str(p) for p in rows.paths], pa.string())
+    for start in range(0, len(rows), _CHECKSUM_CHUNK):
+        digest.update(_row_group_bytes(rows, paths, start, min(start + _CHECKSUM_CHUNK, len(rows)),
+                                       with_cost=plan.catalog.cost is not None))
     return digest.hexdigest()
+
+
+def _row_group_bytes(rows: RowGroups, paths: pa.Array, start: int, stop: int, with_cost: bool = False) -> memoryview:
+    """For row groups ``start:stop``: ``[path, row_group, total_rows, matching_rows]`` as JSON text followed by
+    the sha256 of the selection (then ``[cost_sum, cost_max]`` for a cost plan), concatenated (``paths``: each of
+    ``rows.paths`` as a JSON string)."""
+    n = stop - start
+    quoted = paths.take(pa.array(rows.path_index[start:stop]))
+    ints = [pc.cast(pa.array(a[start:stop]), pa.string()) for a in (rows.row_group, rows.total_rows,
+                                                                     rows.matching_rows)]
+    text = pc.binary_join_element_wise("[", quoted, ", ", ints[0], ", ", ints[1], ", ", ints[2], "]", "")
+    selection = rows.selection.slice(start, n)
+    offsets = np.frombuffer(selection.buffers()[1], np.int64)[selection.offset:selection.offset + n + 1]
+    data = memoryview(selection.buffers()[2] or b"")
+    # digests: (row groups, 32) uint8
+    digests = np.empty((n, 32), np.uint8)
+    digests[:] = np.frombuffer(_EMPTY_DIGEST, np.uint8)
+    chosen = np.flatnonzero(offsets[1:] != offsets[:-1])  # row groups with a selection (not "all rows")
+    if len(chosen):
+        sha256 = hashlib.sha256
+        hashed = b"".join([sha256(data[a:b]).digest() for a, b in zip(offsets[chosen].tolist(),
+                                                                        offsets[chosen + 1].tolist())])
+        digests[chosen] = np.frombuffer(hashed, np.uint8).reshape(-1, 32)
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(digests)])
+    parts = [text.cast(pa.large_binary()), fixed.cast(pa.large_binary())]
+    if with_cost:
+        costs = [pc.cast(pa.array(a[start:stop]), pa.string()) for a in (rows.cost_sum, rows.cost_max)]
+        parts.append(pc.binary_join_element_wise("[", costs[0], ", ", costs[1], "]", "").cast(pa.large_binary()))
+    joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
+    return _values(joined)
+
+
+def _values(array: pa.Array) -> memoryview:
+    """The concatenated values of a string or binary array, without a copy."""
+    width = 8 if pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type) else 4
+    ends = np.frombuffer(array.buffers()[1], np.int64 if width == 8 else np.int32)[array.offset:
+                                                                                   array.offset + len(array) + 1]
+    return memoryview(array.buffers()[2] or b"")[int(ends[0]):int(ends[-1])] if len(array) else memoryview(b"")
 
 
 def write_plan(plan: ShardPlan, output_url: str) -> str:
@@ -96,9 +148,14 @@ def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
     }
 
 
-def totals(plan: ShardPlan) -> dict:
-    """What the planned world size gets at epoch 0 (what ``inspect`` shows)."""
-    pieces = plan.pieces(batch_size=plan.batch_size or 1)
+def planned_pieces(plan: ShardPlan) -> balance.Pieces:
+    """Epoch 0 for the planned world size and one worker per rank; a batch-less plan is balanced per row."""
+    return plan.pieces(batch_size=plan.batch_size or 1)
+
+
+def totals(plan: ShardPlan, pieces: Optional[balance.Pieces] = None) -> dict:
+    """What the planned world size gets at epoch 0 (what ``inspect`` shows); ``pieces``: ``planned_pieces``."""
+    pieces = planned_pieces(plan) if pieces is None else pieces
     delivered = int(pieces.num_rows[~pieces.padding].sum())
     return {"scanned_rows": plan.catalog.scanned_rows, "matching_rows": plan.total_rows,
             "row_groups": len(plan.catalog.row_groups), "rows_per_rank": pieces.steps_per_rank * pieces.batch_size,
@@ -118,9 +175,10 @@ def _cost_totals(plan: ShardPlan, pieces: balance.Pieces) -> dict:
 def split_row_groups(pieces: balance.Pieces) -> int:
     """Row groups whose non-padding rows go to more than one slot."""
     real = ~pieces.padding
+    slots = pieces.world_size * pieces.num_workers
     slot = pieces.rank[real] * pieces.num_workers + pieces.worker[real]
-    pairs = np.unique(np.stack([pieces.catalog_row[real], slot]), axis=1)
-    return int(len(pairs[0]) - len(np.unique(pairs[0])))
+    pairs = balance.distinct(pieces.catalog_row[real] * slots + slot)  # distinct (row group, slot), one int64
+    return int(len(pairs) - len(balance.distinct(pairs // slots)))
 
 
 def check_dataset(plan: ShardPlan, *, files=None) -> None:
@@ -190,16 +248,31 @@ def _header(plan: ShardPlan) -> dict:
 
 def _catalog_table(catalog: Catalog) -> pa.Table:
     rows = catalog.row_groups
-    columns = [[r.path for r in rows], [r.row_group for r in rows], [r.total_rows for r in rows],
-               [r.matching_rows for r in rows], [r.selection for r in rows]]
+    columns = [pa.array(rows.paths, pa.string()).take(pa.array(rows.path_index)), pa.array(rows.row_group, pa.int32()),
+               pa.array(rows.total_rows), pa.array(rows.matching_rows), rows.selection.cast(pa.binary())]
     if catalog.cost is None:
         return pa.table(columns, schema=_CATALOG_SCHEMA)
-    return pa.table(columns + [[r.cost_sum for r in rows], [r.cost_max for r in rows]], schema=_COST_SCHEMA)
+    return pa.table(columns + [pa.array(rows.cost_sum), pa.array(rows.cost_max)], schema=_COST_SCHEMA)
 
 
-def assignment_table(plan: ShardPlan) -> pa.Table:
-    """Epoch 0 for the planned world size and one worker per rank; a batch-less plan is balanced per row."""
-    p = plan.pieces(batch_size=plan.batch_size or 1)  # a cost plan's is cost-balanced ("auto")
+def catalog_row_groups(table: pa.Table) -> RowGroups:
+    """The ``RowGroups`` of a ``catalog.parquet`` table (with cost columns for a cost plan); a null anywhere is a
+    corrupt plan."""
+    if table.schema.names not in (_CATALOG_SCHEMA.names, _COST_SCHEMA.names):
+        raise PlanIntegrityError(f"catalog.parquet has columns {table.schema.names}, not {_CATALOG_SCHEMA.names}")
+    for name in table.schema.names:
+        if table.column(name).null_count:
+            raise PlanIntegrityError(f"catalog.parquet has a null {name}; re-run planning")
+    costs = [table.column(n).to_numpy() for n in ("cost_sum", "cost_max") if n in table.schema.names]
+    return RowGroups.from_columns(table.column("file"),
+                                  *(table.column(n).to_numpy() for n in ("row_group", "total_rows", "matching_rows")),
+                                  table.column("selection"), *costs)
+
+
+def assignment_table(plan: ShardPlan, pieces: Optional[balance.Pieces] = None) -> pa.Table:
+    """``planned_pieces`` as a table (``pieces`` when the caller has them already); a cost plan's are
+    cost-balanced ("auto")."""
+    p = planned_pieces(plan) if pieces is None else pieces
     sequence = np.arange(len(p.rank)) - np.searchsorted(p.rank, p.rank)  # position inside the rank
     return pa.table({"rank": p.rank.astype(np.int32), "worker": p.worker.astype(np.int32),
                      "sequence": sequence.astype(np.int64), "catalog_row": p.catalog_row, "start": p.start,

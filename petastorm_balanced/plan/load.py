@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import hashlib
+import itertools
 import json
 
 import pyarrow as pa
@@ -14,9 +15,9 @@ from .._version import __version__
 from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
 from . import balance
-from .catalog import Catalog, FileInfo, RowGroupMatch
-from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, FORMAT_VERSION, PLAN_JSON, assignment_table, check_predicate,
-                     content_checksum, dataset_fingerprint, get_bytes, totals)
+from .catalog import Catalog, FileInfo
+from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, FORMAT_VERSION, PLAN_JSON, assignment_table, catalog_row_groups,
+                     check_predicate, content_checksum, dataset_fingerprint, get_bytes, planned_pieces, totals)
 from .format import check_dataset as _check_dataset
 from .model import ShardPlan
 from .predicate import PredicateInfo, predicate_info
@@ -78,30 +79,34 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
         # ParquetFile, not read_table: read_table's dataset scanner releases its file source later on an Arrow
         # pool thread, and when that happens during interpreter exit its PyBuffer takes the GIL and aborts the
         # process ("terminate called without an active exception", ~5% of runs). ParquetFile reads synchronously.
-        tables[name] = pq.ParquetFile(pa.BufferReader(data)).read()
+        # Paths as a dictionary: a million row groups share tens of thousands of paths, so no string per row group.
+        as_dictionary = ["file"] if name == CATALOG else None
+        tables[name] = pq.ParquetFile(pa.BufferReader(data), read_dictionary=as_dictionary).read()
     params, dataset, predicate = document["parameters"], document["dataset"], document["predicate"]
     if (params["algorithm"], params["algorithm_version"]) != (balance.ALGORITHM, balance.ALGORITHM_VERSION):
         raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "
                                f"package has {balance.ALGORITHM} v{balance.ALGORITHM_VERSION}; re-plan")
-    files = tuple(FileInfo(p, int(s), tuple(int(n) for n in rows)) for p, s, rows in document["dataset_files"])
-    cat = tables[CATALOG].to_pydict()
+    files = tuple(FileInfo(p, int(s), tuple(rows)) for p, s, rows in document["dataset_files"])
+    if not set(map(type, itertools.chain.from_iterable(f.row_group_rows for f in files))) <= {int}:  # not bool
+        raise PlanIntegrityError(f"{url}/plan.json lists a row group size that is not an integer; re-run planning")
     cost = document.get("cost")  # absent from plans without a cost (and from plans older than costs)
-    stats = [cat["cost_sum"], cat["cost_max"]] if cost is not None else []
-    row_groups = tuple(RowGroupMatch(*r) for r in zip(cat["file"], cat["row_group"], cat["total_rows"],
-                                                        cat["matching_rows"], cat["selection"], *stats))
     if cost is not None:
         from .cost_order import NAME, VERSION
         if (cost["order"], cost["order_version"]) != (NAME, VERSION):
             raise PlanVersionError(f"{url} orders cost by {cost['order']} v{cost['order_version']}; this package has "
                                    f"{NAME} v{VERSION}; re-plan")
-    catalog = Catalog(files, row_groups, dataset["kind"], tuple(dataset["partition_columns"]),
-                      None if cost is None else cost["text"])
+    catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"],
+                      tuple(dataset["partition_columns"]), None if cost is None else cost["text"])
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
                      params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
     if content_checksum(plan) != document["checksum"] or dataset_fingerprint(files) != dataset["fingerprint"]:
         raise PlanIntegrityError(f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning")
-    if not assignment_table(plan).equals(tables[ASSIGNMENT]):
+    pieces = planned_pieces(plan)  # balanced once for both checks below
+    if not assignment_table(plan, pieces).equals(tables[ASSIGNMENT]):
         raise PlanIntegrityError(f"{url}/{ASSIGNMENT} disagrees with the catalog and parameters; re-run planning")
-    if document["totals"] != totals(plan):  # not in the checksum, but shown to users
+    if document["totals"] != totals(plan, pieces):  # not in the checksum, but shown to users
         raise PlanIntegrityError(f"{url}/plan.json totals disagree with its catalog (edited?); re-run planning")
+    # Decoding and checking a large plan leaves Arrow's allocator holding freed memory (130 MB for a million row
+    # groups with mimalloc); every rank loads a plan, so give it back now.
+    pa.default_memory_pool().release_unused()
     return plan

@@ -1,6 +1,8 @@
 """``plan_shards``: normalize the inputs once, let an engine build the catalog, balance, save."""
 from __future__ import annotations
 
+import logging
+import time
 from typing import Optional
 
 from ..io import fs as fsutil
@@ -13,6 +15,7 @@ from ..plan.predicate import PredicateInfo, predicate_info
 from ..errors import InvalidValueError
 
 ENGINES = ("spark", "local")
+log = logging.getLogger(__name__)
 
 
 def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, predicate=None,
@@ -36,6 +39,7 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise InvalidValueError(f"where={where!r} must be a non-empty Spark SQL boolean expression")
     url = fsutil.normalize_url(dataset_url)
+    timings = {"footers": 0.0}
     described = predicate_info(where, predicate)  # before scanning: a predicate we cannot fingerprint fails fast
     cost_spec = None if cost is None else parse_cost(cost)
     if cost_spec is not None and engine == "local" and not cost_spec.loader_evaluable:
@@ -46,16 +50,25 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
             raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
                                     "predicate= instead")
         from .engines.local import build_catalog
+        started = time.perf_counter()
         catalog = build_catalog(url, predicate=predicate, progress=progress)
+        timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
     else:
         from .engines.spark import build_catalog
-        catalog = build_catalog(url, where=where, predicate=predicate, spark=spark)
+        catalog = build_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings)
     if cost_spec is not None:
+        started = time.perf_counter()
         catalog = _add_costs(url, catalog, cost_spec, engine=engine, where=where, predicate=predicate, spark=spark)
+        timings["cost"] = time.perf_counter() - started
+    started = time.perf_counter()
     plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
                      predicate=described)
+    timings["balance"] = time.perf_counter() - started
     if output_url is not None:
+        started = time.perf_counter()
         plan.save(output_url)
+        timings["write"] = time.perf_counter() - started
+    log.info("time: %s", time_summary(timings))
     return plan
 
 
@@ -71,6 +84,14 @@ def _add_costs(url, catalog, spec, *, engine, where, predicate, spark):
     _, root, _ = list_data_files(url)
     stats = spark_cost_stats(get_session(spark), url, root, catalog.files, spec, where)
     return with_costs(catalog, spec, stats)
+
+
+def time_summary(timings: dict) -> str:
+    """One line saying where planning's time went, steps in pipeline order (``encode`` is task time, summed over
+    tasks, inside ``where``)."""
+    steps = [k for k in ("session", "footers", "where", "encode", "predicate", "cost", "balance", "write") if k in timings]
+    text = ", ".join(f"{k} {timings[k]:.2f} s" for k in steps if k != "session" or timings[k] >= 0.005)
+    return f"{text}; total {sum(v for k, v in timings.items() if k != 'encode'):.2f} s"
 
 
 def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Optional[int], policy: str, seed: int,

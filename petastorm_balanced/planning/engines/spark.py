@@ -7,10 +7,9 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
   ``pyarrow.fs``.
 - ``where`` (Spark SQL): Spark evaluates the expression with its own semantics (NULL does not match, hive partition
   columns usable) and reports each matching row as its file (``_metadata.file_size`` when that tells the files
-  apart, else ``_metadata.file_path``) and ``_metadata.row_index``. Spark itself folds those rows into 64-row bit
-  words (a map-side partial aggregate: what is shuffled is at most one word per 64 rows), then one pandas task per
-  file cuts its words into row groups with the footer row counts and encodes each with ``selection.encode``. The
-  driver collects one small record per matching row group.
+  apart, else ``_metadata.file_path``) and ``_metadata.row_index``. No shuffle: inside each scan task a
+  ``mapInArrow`` function takes the task's matching rows, cuts them into row groups with the footer row counts
+  and encodes each with ``selection.encode``; the driver collects one small record per matching row group.
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
@@ -33,11 +32,11 @@ from typing import Dict, List, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-import pandas as pd
 
 from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
 from ..scan import footer_error, read_footer
+from ...plan import selection
 from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
 from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
@@ -57,7 +56,9 @@ DRIVER_FOOTERS_MAX = 512  # above this many remote files, footers are read in Sp
 FOOTER_THREADS = 8  # per task (or on the driver): footer reads are latency-bound
 SHIP_CONF = "spark.petastorm_balanced.shipPackage"
 _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
-_MATCH_SCHEMA = "path string, row_group int, total_rows long, matching_rows long, selection binary"
+_MATCH_SCHEMA = ("path string, row_group int, total_rows long, matching_rows long, selection binary, "
+                 "seconds double")
+ARROW_BATCH_ROWS = 1 << 20  # rows per Arrow batch moved to the encoding Python worker
 _SHIPPED = set()  # application ids that already got the package zip
 
 
@@ -84,7 +85,7 @@ def get_session(spark=None):
 
 
 def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spark=None,
-                  footers_in_tasks: Optional[bool] = None) -> Catalog:
+                  footers_in_tasks: Optional[bool] = None, timings: Optional[dict] = None) -> Catalog:
     """The catalog of ``url`` (a normalized dataset URL) filtered by ``where`` or ``predicate``.
 
     A session (``get_session(spark)``) is taken only when Spark has work: a filter, or footers in tasks.
@@ -93,9 +94,15 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     Spark tasks read them for remote datasets (s3://, hdfs://) of more than ``DRIVER_FOOTERS_MAX`` files, where
     each footer is a network round trip; local footers are read fastest by driver threads (2,000 small files:
     0.8 s on the driver against 2.0 s through Spark tasks on 2 cores, benchmarks/bench_spark_plan.py).
+
+    ``timings``, a dict, receives seconds per step: ``session`` (a session started here), ``footers`` (listing
+    included), ``where`` or ``predicate``
+    (the Spark job, wall time) and ``encode`` (Python time inside the where's tasks, summed over tasks).
     """
+    timings = {} if timings is None else timings
     if spark is not None:
         get_session(spark)  # refuse a wrong type before any work
+    listed = time.perf_counter()
     url = fsutil.normalize_url(url)
     _, root, entries = list_data_files(url)
     relpaths = [relative_path(e.path, root) for e in entries]
@@ -105,9 +112,10 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX and not fsutil.is_local(url)
     log.info("scanning %d files (%.1f MB) of %s: footers %s", len(relpaths), sum(sizes.values()) / 1e6, url,
              "in Spark tasks" if in_tasks else "on the driver")
-    started = time.perf_counter()
+    before_session = time.perf_counter()
     if in_tasks or where is not None or predicate is not None:
         spark = get_session(spark)  # only now: footers of a local dataset need no Spark at all
+    timings["session"] = time.perf_counter() - before_session
     if in_tasks:
         _ship_package(spark)
         sc = spark.sparkContext
@@ -118,14 +126,14 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     files = _file_infos(url, results, sizes)
     kind = "petastorm" if has_unischema(url) else "plain"
     partition_columns = tuple(sorted({k for f in files for k in partition_values(f.path)}))
+    timings["footers"] = time.perf_counter() - listed - timings["session"]
     log.info("%d files, %d row groups, %d rows (footers read in %.1f s)", len(files),
-             sum(len(f.row_group_rows) for f in files), sum(f.num_rows for f in files),
-             time.perf_counter() - started)
+             sum(len(f.row_group_rows) for f in files), sum(f.num_rows for f in files), timings["footers"])
     if where is None and predicate is None:
         return full_catalog(files, kind, partition_columns)
     started = time.perf_counter()
     if where is not None:
-        matches = _where_matches(spark, url, root, files, where)
+        matches = _where_matches(spark, url, root, files, where, timings)
         what = f"where {where!r}"
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
@@ -134,6 +142,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         what = f"predicate on {fields}"
     catalog = Catalog(tuple(files), tuple(sorted(matches, key=lambda m: (m.path, m.row_group))), kind,
                       partition_columns)
+    timings["where" if where is not None else "predicate"] = time.perf_counter() - started
     log.info("%s matches %d of %d rows in %d row groups (%.1f s)", what, catalog.total_rows, catalog.scanned_rows,
              len(catalog.row_groups), time.perf_counter() - started)
     return catalog
@@ -225,46 +234,69 @@ def _quiet_pyspark_error_logs():
             lg.disabled = was
 
 
-def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str) -> List[RowGroupMatch]:
+def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
+                   timings: Optional[dict] = None) -> List[RowGroupMatch]:
     frame = _read_for_where(spark, url)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file metadata "
                                 "that where= needs; rename the column or plan with a Petastorm predicate=")
     _check_same_files(url, root, files, frame.inputFiles())
-    # Which file a row comes from: its size when that tells the files with rows apart (a number, so Spark's
-    # aggregation skips hashing a path per row: about 1.5x faster), else its path.
+    # Which file a row comes from: its size when that tells the files with rows apart (a number: cheaper to move
+    # to Python than a path per row), else its path.
     sizes = [f.size for f in files if f.num_rows > 0]
     by_size = len(set(sizes)) == len(sizes)
-    key = F.col("_metadata.file_size") if by_size else F.col("_metadata.file_path")
+    # With sizes, file and row index travel as one number, size << shift | row index, when it fits in 63 bits:
+    # moving rows from the JVM to Python is the per-row cost here, and one column costs less than two.
+    shift = max([f.num_rows for f in files] + [1]).bit_length()
+    if not (by_size and (max(sizes + [0]) + 1) << shift < 2 ** 63):
+        shift = None
     with _quiet_pyspark_error_logs():
         try:
             matching = frame.where(where)
         except AnalysisException as exc:  # includes ParseException
             raise InvalidWhereError(where, _first_line(exc), columns) from None
-        # One 64-bit word per (file, 64 consecutive rows) with a matching row, aggregated map-side first. (Spark's
-        # 32768-row bitmap_construct_agg measured no faster: the cost is one aggregation step per matching row.)
-        words = (matching.select(key.alias("file"), F.col("_metadata.row_index").alias("row_index"))
-                 .groupBy("file", F.expr("shiftright(row_index, 6)").alias("word"))
-                 .agg(F.expr("bit_or(shiftleft(1L, cast(row_index & 63 as int)))").alias("bits")))
+        if shift is not None:
+            rows = matching.select(F.expr(f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index")
+                                   .alias("file_row"))
+        else:
+            rows = matching.select(F.col("_metadata.file_size" if by_size else "_metadata.file_path").alias("file"),
+                                   F.col("_metadata.row_index").alias("row_index"))
         lookup = {(f.size if by_size else f.path): (f.path, f.row_group_rows) for f in files if f.num_rows > 0}
         shared = spark.sparkContext.broadcast(lookup)
         _ship_package(spark)
         try:
-            encoder = _file_encoder(root, shared, by_size)
-            # The words are small, so Spark would coalesce them into one partition and encode every file in one
-            # Python worker; spreading files over the cores keeps that stage short.
-            cores = spark.sparkContext.defaultParallelism
-            spread = max(1, min(len(lookup), cores))
-            with _sql_conf(spark, "spark.sql.shuffle.partitions", str(2 * cores)):
-                encoded = (words.repartition(spread, "file").groupBy("file").applyInPandas(encoder, _MATCH_SCHEMA)
-                           .collect())
+            # No shuffle: each scan task encodes the matching rows it read, per row group, in one Python worker
+            # (Spark reads a row group in exactly one task: the split holding its midpoint), and only per-row-group
+            # records reach the driver. Large Arrow batches: fewer JVM-Python round trips.
+            with _sql_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS)):
+                encoded = rows.mapInArrow(_partition_encoder(root, shared, by_size, shift), _MATCH_SCHEMA).collect()
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
                 SparkRuntimeException) as exc:
             raise InvalidWhereError(where, _first_line(exc), columns, on_data=True) from None
         finally:
             shared.destroy()
-    return [RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded]
+    if timings is not None:
+        timings["encode"] = sum(r.seconds for r in encoded)
+    return merge_partial_matches(
+        RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded)
+
+
+def merge_partial_matches(matches) -> List[RowGroupMatch]:
+    """One record per row group: records of the same row group from several tasks (a Spark split rule we do not
+    rely on) are merged by their positions, encoded again exactly as one task would have."""
+    by_key: Dict[tuple, List[RowGroupMatch]] = {}
+    for m in matches:
+        by_key.setdefault((m.path, m.row_group), []).append(m)
+    out = []
+    for (path, row_group), parts in by_key.items():
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        positions = np.unique(np.concatenate([p.positions() for p in parts]))
+        total = parts[0].total_rows
+        out.append(RowGroupMatch(path, row_group, total, len(positions), selection.encode(positions, total)))
+    return out
 
 
 def _read_for_where(spark, url: str):
@@ -294,34 +326,67 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
                                 "file that is not data) or remove it")
 
 
-def _file_encoder(root: str, lookup, by_size: bool):
-    """The per-file pandas function: bit words of one file -> one catalog record per matching row group.
+def _partition_encoder(root: str, lookup, by_size: bool, shift: Optional[int]):
+    """The ``mapInArrow`` function: the matching rows one task read -> one catalog record per row group with a
+    matching row, and the seconds this task spent encoding (on its first record).
 
-    ``lookup`` (broadcast) maps the file key (size, or the relative path) to (relative path, row group rows).
+    Rows come as (file key, row index), or as one number ``size << shift | row index`` when ``shift`` is set.
+    ``lookup`` (broadcast) maps the file key (size, or Spark's path) to (relative path, row group rows).
     """
-    def encode(words: pd.DataFrame) -> pd.DataFrame:
-        key = words["file"].iat[0]
-        entry = lookup.value.get(int(key) if by_size else spark_relative_path(key, root))
-        if entry is None:
-            raise InvalidValueError(f"Spark read a file ({key!r}) that planning did not list; the dataset changed while "
-                                    "planning: re-run planning")
-        relpath, rows = entry
-        bounds = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
-        # bits: (words in file,) little-endian, bit k of word w is row 64 * w + k
-        bits = np.zeros(-(-int(bounds[-1]) // 64), dtype="<u8")
-        bits[words["word"].to_numpy()] = words["bits"].to_numpy(dtype=np.int64).view(np.uint64)
-        mask = np.unpackbits(bits.view(np.uint8), bitorder="little", count=int(bounds[-1])).view(bool)
-        found = [match_from_mask(relpath, i, mask[bounds[i]:bounds[i + 1]]) for i, n in enumerate(rows) if n > 0]
-        return _records([m for m in found if m is not None])
+    def encode(batches):
+        import pyarrow as pa
+        columns = [[], []]
+        for batch in batches:
+            if batch.num_rows:
+                for i in range(batch.num_columns):
+                    columns[i].append(batch.column(i))
+        if not columns[0]:
+            return
+        started = time.perf_counter()
+        if shift is not None:
+            packed = np.sort(pa.chunked_array(columns[0]).combine_chunks().to_numpy(zero_copy_only=False))
+            code, index = packed >> shift, packed & ((1 << shift) - 1)  # code: the file's size itself
+            names = None
+        else:
+            coded = pa.chunked_array(columns[0]).combine_chunks().dictionary_encode()
+            code = coded.indices.to_numpy(zero_copy_only=False)
+            index = pa.chunked_array(columns[1]).combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
+            order = np.lexsort((index, code))  # (rows,) by file, then row index
+            code, index, names = code[order], index[order], coded.dictionary
+        cuts = np.flatnonzero(np.diff(code)) + 1
+        records = []
+        for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(code)]))):
+            file_key = int(code[lo]) if names is None else names[int(code[lo])].as_py()
+            entry = lookup.value.get(int(file_key) if by_size else spark_relative_path(file_key, root))
+            if entry is None:
+                raise InvalidValueError(f"Spark read a file ({file_key!r}) that planning did not list; the dataset "
+                                        "changed while planning: re-run planning")
+            records.extend(_row_group_records(entry[0], entry[1], index[lo:hi]))
+        out = list(zip(*records))
+        seconds = np.zeros(len(records))
+        seconds[0] = time.perf_counter() - started
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(out[0], pa.string()), pa.array(out[1], pa.int32()), pa.array(out[2], pa.int64()),
+             pa.array(out[3], pa.int64()), pa.array(out[4], pa.binary()), pa.array(seconds)],
+            names=["path", "row_group", "total_rows", "matching_rows", "selection", "seconds"])
     return encode
 
 
-def _records(matches: Sequence[RowGroupMatch]) -> pd.DataFrame:
-    return pd.DataFrame({"path": pd.Series([m.path for m in matches], dtype=object),
-                         "row_group": pd.Series([m.row_group for m in matches], dtype=np.int32),
-                         "total_rows": pd.Series([m.total_rows for m in matches], dtype=np.int64),
-                         "matching_rows": pd.Series([m.matching_rows for m in matches], dtype=np.int64),
-                         "selection": pd.Series([m.selection for m in matches], dtype=object)})
+def _row_group_records(relpath: str, rows: Sequence[int], index: np.ndarray) -> List[tuple]:
+    """(path, row group, total rows, matching rows, selection) per row group of one file with a row in ``index``
+    (sorted row indexes in the file), encoded exactly as ``match_from_mask`` encodes (G8)."""
+    bounds = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
+    if len(index) and (index[0] < 0 or index[-1] >= bounds[-1]):
+        raise InvalidValueError(f"Spark reports row {int(index[-1])} of {relpath!r}, which has {int(bounds[-1])} rows "
+                                f"by its footer; the dataset changed while planning: re-run planning")
+    group = np.searchsorted(bounds, index, side="right") - 1
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    out = []
+    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(group)]))):
+        i = int(group[lo])
+        positions = index[lo:hi] - bounds[i]
+        out.append((relpath, i, int(rows[i]), int(hi - lo), selection.encode(positions, int(rows[i]))))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- Petastorm predicate
