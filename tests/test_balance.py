@@ -110,17 +110,6 @@ def test_rank_rows_do_not_depend_on_workers(case, other_workers):
         assert rank_sequence(a, rank) == rank_sequence(b, rank)
 
 
-@given(balance_cases(), st.sampled_from(balance.RESHUFFLES))
-def test_one_rank_cut_alone_equals_its_part_of_all(case, reshuffle):
-    """A rank computing only its own pieces (what ``ShardPlan.assignment`` does) gets exactly its part of the
-    full assignment, for every rank, policy and worker count."""
-    full = case.assign(reshuffle=reshuffle)
-    for rank in range(case.world_size):
-        assert same_pieces(case.assign(reshuffle=reshuffle, rank=rank), full.of_rank(rank))
-    with pytest.raises(ValueError, match="rank="):
-        case.assign(rank=case.world_size)
-
-
 @given(balance_cases(min_row_groups=2, max_row_groups=40))
 def test_epochs_differ_and_fixed_keeps_epoch_zero(case):
     """G5: epochs reassign rows (some two of G5_EPOCHS epochs differ); 'fixed' always gives epoch 0's."""
