@@ -65,8 +65,8 @@ def main(argv):
         from petastorm_balanced import make_loader
         try:
             out["steps"] = len(make_loader(0, 2, plan=args[0], batch_size=16, backend="auto"))
-        except (ValueError, ImportError) as exc:
-            out["error"] = f"{type(exc).__name__}: {exc}"
+        except (ValueError, ImportError) as exc:  # named by the builtin it is (our typed errors subclass them)
+            out["error"] = f"{'ImportError' if isinstance(exc, ImportError) else 'ValueError'}: {exc}"
     else:
         raise SystemExit(f"unknown command {command!r}")
     print(json.dumps(out))
