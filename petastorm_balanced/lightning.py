@@ -66,7 +66,8 @@ class BalancedDataModule(pl.LightningDataModule):
         super().__init__()
         for name, why in OWNED.items():
             if name in make_loader_kwargs:
-                raise InvalidValueError(f"{name}={make_loader_kwargs[name]!r} is not accepted by BalancedDataModule: {why}")
+                raise InvalidValueError(f"{name}={make_loader_kwargs[name]!r} is not accepted by BalancedDataModule: "
+                                        f"{why}")
         self.plan, self.val_plan, self.batch_size = plan, val_plan, batch_size
         self.make_loader_kwargs = dict(make_loader_kwargs)
 

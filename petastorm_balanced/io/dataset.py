@@ -67,10 +67,10 @@ def load_unischema(url: str):
     try:
         import petastorm  # noqa: F401  (the pickle names Petastorm's classes)
     except ImportError as exc:
-        raise MissingDependencyError(f"{url} is a Petastorm dataset (a Unischema in _common_metadata): its cells are encoded by "
-                                     f"Petastorm codecs, and Petastorm cannot be imported here ({exc}). Install the petastorm "
-                                     "stack (pip install 'petastorm-balanced[petastorm]', pyarrow < 15; docs/stacks.md), or "
-                                     "rewrite the dataset as plain Parquet") from None
+        raise MissingDependencyError(f"{url} is a Petastorm dataset (a Unischema in _common_metadata): its cells are "
+                                     f"encoded by Petastorm codecs, and Petastorm cannot be imported here ({exc}). "
+                                     "Install the petastorm stack (pip install 'petastorm-balanced[petastorm]', "
+                                     "pyarrow < 15; docs/stacks.md), or rewrite the dataset as plain Parquet") from None
     return pickle.loads(payload)
 
 

@@ -208,8 +208,8 @@ def distinct(values: np.ndarray) -> np.ndarray:
 
 def check_partition(steps: int, partition_epoch: int) -> None:
     if partition_epoch > steps:
-        raise InvalidValueError(f"partition_epoch={partition_epoch} exceeds the {steps} steps per rank of a pass; every "
-                                f"part needs at least one step: use partition_epoch <= {steps}")
+        raise InvalidValueError(f"partition_epoch={partition_epoch} exceeds the {steps} steps per rank of a pass; "
+                                f"every part needs at least one step: use partition_epoch <= {steps}")
 
 
 def pad_to(sequence: Sequence, delivered: int) -> Sequence:
@@ -267,8 +267,8 @@ def check_fills_a_step(total_rows: int, world_size: int, batch_size: int) -> Non
     """The one "too few rows" rule: every rank needs at least one full batch (planning, plans and loaders ask)."""
     if total_rows < world_size * batch_size:
         raise InvalidValueError(f"{total_rows} matching rows cannot fill one step of world_size={world_size} x "
-                                f"batch_size={batch_size} = {world_size * batch_size} rows; use a smaller batch_size or "
-                                "world_size, or a predicate that matches more rows")
+                                f"batch_size={batch_size} = {world_size * batch_size} rows; use a smaller batch_size "
+                                "or world_size, or a predicate that matches more rows")
 
 
 def check_policy(policy: str) -> None:

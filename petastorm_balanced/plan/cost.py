@@ -77,8 +77,8 @@ def evaluate(spec: CostSpec, values) -> np.ndarray:
     if spec.function is None:
         if isinstance(values, pa.Array):
             if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
-                raise InvalidValueError(f"cost={spec.text!r}: column {spec.column!r} is {values.type}, not numeric; pass a "
-                                        "numeric column or an expression such as 'length(text)'")
+                raise InvalidValueError(f"cost={spec.text!r}: column {spec.column!r} is {values.type}, not numeric; "
+                                        "pass a numeric column or an expression such as 'length(text)'")
             return values.to_numpy(zero_copy_only=False)
         values = np.asarray(values)
         if values.dtype.kind not in "iuf":
@@ -96,8 +96,8 @@ def evaluate(spec: CostSpec, values) -> np.ndarray:
                 pa.types.is_large_string(kind):
             if spec.function != "size":
                 return pc.binary_length(values).to_numpy(zero_copy_only=False)
-        raise InvalidValueError(f"cost={spec.text!r}: {spec.function}() does not apply to column {spec.column!r} of type "
-                                f"{kind}")
+        raise InvalidValueError(f"cost={spec.text!r}: {spec.function}() does not apply to column {spec.column!r} of "
+                                f"type {kind}")
     # numpy: a list column the reader turned into arrays, or decoded Unischema cells
     values = np.asarray(values)
     if values.ndim == 2:  # fixed-size lists came back as a 2-D array
@@ -112,8 +112,8 @@ def check_costs(raw: np.ndarray, where: str) -> np.ndarray:
     if raw.dtype == object:
         nulls = np.fromiter((v is None for v in raw), dtype=bool, count=len(raw))
         if nulls.any():
-            raise InvalidValueError(f"cost is NULL in {where} (row {int(np.argmax(nulls))}); costs must be non-negative "
-                                    "integers: fill or filter those rows (where=...)")
+            raise InvalidValueError(f"cost is NULL in {where} (row {int(np.argmax(nulls))}); costs must be "
+                                    "non-negative integers: fill or filter those rows (where=...)")
         raw = raw.astype(np.float64)
     if raw.dtype.kind == "f":
         bad = np.isnan(raw)
@@ -122,8 +122,8 @@ def check_costs(raw: np.ndarray, where: str) -> np.ndarray:
                                     "integers: fill or filter those rows (where=...)")
         fractional = raw != np.floor(raw)
         if fractional.any():
-            raise InvalidValueError(f"cost {raw[fractional][0]!r} in {where} is not an integer; costs are integer counts "
-                                    "(tokens, bytes): round them, e.g. cost='ceil(x)' with the Spark engine")
+            raise InvalidValueError(f"cost {raw[fractional][0]!r} in {where} is not an integer; costs are integer "
+                                    "counts (tokens, bytes): round them, e.g. cost='ceil(x)' with the Spark engine")
     if raw.dtype.kind not in "iuf" and len(raw):
         raise InvalidValueError(f"cost values in {where} are {raw.dtype}, not numbers")
     negative = raw < 0

@@ -66,7 +66,8 @@ class Stage:
     def from_list(cls, values) -> "Stage":
         if not isinstance(values, (list, tuple)) or len(values) != 4 or any(
                 isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in values):
-            raise InvalidValueError(f"a saved stage must be 4 ints [world_size, num_workers, part, batches], got {values!r}")
+            raise InvalidValueError("a saved stage must be 4 ints [world_size, num_workers, part, batches], got "
+                                    f"{values!r}")
         stage = cls(*(int(v) for v in values))
         balance.check_params(world_size=stage.world_size, num_workers=stage.num_workers)
         if stage.part < 0 or stage.batches < 0:
@@ -100,8 +101,8 @@ def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num
         pool = unconsumed(pool, stage, index, pieces, unread, part_begin=begin)
         first_part = stage.part
     if part < first_part:
-        raise InvalidValueError(f"epoch {epoch} is part {part} of pass {pass_index}, which a world before the last resume "
-                                f"already served (it stopped in part {first_part}); set_epoch to a later epoch")
+        raise InvalidValueError(f"epoch {epoch} is part {part} of pass {pass_index}, which a world before the last "
+                                f"resume already served (it stopped in part {first_part}); set_epoch to a later epoch")
     return _cut(pool, world_size, num_workers, batch_size, policy, part - first_part,
                 partition_epoch - first_part)[0]
 

@@ -96,8 +96,8 @@ class ShardPlan:
         if balance_by == "auto":
             return "cost" if self.cost is not None else "rows"
         if balance_by == "cost" and self.cost is None:
-            raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
-                                    "or pass balance='rows'")
+            raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., "
+                                    "cost='length(text)'); or pass balance='rows'")
         return balance_by
 
     def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
@@ -116,8 +116,9 @@ class ShardPlan:
         if stages:
             if by_cost:
                 raise InvalidValueError("an elastic resume (a state saved at another world size or worker count) of a "
-                                        "cost-balanced loader is not supported: its rows per old rank follow the cost order; "
-                                        "resume at the same world size, or finish the epoch, or use balance='rows'")
+                                        "cost-balanced loader is not supported: its rows per old rank follow the cost "
+                                        "order; resume at the same world size, or finish the epoch, or use "
+                                        "balance='rows'")
             if unread is None:
                 raise InvalidValueError("stages need unread= (which rows each old slot had not delivered)")
             return elastic.stage_pieces(self._counts, stages=stages, world_size=world, num_workers=num_workers,

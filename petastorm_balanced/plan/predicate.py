@@ -53,8 +53,9 @@ def predicate_info(where: Optional[str], predicate) -> PredicateInfo:
         return PredicateInfo("sql", where, hashlib.sha256(where.strip().encode()).hexdigest())
     if predicate is not None:
         if not hasattr(predicate, "get_fields") or not hasattr(predicate, "do_include"):
-            raise InvalidTypeError(f"predicate={predicate!r} is not a Petastorm PredicateBase (get_fields, do_include); wrap "
-                                   "a function with petastorm_balanced.predicates.in_lambda, or use where= for Spark SQL")
+            raise InvalidTypeError(f"predicate={predicate!r} is not a Petastorm PredicateBase (get_fields, "
+                                   "do_include); wrap a function with petastorm_balanced.predicates.in_lambda, or use "
+                                   "where= for Spark SQL")
         text = describe(predicate)
         return PredicateInfo("petastorm", text[:TEXT_LIMIT], hashlib.sha256(text.encode()).hexdigest())
     return PredicateInfo()
@@ -87,9 +88,10 @@ def describe(obj) -> str:
         return f"{type(obj).__qualname__}({describe(vars(obj))})"
     text = repr(obj)
     if _ADDRESS.search(text):
-        raise InvalidTypeError(f"predicate holds {text}, which has no stable description (its repr is a memory address), so "
-                               "a saved plan could not tell it from another predicate; pass plain values (numbers, strings, "
-                               "lists, sets, numpy arrays) or a PredicateBase subclass whose attributes are plain values")
+        raise InvalidTypeError(f"predicate holds {text}, which has no stable description (its repr is a memory "
+                               "address), so a saved plan could not tell it from another predicate; pass plain values "
+                               "(numbers, strings, lists, sets, numpy arrays) or a PredicateBase subclass whose "
+                               "attributes are plain values")
     return text
 
 
@@ -129,11 +131,11 @@ def _source_of(fn) -> str:
         enclosing = sorted((n for n in nodes if _encloses(n, fn)), key=lambda n: (n.lineno, n.col_offset))
         nodes = enclosing[-1:] or [n for n in nodes if _same_code(n, fn)] or nodes
         if len({ast.unparse(n) for n in nodes}) > 1:
-            raise InvalidTypeError(f"predicate function {fn.__qualname__!r} shares line {line} with other lambdas that cannot "
-                                   "be told apart; put it on a line of its own")
+            raise InvalidTypeError(f"predicate function {fn.__qualname__!r} shares line {line} with other lambdas that "
+                                   "cannot be told apart; put it on a line of its own")
     if not nodes:
-        raise InvalidTypeError(f"the source of predicate function {fn.__qualname__!r} could not be found (file changed since "
-                               "it was imported?); define it in a module file")
+        raise InvalidTypeError(f"the source of predicate function {fn.__qualname__!r} could not be found (file changed "
+                               "since it was imported?); define it in a module file")
     node = nodes[0]
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         node.decorator_list = []
@@ -147,8 +149,9 @@ def _module_tree(fn):
         source = None
     if source is None:
         raise InvalidTypeError(f"predicate function {fn.__qualname__!r} has no source file (defined in an interactive "
-                               "session or by exec?), so it cannot be fingerprinted stably; define it in a module file, or "
-                               "use petastorm.predicates.in_set / a PredicateBase subclass with plain attributes")
+                               "session or by exec?), so it cannot be fingerprinted stably; define it in a module "
+                               "file, or use petastorm.predicates.in_set / a PredicateBase subclass with plain "
+                               "attributes")
     return ast.parse(source)
 
 

@@ -34,12 +34,12 @@ def with_costs(catalog: Catalog, spec: CostSpec, stats: Stats) -> Catalog:
 def local_cost_stats(url: str, catalog: Catalog, spec: CostSpec, *, threads: int = 8) -> Stats:
     """``(sum, max)`` of the matching rows' costs for every catalog row group, read with pyarrow."""
     if not spec.loader_evaluable:
-        raise InvalidValueError(f"cost={spec.text!r} is a Spark SQL expression; this path evaluates a numeric column or "
-                                f"one of length/octet_length/size(column): plan with engine='spark' and where= (not a "
-                                "Petastorm predicate), or store the expression as a column")
+        raise InvalidValueError(f"cost={spec.text!r} is a Spark SQL expression; this path evaluates a numeric column "
+                                "or one of length/octet_length/size(column): plan with engine='spark' and where= (not "
+                                "a Petastorm predicate), or store the expression as a column")
     if spec.column in catalog.partition_columns:
-        raise InvalidValueError(f"cost={spec.text!r}: {spec.column!r} is a hive partition column; costs come from a stored "
-                                "column")
+        raise InvalidValueError(f"cost={spec.text!r}: {spec.column!r} is a hive partition column; costs come from a "
+                                "stored column")
     filesystem, root = fsutil.resolve(url)
     by_file: Dict[str, list] = {}
     for r in catalog.row_groups:

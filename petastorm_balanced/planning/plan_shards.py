@@ -43,12 +43,12 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     described = predicate_info(where, predicate)  # before scanning: a predicate we cannot fingerprint fails fast
     cost_spec = None if cost is None else parse_cost(cost)
     if cost_spec is not None and engine == "local" and not cost_spec.loader_evaluable:
-        raise InvalidValueError(f"cost={cost!r} is a Spark SQL expression and needs engine='spark'; with engine='local' "
-                                f"pass a numeric column or one of {', '.join(FUNCTIONS)} of a column")
+        raise InvalidValueError(f"cost={cost!r} is a Spark SQL expression and needs engine='spark'; with "
+                                f"engine='local' pass a numeric column or one of {', '.join(FUNCTIONS)} of a column")
     if engine == "local":
         if where is not None:
-            raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a Petastorm "
-                                    "predicate= instead")
+            raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a "
+                                    "Petastorm predicate= instead")
         from .engines.local import build_catalog
         started = time.perf_counter()
         catalog = build_catalog(url, predicate=predicate, progress=progress)

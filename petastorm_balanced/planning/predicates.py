@@ -24,10 +24,12 @@ from ..errors import InvalidTypeError, InvalidValueError
 def check_fields(predicate, columns: Iterable[str], url: str) -> list:
     """The predicate's fields, after making sure each one is a column of the dataset."""
     if not hasattr(predicate, "get_fields") or not hasattr(predicate, "do_include"):
-        raise InvalidTypeError(f"predicate={predicate!r} is not a petastorm.predicates.PredicateBase; use where= for SQL")
+        raise InvalidTypeError(f"predicate={predicate!r} is not a petastorm.predicates.PredicateBase; use where= for "
+                               "SQL")
     fields = sorted(set(predicate.get_fields()))
     if not fields:
-        raise InvalidValueError(f"predicate={predicate!r} names no field in get_fields(); it must name the columns it reads")
+        raise InvalidValueError(f"predicate={predicate!r} names no field in get_fields(); it must name the columns it "
+                                "reads")
     missing = [f for f in fields if f not in set(columns)]
     if missing:
         raise InvalidValueError(f"predicate reads column(s) {missing} that dataset_url={url!r} does not have; "

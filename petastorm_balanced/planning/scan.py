@@ -92,8 +92,9 @@ def _check_same_columns(url, files, names_per_file, names):
     """Every file must have the first file's column names (``None``: its schema equals the first file's)."""
     for f, other in zip(files, names_per_file):
         if other is not None and other != names:
-            raise InvalidValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but {files[0].path!r} has "
-                                    f"{sorted(names)}; all files of a dataset must share one schema")
+            raise InvalidValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but "
+                                    f"{files[0].path!r} has {sorted(names)}; all files of a dataset must share one "
+                                    "schema")
 
 
 def check_footers(plan) -> None:
@@ -124,9 +125,9 @@ def footer_error(path: str, url: str, exc) -> InvalidValueError:
     """
     text = " ".join(str(exc).split())  # an exception, or its text when it crossed from a Spark task
     if isinstance(exc, pa.ArrowNotImplementedError) or "Unrecognized type" in text or "NotImplemented" in text:
-        return InvalidValueError(f"{path!r} in dataset_url={url!r} uses a Parquet/Arrow type that pyarrow {pa.__version__} "
-                                 f"cannot read ({text}); it is probably valid data from a newer writer (view types such as "
-                                 "Utf8View need pyarrow >= 16): upgrade pyarrow (the modern stack, docs/stacks.md) or "
-                                 "rewrite the file with plain string/binary types")
-    return InvalidValueError(f"{path!r} in dataset_url={url!r} is not a readable Parquet file ({text}); it is corrupt or not "
-                             "Parquet: restore it, or rename it with a leading '_' so it is not data")
+        return InvalidValueError(f"{path!r} in dataset_url={url!r} uses a Parquet/Arrow type that pyarrow "
+                                 f"{pa.__version__} cannot read ({text}); it is probably valid data from a newer "
+                                 "writer (view types such as Utf8View need pyarrow >= 16): upgrade pyarrow (the "
+                                 "modern stack, docs/stacks.md) or rewrite the file with plain string/binary types")
+    return InvalidValueError(f"{path!r} in dataset_url={url!r} is not a readable Parquet file ({text}); it is corrupt "
+                             "or not Parquet: restore it, or rename it with a leading '_' so it is not data")

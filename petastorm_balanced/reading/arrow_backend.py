@@ -72,8 +72,8 @@ class BundleReader:
 def check_pool_type(reader_pool_type) -> None:
     if reader_pool_type not in POOL_TYPES:
         raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of {POOL_TYPES} for backend='arrow' "
-                                "(pyarrow decodes in C++ without the GIL, so threads suffice); use backend='petastorm' for "
-                                "Petastorm's process pool")
+                                "(pyarrow decodes in C++ without the GIL, so threads suffice); use "
+                                "backend='petastorm' for Petastorm's process pool")
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",

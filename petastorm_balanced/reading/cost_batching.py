@@ -218,18 +218,18 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
     loader is built, naming the parameter."""
     from ..plan.cost import parse_cost
     if balance not in BALANCES:
-        raise InvalidValueError(f"balance={balance!r} is not one of {BALANCES}: 'cost' balances each step's cost (needs a "
-                                "plan made with cost=), 'rows' only rows, 'auto' cost when the plan has one")
+        raise InvalidValueError(f"balance={balance!r} is not one of {BALANCES}: 'cost' balances each step's cost "
+                                "(needs a plan made with cost=), 'rows' only rows, 'auto' cost when the plan has one")
     if cost_reduce not in REDUCES:
-        raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' for "
-                                "padded ones (batch_size x longest row)")
+        raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' "
+                                "for padded ones (batch_size x longest row)")
     if max_batch_cost is not None:
         if isinstance(max_batch_cost, bool) or not isinstance(max_batch_cost, (int, np.integer)) or \
                 max_batch_cost < 1:
             raise InvalidValueError(f"max_batch_cost={max_batch_cost!r} must be an int >= 1 (the cost budget per batch)")
         if batch_size is not None:
-            raise InvalidValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass batch_size=None "
-                                    f"(not {batch_size})")
+            raise InvalidValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass "
+                                    f"batch_size=None (not {batch_size})")
         if balance == "rows":
             raise InvalidValueError("max_batch_cost needs balance='cost' (or 'auto') and a plan made with cost=")
         if cost_reduce != "sum":
@@ -241,21 +241,21 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
     if chosen == "rows":
         return None
     if plan.cost is None:
-        raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); or "
-                                "pass balance='rows'")
+        raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
+                                "or pass balance='rows'")
     if not shuffle:
         raise InvalidValueError("balance='cost' arranges rows inside shuffle windows and needs shuffle=True; pass "
                                 "balance='rows' to read in plan order")
     spec = parse_cost(plan.cost)
     if not spec.loader_evaluable:
-        raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate per "
-                                "row (it evaluates a column or length/octet_length/size of a column); store it as a "
-                                "column and re-plan with cost='that_column', or pass balance='rows'")
+        raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate "
+                                "per row (it evaluates a column or length/octet_length/size of a column); store it as "
+                                "a column and re-plan with cost='that_column', or pass balance='rows'")
     mean = 0.0
     if max_batch_cost is not None:
         if max_batch_cost < plan.max_row_cost:
             raise InvalidValueError(f"max_batch_cost={max_batch_cost} is below the plan's largest row cost "
-                                    f"{plan.max_row_cost}: that row could never be delivered; raise max_batch_cost to at "
-                                    f"least {plan.max_row_cost} or filter long rows when planning (where=)")
+                                    f"{plan.max_row_cost}: that row could never be delivered; raise max_batch_cost to "
+                                    f"at least {plan.max_row_cost} or filter long rows when planning (where=)")
         mean = float(plan.catalog.cost_sums().sum()) / plan.total_rows
     return CostOptions(plan.cost, spec.column, spec.function, cost_reduce, max_batch_cost, mean)

@@ -97,8 +97,9 @@ def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_e
         return tuple(stages)
     if strict:
         raise InvalidValueError(f"epoch={to_epoch} is part {to_epoch % partition_epoch} of a pass whose parts up to "
-                                f"{stages[-1].part} a world before the elastic resume already served; set_epoch to epoch "
-                                f">= {to_epoch - to_epoch % partition_epoch + stages[-1].part}, or to another pass")
+                                f"{stages[-1].part} a world before the elastic resume already served; set_epoch to "
+                                f"epoch >= {to_epoch - to_epoch % partition_epoch + stages[-1].part}, or to another "
+                                "pass")
     return ()
 
 

@@ -162,10 +162,11 @@ class BalancedIterableDataset(PlannedView, _Base):
         if info is None:
             raise InvalidValueError(f"state was saved inside DataLoader worker {state[self.WORKER]!r} (torchdata "
                                     "StatefulDataLoader's per-worker state); load the StatefulDataLoader's own "
-                                    "state_dict() with StatefulDataLoader.load_state_dict, which gives each worker its part")
+                                    "state_dict() with StatefulDataLoader.load_state_dict, which gives each worker "
+                                    "its part")
         if (state[self.WORKER], workers) != (info.id, info.num_workers):
-            raise InvalidValueError(f"state of worker {state[self.WORKER]!r} of {workers} loaded into worker {info.id} of "
-                                    f"{info.num_workers}; resume with the same num_workers")
+            raise InvalidValueError(f"state of worker {state[self.WORKER]!r} of {workers} loaded into worker {info.id} "
+                                    f"of {info.num_workers}; resume with the same num_workers")
         own = state.get(self.WORKER_BATCHES)
         if isinstance(own, bool) or not isinstance(own, int) or own < 0:
             raise InvalidValueError(f"state[{self.WORKER_BATCHES!r}]={own!r} must be an int >= 0")
@@ -200,8 +201,8 @@ class BalancedDataLoader(_Loader):
                               ("shuffle", None), ("persistent_workers", False), ("in_order", True),
                               ("drop_last", False)):
             if name in kwargs and kwargs[name] != allowed:
-                raise InvalidValueError(f"{name}={kwargs[name]!r} is not accepted: the dataset yields whole, planned batches "
-                                        f"in a fixed order (leave {name} at {allowed!r})")
+                raise InvalidValueError(f"{name}={kwargs[name]!r} is not accepted: the dataset yields whole, planned "
+                                        f"batches in a fixed order (leave {name} at {allowed!r})")
             kwargs.pop(name, None)
         # Tensors cross from DataLoader workers through one shared-memory segment each, which costs far more than
         # pickling a batch's small numpy arrays; so workers send numpy and tensors are made here (zero copy).

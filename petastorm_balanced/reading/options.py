@@ -51,14 +51,14 @@ def resolve_backend(backend) -> str:
     """``"petastorm"`` or ``"arrow"``: ``auto`` takes Petastorm where it imports, else Arrow."""
     if backend not in BACKENDS:
         raise InvalidValueError(f"backend={backend!r} is not one of {BACKENDS}: 'arrow' reads with pyarrow alone (any "
-                                "stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks Petastorm where it "
-                                "imports")
+                                "stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks Petastorm "
+                                "where it imports")
     if backend == "auto":
         return "petastorm" if petastorm_importable() else "arrow"
     if backend == "petastorm" and not petastorm_importable():
-        raise MissingDependencyError("backend='petastorm' needs Petastorm, which cannot be imported here (Petastorm needs "
-                                     "pyarrow < 15); use backend='arrow' (same batches), or install the petastorm stack: "
-                                     "pip install 'petastorm-balanced[petastorm]' (docs/stacks.md)")
+        raise MissingDependencyError("backend='petastorm' needs Petastorm, which cannot be imported here (Petastorm "
+                                     "needs pyarrow < 15); use backend='arrow' (same batches), or install the "
+                                     "petastorm stack: pip install 'petastorm-balanced[petastorm]' (docs/stacks.md)")
     return backend
 
 
@@ -99,4 +99,5 @@ def check_pool_options(reader_pool_type, workers_count) -> None:
     """Refuse a bad pool choice when the loader or reader is made, not at its first batch."""
     check_int("workers_count", workers_count, minimum=1)
     if reader_pool_type not in POOL_TYPES:
-        raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of {', '.join(map(repr, POOL_TYPES))}")
+        raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of "
+                                f"{', '.join(map(repr, POOL_TYPES))}")

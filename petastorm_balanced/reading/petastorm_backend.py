@@ -33,11 +33,11 @@ try:
     from petastorm.utils import decode_row
     from petastorm.workers_pool import EmptyResultError
 except ImportError as _missing:
-    raise MissingDependencyError(f"make_reader returns a Petastorm reader and the Petastorm backend reads through one, but "
-                                 f"Petastorm cannot be imported here ({_missing}; Petastorm needs pyarrow < 15). For the same "
-                                 "planned rows on this stack use make_loader(..., backend='arrow') or BalancedIterableDataset; "
-                                 "or install the petastorm stack: pip install 'petastorm-balanced[petastorm]' "
-                                 "(docs/stacks.md)") from None
+    raise MissingDependencyError("make_reader returns a Petastorm reader and the Petastorm backend reads through one, "
+                                 f"but Petastorm cannot be imported here ({_missing}; Petastorm needs pyarrow < 15). "
+                                 "For the same planned rows on this stack use make_loader(..., backend='arrow') or "
+                                 "BalancedIterableDataset; or install the petastorm stack: pip install "
+                                 "'petastorm-balanced[petastorm]' (docs/stacks.md)") from None
 
 from . import fragments as fr
 from . import stream

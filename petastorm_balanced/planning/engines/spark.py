@@ -46,8 +46,8 @@ try:
                                 NumberFormatException, SparkRuntimeException)
     from pyspark.sql import SparkSession, functions as F
 except ImportError as _exc:  # pragma: no cover - exercised only without pyspark
-    raise MissingDependencyError("engine='spark' needs pyspark (pip install 'pyspark>=4.0'); or plan with engine='local' "
-                                 "and a Petastorm predicate=") from _exc
+    raise MissingDependencyError("engine='spark' needs pyspark (pip install 'pyspark>=4.0'); or plan with "
+                                 "engine='local' and a Petastorm predicate=") from _exc
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +182,8 @@ def _file_infos(url: str, results: Sequence[tuple], sizes: Dict[str, int]) -> Li
     first = results[0]
     for relpath, _, names in results:
         if set(names) != set(first[2]):
-            raise InvalidValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} has "
-                                    f"{sorted(first[2])}; all files of a dataset must share one schema")
+            raise InvalidValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} "
+                                    f"has {sorted(first[2])}; all files of a dataset must share one schema")
     return [FileInfo(relpath, sizes[relpath], rows) for relpath, rows, _ in results]
 
 
@@ -239,8 +239,8 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     frame = _read_for_where(spark, url)
     columns = frame.columns
     if "_metadata" in columns:
-        raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file metadata "
-                                "that where= needs; rename the column or plan with a Petastorm predicate=")
+        raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
+                                "metadata that where= needs; rename the column or plan with a Petastorm predicate=")
     _check_same_files(url, root, files, frame.inputFiles())
     # Which file a row comes from: its size when that tells the files with rows apart (a number: cheaper to move
     # to Python than a path per row), else its path.
@@ -308,10 +308,11 @@ def _read_for_where(spark, url: str):
         text = str(exc)
         if "S3AFileSystem not found" in text or "No FileSystem for scheme" in text:
             scheme = urlparse(spark_url(url)).scheme
-            raise MissingDependencyError(f"where= on {url} needs Spark to read it, and this Spark has no Hadoop filesystem for "
-                                         f"{scheme}:// (for S3: the hadoop-aws jar matching Spark's Hadoop and the AWS SDK "
-                                         "bundle it names, e.g. --packages org.apache.hadoop:hadoop-aws:3.4.1; see "
-                                         "docs/remote.md); or plan with engine='local' and a Petastorm predicate=") from None
+            raise MissingDependencyError(f"where= on {url} needs Spark to read it, and this Spark has no Hadoop "
+                                         f"filesystem for {scheme}:// (for S3: the hadoop-aws jar matching Spark's "
+                                         "Hadoop and the AWS SDK bundle it names, e.g. --packages "
+                                         "org.apache.hadoop:hadoop-aws:3.4.1; see docs/remote.md); or plan with "
+                                         "engine='local' and a Petastorm predicate=") from None
         raise
 
 
