@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from petastorm_balanced import load_plan, plan_shards
 from petastorm_balanced.plan import balance
 from petastorm_balanced.plan.cost_order import cost_order
-from petastorm_balanced.reading.batching import StartPoint, WindowBatcher, split_batches
+from petastorm_balanced.reading.batching import WindowBatcher, split_batches
 from petastorm_balanced.reading.cost_batching import arrange_budget, arrange_max, arrange_sum, budget_batches
 
 from resume_contract import check_resume_contract

@@ -14,7 +14,6 @@ from typing import Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import selection
 from ..errors import InvalidValueError

@@ -51,7 +51,7 @@ def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num
         for part in range(first_part, stop_part + 1):
             e = pass_index * parts + part
             where = f"world {world}, epoch {e}" + (f" (part {part} of pass {pass_index})" if parts > 1 else "")
-            steps, rank_rows = None, []
+            rank_rows = []
             take = stop_batches if part == stop_part and stop_batches is not None else None
             for rank in range(world):
                 fragments = plan.assignment(rank, epoch=e, world_size=world, num_workers=workers,
