@@ -165,9 +165,12 @@ def test_process_pool_and_dataloader_workers_read_s3(s3, petastorm_dataset):
 
 def test_cli_plans_and_inspects_on_s3(s3, plain_on_s3):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = ("import sys; from petastorm_balanced.tools.cli import main; "
+    # Both commands in one process, leaving as the console entry (cli.run) does: flushed, then os._exit, since
+    # pyarrow's S3 threads can abort interpreter teardown after the answer is out (seen on pyarrow 26 here).
+    script = ("import os, sys; from petastorm_balanced.tools.cli import main; "
               "rc = main(sys.argv[1:5] + ['--world-size', '3', '--batch-size', '16', '--engine', 'local']); "
-              "rc = rc or main(['inspect', sys.argv[4], '--json']); sys.exit(rc)")
+              "rc = rc or main(['inspect', sys.argv[4], '--json']); sys.stdout.flush(); sys.stderr.flush(); "
+              "os._exit(rc)")
     done = subprocess.run([sys.executable, "-c", script, "plan", plain_on_s3, "--output", s3.join("plan")],
                           cwd=repo, env=dict(os.environ, PYTHONPATH=repo, PYTHONWARNINGS="ignore"),
                           capture_output=True, text=True, timeout=120)
