@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from petastorm_balanced import load_plan
 from petastorm_balanced.plan import format as plan_format, selection
-from petastorm_balanced.plan.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog
+from petastorm_balanced.plan.catalog import (Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog,
+                                             match_from_mask)
 from petastorm_balanced.plan.predicate import predicate_info
 from petastorm_balanced.planning.plan_shards import make_plan
 
@@ -124,20 +125,51 @@ def test_saved_plan_loads_to_an_equal_plan(tmp_path):
     assert loaded.assignment(1, num_workers=2) == plan.assignment(1, num_workers=2)
 
 
-def test_partial_row_groups_from_several_tasks_merge_to_one_record():
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 200), min_size=1, max_size=4), min_size=1, max_size=4), st.data())
+def test_rows_and_words_from_spark_become_the_matches_masks_give(files_rows, data):
+    """What the where job collects, matching rows packed with their file's size or 64-row words (any order), gives
+    exactly the records the local engine's masks give (G8)."""
     spark_engine = pytest.importorskip("petastorm_balanced.planning.engines.spark")
-    positions = np.array([0, 1, 2, 9, 40, 41, 99])
-    mask = np.zeros(100, dtype=bool)
-    mask[positions] = True
-    whole = spark_engine.match_from_mask("p", 3, mask)
-    parts = [RowGroupMatch("p", 3, 100, len(half), selection.encode(half, 100))
-             for half in (positions[:3], positions[3:])]
-    other = RowGroupMatch("q", 0, 10, 10)
-    assert sorted(spark_engine.merge_partial_matches(parts + [other]), key=lambda m: m.path) == [whole, other]
+    shift = 10  # above 4 x 200 rows
+    files = {1000 + i: FileInfo(f"f{i}.parquet", 1000 + i, tuple(rows)) for i, rows in enumerate(files_rows)}
+    expected, rows, keys, words, bits = [], [], [], [], []
+    for size, info in files.items():
+        density = data.draw(st.sampled_from([0.0, 0.02, 0.5, 0.98, 1.0]))
+        mask = np.random.default_rng(data.draw(st.integers(0, 2 ** 32))).random(info.num_rows) < density
+        bounds = np.concatenate(([0], np.cumsum(info.row_group_rows)))
+        expected += [m for i in range(len(info.row_group_rows))
+                     if (m := match_from_mask(info.path, i, mask[bounds[i]:bounds[i + 1]])) is not None]
+        rows += [size << shift | int(r) for r in np.flatnonzero(mask)]
+        for w in np.unique(np.flatnonzero(mask) >> 6):
+            keys.append(size)
+            words.append(w)
+            value = sum(1 << int(j) for j in np.flatnonzero(mask[64 * w:64 * w + 64]))
+            bits.append(value - (1 << 64) if value >= 1 << 63 else value)  # Spark's long: bit 63 is the sign
+    with_rows = [f for f in files.values() if f.num_rows]
+    got_rows = spark_engine.matches_from_rows(np.array(data.draw(st.permutations(rows)), np.int64), shift, with_rows)
+    order = data.draw(st.permutations(range(len(keys))))
+    got_words = spark_engine.matches_from_words(np.array(keys, np.int64)[order], np.array(words, np.int64)[order],
+                                                np.array(bits, np.int64)[order], files)
+    assert sorted(got_rows, key=lambda m: (m.path, m.row_group)) == expected
+    assert sorted(got_words, key=lambda m: (m.path, m.row_group)) == expected
+
+
+def test_rows_past_a_footer_mean_the_dataset_changed():
+    spark_engine = pytest.importorskip("petastorm_balanced.planning.engines.spark")
+    files = [FileInfo("a.parquet", 3, (10, 20)), FileInfo("b.parquet", 5, (64,))]
+    with pytest.raises(ValueError, match="changed while planning"):
+        spark_engine.matches_from_rows(np.array([3 << 8 | 30]), 8, files)  # a.parquet has rows 0-29
+    with pytest.raises(ValueError, match="changed while planning"):
+        spark_engine.matches_from_rows(np.array([4 << 8 | 1]), 8, files)  # no file of size 4
+    with pytest.raises(ValueError, match="changed while planning"):
+        spark_engine.matches_from_words(np.array([3]), np.array([0]), np.array([1 << 30]), {3: files[0]})
+    with pytest.raises(ValueError, match="changed while planning"):
+        spark_engine.matches_from_words(np.array([5]), np.array([1]), np.array([1]), {5: files[1]})
 
 
 def test_time_summary_names_steps_in_order_and_sums_wall_time():
     from petastorm_balanced.planning.plan_shards import time_summary
     line = time_summary({"footers": 0.5, "where": 2.0, "encode": 0.75, "balance": 0.25, "write": 0.25,
                          "session": 0.0})
-    assert line == "footers 0.50 s, where 2.00 s, encode 0.75 s, balance 0.25 s, write 0.25 s; total 3.00 s"
+    assert line == "footers 0.50 s, where 2.00 s, encode 0.75 s, balance 0.25 s, write 0.25 s; total 3.75 s"

@@ -101,7 +101,15 @@ def test_active_session_is_reused(spark):
 
 # ------------------------------------------------------------------------------------------- where: row level
 
-def test_where_matches_exactly_the_rows_pandas_selects(spark, plain_dataset):
+@pytest.fixture(params=["rows", "words"])
+def transfer(request, monkeypatch):
+    """Both ways matching rows reach the driver: an int64 each (small datasets) and 64-row words (large ones)."""
+    if request.param == "words":
+        monkeypatch.setattr(spark_engine, "ROWS_TO_DRIVER_MAX", 0)
+    return request.param
+
+
+def test_where_matches_exactly_the_rows_pandas_selects(spark, plain_dataset, transfer):
     where = "lang = 'en' AND value > 3.5 AND label <> 7"
     catalog = build_catalog(plain_dataset.url, where=where, spark=spark)
     expected = _expected_positions(plain_dataset.path, plain_dataset.files,
@@ -112,7 +120,7 @@ def test_where_matches_exactly_the_rows_pandas_selects(spark, plain_dataset):
     assert any(r.selection for r in catalog.row_groups) and 0 < catalog.total_rows < plain_dataset.num_rows
 
 
-def test_where_on_hive_partition_column(spark, hive_dataset):
+def test_where_on_hive_partition_column(spark, hive_dataset, transfer):
     where = "year = 2021 OR (year = 2022 AND label < 3)"
     catalog = build_catalog(hive_dataset.url, where=where, spark=spark)
     expected = _expected_positions(hive_dataset.path, hive_dataset.files,
@@ -147,7 +155,7 @@ def nulls_dataset(tmp_path_factory):
     ("NOT (x > 2)", lambda f: f["x"].notna() & ~(f["x"] > 2)),
     ("s IS NULL OR x = 0", lambda f: f["s"].isna() | (f["x"] == 0)),
 ])
-def test_where_null_means_no_match_and_skipped_names_agree(spark, nulls_dataset, where, mask):
+def test_where_null_means_no_match_and_skipped_names_agree(spark, nulls_dataset, where, mask, transfer):
     catalog = build_catalog(str(nulls_dataset), where=where, spark=spark)
     assert [f.path for f in catalog.files] == ["a.parquet", "b.parquet"]
     _assert_same_positions(catalog, _expected_positions(str(nulls_dataset), ["a.parquet", "b.parquet"],
@@ -155,7 +163,7 @@ def test_where_null_means_no_match_and_skipped_names_agree(spark, nulls_dataset,
     assert catalog.total_rows == _spark_count(spark, "file://" + str(nulls_dataset), where)
 
 
-def test_files_of_equal_size_are_told_apart_by_path(spark, tmp_path, nulls_dataset):
+def test_files_of_equal_size_are_told_apart_by_path(spark, tmp_path, nulls_dataset, transfer):
     root = tmp_path / "ds"
     shutil.copytree(nulls_dataset, root)
     shutil.copy(root / "a.parquet", root / "c.parquet")  # same size as a.parquet: the file key falls back to paths

@@ -1,4 +1,4 @@
-"""Spark planning: footers and predicates evaluated in Spark tasks, only per-row-group summaries on the driver.
+"""Spark planning: footers and predicates evaluated in Spark tasks; the driver gets summaries, never rows.
 
 Three ways a catalog is built, all ending in the same ``Catalog`` the in-process engine builds (G8):
 
@@ -6,10 +6,13 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
   ``DRIVER_FOOTERS_MAX`` remote files the file list is parallelized and every task reads its footers with
   ``pyarrow.fs``.
 - ``where`` (Spark SQL): Spark evaluates the expression with its own semantics (NULL does not match, hive partition
-  columns usable) and reports each matching row as its file (``_metadata.file_size`` when that tells the files
-  apart, else ``_metadata.file_path``) and ``_metadata.row_index``. No shuffle: inside each scan task a
-  ``mapInArrow`` function takes the task's matching rows, cuts them into row groups with the footer row counts
-  and encodes each with ``selection.encode``; the driver collects one small record per matching row group.
+  columns usable) and names each matching row by its file (``_metadata.file_size`` when that tells the files
+  apart, else ``_metadata.file_path``) and ``_metadata.row_index``. The driver collects them as Arrow and cuts them
+  into row groups with the footer row counts. Up to ``ROWS_TO_DRIVER_MAX`` scanned rows, a matching row travels as
+  one int64 (size and row index packed); past it, Spark first folds rows into 64-row words in the JVM (partial
+  aggregation inside each scan task, a shuffle of words only), at most 2 bits per scanned row where the plan's
+  selections hold up to 1. No Python worker: moving rows from the JVM into Python workers cost more than Spark's
+  whole count(where) (``benchmarks/bench_spark_plan.py``).
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
@@ -36,7 +39,6 @@ import numpy as np
 from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
 from ..scan import footer_error, read_footer
-from ...plan import selection
 from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
 from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
@@ -56,9 +58,8 @@ DRIVER_FOOTERS_MAX = 512  # above this many remote files, footers are read in Sp
 FOOTER_THREADS = 8  # per task (or on the driver): footer reads are latency-bound
 SHIP_CONF = "spark.petastorm_balanced.shipPackage"
 _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
-_MATCH_SCHEMA = ("path string, row_group int, total_rows long, matching_rows long, selection binary, "
-                 "seconds double")
-ARROW_BATCH_ROWS = 1 << 20  # rows per Arrow batch moved to the encoding Python worker
+WORD_BITS = 6  # past ROWS_TO_DRIVER_MAX, matching rows reach the driver as 64-row words: 2 bits per scanned row
+ROWS_TO_DRIVER_MAX = 1 << 24  # up to this many scanned rows, matching rows reach the driver as one int64 each
 _SHIPPED = set()  # application ids that already got the package zip
 
 
@@ -96,8 +97,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     0.8 s on the driver against 2.0 s through Spark tasks on 2 cores, benchmarks/bench_spark_plan.py).
 
     ``timings``, a dict, receives seconds per step: ``session`` (a session started here), ``footers`` (listing
-    included), ``where`` or ``predicate``
-    (the Spark job, wall time) and ``encode`` (Python time inside the where's tasks, summed over tasks).
+    included), ``where`` (the Spark job) and ``encode`` (words to selections on the driver), or ``predicate``.
     """
     timings = {} if timings is None else timings
     if spark is not None:
@@ -142,7 +142,8 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         what = f"predicate on {fields}"
     catalog = Catalog(tuple(files), tuple(sorted(matches, key=lambda m: (m.path, m.row_group))), kind,
                       partition_columns)
-    timings["where" if where is not None else "predicate"] = time.perf_counter() - started
+    if where is None:
+        timings["predicate"] = time.perf_counter() - started
     log.info("%s matches %d of %d rows in %d row groups (%.1f s)", what, catalog.total_rows, catalog.scanned_rows,
              len(catalog.row_groups), time.perf_counter() - started)
     return catalog
@@ -209,15 +210,16 @@ def spark_relative_path(spark_path: str, root: str) -> str:
 
 
 @contextlib.contextmanager
-def _sql_conf(spark, key: str, value: str):
-    """Set a SQL conf for one query and put the session's value back: the words are a small shuffle, and 200
-    partitions (the default) cost more to write and schedule than to aggregate (about 0.5 s here)."""
-    before = spark.conf.get(key)
-    spark.conf.set(key, value)
+def _sql_conf(spark, settings: Dict[str, str]):
+    """Set SQL confs for one query and put the session's values back."""
+    before = {key: spark.conf.get(key) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     try:
         yield
     finally:
-        spark.conf.set(key, before)
+        for key, value in before.items():
+            spark.conf.set(key, value)
 
 
 @contextlib.contextmanager
@@ -235,68 +237,119 @@ def _quiet_pyspark_error_logs():
 
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
-                   timings: Optional[dict] = None) -> List[RowGroupMatch]:
+                   timings: dict) -> List[RowGroupMatch]:
+    started = time.perf_counter()
     frame = _read_for_where(spark, url)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
                                 "metadata that where= needs; rename the column or plan with a Petastorm predicate=")
     _check_same_files(url, root, files, frame.inputFiles())
-    # Which file a row comes from: its size when that tells the files with rows apart (a number: cheaper to move
-    # to Python than a path per row), else its path.
-    sizes = [f.size for f in files if f.num_rows > 0]
-    by_size = len(set(sizes)) == len(sizes)
-    # With sizes, file and row index travel as one number, size << shift | row index, when it fits in 63 bits:
-    # moving rows from the JVM to Python is the per-row cost here, and one column costs less than two.
-    shift = max([f.num_rows for f in files] + [1]).bit_length()
-    if not (by_size and (max(sizes + [0]) + 1) << shift < 2 ** 63):
+    with_rows = [f for f in files if f.num_rows > 0]
+    # Which file a row comes from: its size when that tells the files with rows apart (a number: cheaper to hash
+    # and move than a path), packed with the row index as size << shift | row index when that fits in 63 bits.
+    sizes = [f.size for f in with_rows]
+    shift = max([f.num_rows for f in files] + [1 << WORD_BITS]).bit_length()
+    if len(set(sizes)) != len(sizes) or (max(sizes + [0]) + 1) << shift >= 2 ** 63:
         shift = None
+    packed = f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index"
+    as_rows = shift is not None and sum(f.num_rows for f in files) <= ROWS_TO_DRIVER_MAX
     with _quiet_pyspark_error_logs():
         try:
             matching = frame.where(where)
         except AnalysisException as exc:  # includes ParseException
             raise InvalidWhereError(where, _first_line(exc), columns) from None
-        if shift is not None:
-            rows = matching.select(F.expr(f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index")
-                                   .alias("file_row"))
+        if as_rows:
+            query, confs = matching.select(F.expr(packed).alias("row")), {}
         else:
-            rows = matching.select(F.col("_metadata.file_size" if by_size else "_metadata.file_path").alias("file"),
-                                   F.col("_metadata.row_index").alias("row_index"))
-        lookup = {(f.size if by_size else f.path): (f.path, f.row_group_rows) for f in files if f.num_rows > 0}
-        shared = spark.sparkContext.broadcast(lookup)
-        _ship_package(spark)
+            # Spark folds rows into words inside each scan task (partial aggregation); only words are shuffled.
+            keys = ([F.expr(f"shiftright({packed}, {WORD_BITS})").alias("word")] if shift is not None else
+                    [F.col("_metadata.file_path").alias("file"),
+                     F.expr(f"shiftright(_metadata.row_index, {WORD_BITS})").alias("word")])
+            bit = F.expr(f"bit_or(shiftleft(1L, cast(_metadata.row_index & {(1 << WORD_BITS) - 1} as int)))")
+            query = matching.groupBy(*keys).agg(bit.alias("bits"))
+            # One small shuffle: a partition per core, and no adaptive re-planning between its two stages.
+            confs = {"spark.sql.shuffle.partitions": str(max(1, spark.sparkContext.defaultParallelism)),
+                     "spark.sql.adaptive.enabled": "false"}
         try:
-            # No shuffle: each scan task encodes the matching rows it read, per row group, in one Python worker
-            # (Spark reads a row group in exactly one task: the split holding its midpoint), and only per-row-group
-            # records reach the driver. Large Arrow batches: fewer JVM-Python round trips.
-            with _sql_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS)):
-                encoded = rows.mapInArrow(_partition_encoder(root, shared, by_size, shift), _MATCH_SCHEMA).collect()
+            with _sql_conf(spark, confs):
+                table = query.toArrow()
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
                 SparkRuntimeException) as exc:
             raise InvalidWhereError(where, _first_line(exc), columns, on_data=True) from None
-        finally:
-            shared.destroy()
-    if timings is not None:
-        timings["encode"] = sum(r.seconds for r in encoded)
-    return merge_partial_matches(
-        RowGroupMatch(r.path, r.row_group, r.total_rows, r.matching_rows, bytes(r.selection)) for r in encoded)
+    timings["where"] = time.perf_counter() - started
+    started = time.perf_counter()
+    if as_rows:
+        matches = matches_from_rows(table.column("row").to_numpy(), shift, with_rows)
+    elif shift is not None:
+        word = table.column("word").to_numpy()
+        matches = matches_from_words(word >> (shift - WORD_BITS), word & ((1 << (shift - WORD_BITS)) - 1),
+                                     table.column("bits").to_numpy(), {f.size: f for f in with_rows})
+    else:
+        coded = table.column("file").combine_chunks().dictionary_encode()
+        listed = {f.path: f for f in with_rows}
+        matches = matches_from_words(coded.indices.to_numpy(zero_copy_only=False), table.column("word").to_numpy(),
+                                     table.column("bits").to_numpy(),
+                                     {i: listed.get(spark_relative_path(name, root))
+                                      for i, name in enumerate(coded.dictionary.to_pylist())})
+    timings["encode"] = time.perf_counter() - started
+    return matches
 
 
-def merge_partial_matches(matches) -> List[RowGroupMatch]:
-    """One record per row group: records of the same row group from several tasks (a Spark split rule we do not
-    rely on) are merged by their positions, encoded again exactly as one task would have."""
-    by_key: Dict[tuple, List[RowGroupMatch]] = {}
-    for m in matches:
-        by_key.setdefault((m.path, m.row_group), []).append(m)
+def matches_from_rows(rows: np.ndarray, shift: int, files: Sequence[FileInfo]) -> List[RowGroupMatch]:
+    """One ``RowGroupMatch`` per row group with a matching row, from matching rows packed as
+    ``file size << shift | row index`` (any order; ``files`` have distinct sizes). No sort: one mask over every
+    scanned row, set by scatter."""
+    files = sorted(files, key=lambda f: f.size)
+    sizes = np.array([f.size for f in files], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum([f.num_rows for f in files], dtype=np.int64)))
+    at = np.minimum(np.searchsorted(sizes, rows >> shift), len(files) - 1) if len(files) else rows[:0]
+    index = rows & ((1 << shift) - 1)
+    if len(rows) and not (np.array_equal(sizes[at], rows >> shift) and (index < np.diff(offsets)[at]).all()):
+        raise _changed_while_planning()
+    mask = np.zeros(offsets[-1], dtype=bool)
+    mask[offsets[at] + index] = True
+    return [m for k, info in enumerate(files) for m in _file_matches(info, mask[offsets[k]:offsets[k + 1]])]
+
+
+def matches_from_words(file_key: np.ndarray, word: np.ndarray, bits: np.ndarray, files) -> List[RowGroupMatch]:
+    """One ``RowGroupMatch`` per row group with a matching row, from 64-row words: ``(file_key[i], word[i])``
+    names rows ``64 * word[i]`` to ``64 * word[i] + 63`` of the file ``files[file_key[i]]`` (a ``FileInfo``), and
+    bit ``j`` of ``bits[i]`` (an int64, as Spark's long) says whether row ``64 * word[i] + j`` matches. Keys are
+    unique, in any order. One file is unpacked at a time, so memory follows the largest file, not the dataset.
+    """
+    order = np.argsort(file_key, kind="stable")
+    file_key, word = file_key[order], word[order]
+    bits = np.ascontiguousarray(bits[order]).astype("<i8", copy=False)
+    cuts = np.flatnonzero(np.diff(file_key)) + 1
     out = []
-    for (path, row_group), parts in by_key.items():
-        if len(parts) == 1:
-            out.append(parts[0])
-            continue
-        positions = np.unique(np.concatenate([p.positions() for p in parts]))
-        total = parts[0].total_rows
-        out.append(RowGroupMatch(path, row_group, total, len(positions), selection.encode(positions, total)))
+    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(file_key)]))):
+        if lo == hi:
+            continue  # no word at all
+        info = files.get(int(file_key[lo]))
+        words = -(-info.num_rows // (1 << WORD_BITS)) if info is not None else 0
+        if info is None or word[lo:hi].max() >= words:
+            raise _changed_while_planning()
+        packed = np.zeros(words, dtype="<i8")
+        packed[word[lo:hi]] = bits[lo:hi]
+        mask = np.unpackbits(packed.view(np.uint8), bitorder="little").view(bool)
+        if mask[info.num_rows:].any():
+            raise _changed_while_planning()
+        out.extend(_file_matches(info, mask[:info.num_rows]))
     return out
+
+
+def _file_matches(info: FileInfo, mask: np.ndarray) -> List[RowGroupMatch]:
+    """The records of one file's row groups with a matching row, encoded by ``match_from_mask`` as the local engine
+    encodes them (G8)."""
+    bounds = np.concatenate(([0], np.cumsum(info.row_group_rows, dtype=np.int64)))
+    counts = np.diff(np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))[bounds])
+    return [match_from_mask(info.path, int(i), mask[bounds[i]:bounds[i + 1]]) for i in np.flatnonzero(counts)]
+
+
+def _changed_while_planning() -> InvalidValueError:
+    return InvalidValueError("Spark reports matching rows past the files' footers (or in a file planning did not "
+                             "list); the dataset changed while planning: re-run planning")
 
 
 def _read_for_where(spark, url: str):
@@ -325,69 +378,6 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
             "petastorm-balanced reads it but Spark skips it"
         raise InvalidValueError(f"{path!r} in dataset_url={url!r}: {who}; rename it (a leading '_' or '.' marks a "
                                 "file that is not data) or remove it")
-
-
-def _partition_encoder(root: str, lookup, by_size: bool, shift: Optional[int]):
-    """The ``mapInArrow`` function: the matching rows one task read -> one catalog record per row group with a
-    matching row, and the seconds this task spent encoding (on its first record).
-
-    Rows come as (file key, row index), or as one number ``size << shift | row index`` when ``shift`` is set.
-    ``lookup`` (broadcast) maps the file key (size, or Spark's path) to (relative path, row group rows).
-    """
-    def encode(batches):
-        import pyarrow as pa
-        columns = [[], []]
-        for batch in batches:
-            if batch.num_rows:
-                for i in range(batch.num_columns):
-                    columns[i].append(batch.column(i))
-        if not columns[0]:
-            return
-        started = time.perf_counter()
-        if shift is not None:
-            packed = np.sort(pa.chunked_array(columns[0]).combine_chunks().to_numpy(zero_copy_only=False))
-            code, index = packed >> shift, packed & ((1 << shift) - 1)  # code: the file's size itself
-            names = None
-        else:
-            coded = pa.chunked_array(columns[0]).combine_chunks().dictionary_encode()
-            code = coded.indices.to_numpy(zero_copy_only=False)
-            index = pa.chunked_array(columns[1]).combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
-            order = np.lexsort((index, code))  # (rows,) by file, then row index
-            code, index, names = code[order], index[order], coded.dictionary
-        cuts = np.flatnonzero(np.diff(code)) + 1
-        records = []
-        for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(code)]))):
-            file_key = int(code[lo]) if names is None else names[int(code[lo])].as_py()
-            entry = lookup.value.get(int(file_key) if by_size else spark_relative_path(file_key, root))
-            if entry is None:
-                raise InvalidValueError(f"Spark read a file ({file_key!r}) that planning did not list; the dataset "
-                                        "changed while planning: re-run planning")
-            records.extend(_row_group_records(entry[0], entry[1], index[lo:hi]))
-        out = list(zip(*records))
-        seconds = np.zeros(len(records))
-        seconds[0] = time.perf_counter() - started
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(out[0], pa.string()), pa.array(out[1], pa.int32()), pa.array(out[2], pa.int64()),
-             pa.array(out[3], pa.int64()), pa.array(out[4], pa.binary()), pa.array(seconds)],
-            names=["path", "row_group", "total_rows", "matching_rows", "selection", "seconds"])
-    return encode
-
-
-def _row_group_records(relpath: str, rows: Sequence[int], index: np.ndarray) -> List[tuple]:
-    """(path, row group, total rows, matching rows, selection) per row group of one file with a row in ``index``
-    (sorted row indexes in the file), encoded exactly as ``match_from_mask`` encodes (G8)."""
-    bounds = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
-    if len(index) and (index[0] < 0 or index[-1] >= bounds[-1]):
-        raise InvalidValueError(f"Spark reports row {int(index[-1])} of {relpath!r}, which has {int(bounds[-1])} rows "
-                                f"by its footer; the dataset changed while planning: re-run planning")
-    group = np.searchsorted(bounds, index, side="right") - 1
-    cuts = np.flatnonzero(np.diff(group)) + 1
-    out = []
-    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(group)]))):
-        i = int(group[lo])
-        positions = index[lo:hi] - bounds[i]
-        out.append((relpath, i, int(rows[i]), int(hi - lo), selection.encode(positions, int(rows[i]))))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- Petastorm predicate
