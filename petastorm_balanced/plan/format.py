@@ -38,7 +38,7 @@ PLAN_JSON = "plan.json"
 CATALOG = "catalog.parquet"
 ASSIGNMENT = "assignment.parquet"
 
-_CHECKSUM_CHUNK = 1 << 17  # row groups hashed per Arrow pass: bounds the temporary memory
+_CHECKSUM_CHUNK = 1 << 15  # row groups hashed per Arrow pass: bounds the temporary memory
 _EMPTY_DIGEST = hashlib.sha256(b"").digest()
 _CATALOG_SCHEMA = pa.schema([("file", pa.string()), ("row_group", pa.int32()), ("total_rows", pa.int64()),
                              ("matching_rows", pa.int64()), ("selection", pa.binary())])
