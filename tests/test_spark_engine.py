@@ -163,7 +163,7 @@ def test_where_null_means_no_match_and_skipped_names_agree(spark, nulls_dataset,
     assert catalog.total_rows == _spark_count(spark, "file://" + str(nulls_dataset), where)
 
 
-def test_files_of_equal_size_are_told_apart_by_path(spark, tmp_path, nulls_dataset, transfer):
+def test_files_of_equal_size_are_told_apart_by_path(spark, tmp_path, nulls_dataset):
     root = tmp_path / "ds"
     shutil.copytree(nulls_dataset, root)
     shutil.copy(root / "a.parquet", root / "c.parquet")  # same size as a.parquet: the file key falls back to paths
@@ -251,15 +251,15 @@ class _Job:
     """One spark-submit run, like a user's: plain spark-submit, no --master (so local[*]), started outside the
     repository with no PYTHONPATH, so the package is not importable unless the job makes it so."""
 
-    def __init__(self, folder, *args):
+    def __init__(self, folder, *args, confs=()):
         spark_submit = shutil.which("spark-submit") or os.path.join(os.path.dirname(sys.executable),
                                                                     "spark-submit")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_SUBMIT_ARGS")}
         env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                    SPARK_LOCAL_IP="127.0.0.1")
         self.plan = folder / "plan"
-        command = [spark_submit, "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN", JOB, *args,
-                   "--output", str(self.plan)]
+        command = [spark_submit, "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN",
+                   *[word for conf in confs for word in ("--conf", conf)], JOB, *args, "--output", str(self.plan)]
         done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         self.returncode, self.output = done.returncode, done.stdout + done.stderr
         # spark-submit prints the Python driver's stdout and stderr on its stdout, Spark's logging on stderr.
@@ -287,7 +287,9 @@ def test_job_petastorm_dataset_equals_local_engine(petastorm_dataset, tmp_path):
 
 
 def test_job_hive_where_on_partition_column_totals_equal_spark_count(spark, hive_dataset, tmp_path):
-    job = _Job(tmp_path, hive_dataset.url, "--world-size", "2", "--where", HIVE_WHERE)
+    # Executors get a Python that does not exist: a where runs in the JVM alone (docs/spark.md).
+    job = _Job(tmp_path, hive_dataset.url, "--world-size", "2", "--where", HIVE_WHERE,
+               confs=[f"spark.pyspark.driver.python={sys.executable}", "spark.pyspark.python=/nonexistent/python"])
     plan = job.plan_written()
     assert any(" matches " in line for line in job.ours)
     # one line says where planning's time went, every step named

@@ -1,4 +1,4 @@
-"""Spark planning: footers and predicates evaluated in Spark tasks; the driver gets summaries, never rows.
+"""Spark planning: Spark reads footers and evaluates filters; the driver builds the catalog from compact results.
 
 Three ways a catalog is built, all ending in the same ``Catalog`` the in-process engine builds (G8):
 
@@ -58,8 +58,11 @@ DRIVER_FOOTERS_MAX = 512  # above this many remote files, footers are read in Sp
 FOOTER_THREADS = 8  # per task (or on the driver): footer reads are latency-bound
 SHIP_CONF = "spark.petastorm_balanced.shipPackage"
 _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
-WORD_BITS = 6  # past ROWS_TO_DRIVER_MAX, matching rows reach the driver as 64-row words: 2 bits per scanned row
-ROWS_TO_DRIVER_MAX = 1 << 24  # up to this many scanned rows, matching rows reach the driver as one int64 each
+# Up to ROWS_TO_DRIVER_MAX scanned rows, each matching row reaches the driver as an int64 (at most 128 MB): no
+# shuffle, whose second stage costs about 0.1 s, a lot next to a count() of a few million rows. Above it, as
+# 64-row words: at most 2 bits per scanned row, within twice the plan's own selections.
+ROWS_TO_DRIVER_MAX = 1 << 24
+WORD_BITS = 6
 _SHIPPED = set()  # application ids that already got the package zip
 
 
@@ -97,7 +100,8 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     0.8 s on the driver against 2.0 s through Spark tasks on 2 cores, benchmarks/bench_spark_plan.py).
 
     ``timings``, a dict, receives seconds per step: ``session`` (a session started here), ``footers`` (listing
-    included), ``where`` (the Spark job) and ``encode`` (words to selections on the driver), or ``predicate``.
+    included), ``where`` (the Spark job) and ``encode`` (its matching rows to row group records, on the
+    driver), or ``predicate``.
     """
     timings = {} if timings is None else timings
     if spark is not None:
