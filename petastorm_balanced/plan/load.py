@@ -126,4 +126,3 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     # groups with mimalloc); every rank loads a plan, so give it back now.
     pa.default_memory_pool().release_unused()
     return plan
-
