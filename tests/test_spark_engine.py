@@ -133,6 +133,43 @@ def test_where_on_hive_partition_column(spark, hive_dataset, transfer):
     assert all(r.selection == b"" for r in catalog.row_groups if r.path.startswith("year=2021/"))
 
 
+@pytest.mark.parametrize("where", ["year = 2021", "year IN (2020, 2022) OR year IS NULL", "year + 1 > 2022"])
+def test_where_on_partition_columns_alone_keeps_whole_files(spark, hive_dataset, where, monkeypatch):
+    """Decided per file (only the files cross to the driver), and the same catalog as row by row."""
+    frame = spark.read.parquet(hive_dataset.url)
+    assert spark_engine._decided_per_file(frame, where, ("year",))
+    catalog = build_catalog(hive_dataset.url, where=where, spark=spark)
+    years = {2021} if where == "year = 2021" else {2020, 2022} if "IN" in where else {2022}
+    _assert_same_positions(catalog, _expected_positions(hive_dataset.path, hive_dataset.files,
+                                                        lambda f, rel: np.full(len(f), _year(rel) in years)))
+    assert catalog.total_rows == _spark_count(spark, hive_dataset.url, where)
+    monkeypatch.setattr(spark_engine, "_decided_per_file", lambda *args: False)
+    assert build_catalog(hive_dataset.url, where=where, spark=spark) == catalog
+
+
+@pytest.mark.parametrize("where", ["rand(7) < 0.5", "year = 2021 AND rand(7) < 0.5", "year = 2021 AND label < 3",
+                                   "_metadata.file_name LIKE 'part-0000%'"])
+def test_where_that_is_not_one_answer_per_file_stays_row_by_row(spark, hive_dataset, where):
+    """Non-deterministic, or reading a data column or file metadata: never decided per file."""
+    assert not spark_engine._decided_per_file(spark.read.parquet(hive_dataset.url), where, ("year",))
+    if "rand" in where:  # row by row, so rows of one file differ: some row group keeps only part of its rows
+        catalog = build_catalog(hive_dataset.url, where=where, spark=spark)
+        assert any(r.selection for r in catalog.row_groups)
+
+
+def test_partition_where_keys_files_of_equal_size_by_path(spark, tmp_path, hive_dataset):
+    root = tmp_path / "ds"
+    shutil.copytree(hive_dataset.path, root)
+    first = sorted((root / "year=2021").iterdir())[0]
+    shutil.copy(first, root / "year=2022" / first.name.replace("part-", "copy-"))  # same size in another year
+    catalog = build_catalog(str(root), where="year = 2022", spark=spark)
+    listed = {f.path: f for f in catalog.files}
+    expected = {(p, i) for p, f in listed.items() if p.startswith("year=2022/") for i, n in
+                enumerate(f.row_group_rows) if n}
+    assert {(r.path, r.row_group) for r in catalog.row_groups} == expected
+    assert all(r.selection == b"" for r in catalog.row_groups)
+
+
 @pytest.fixture(scope="module")
 def nulls_dataset(tmp_path_factory):
     """Two files with NULLs, a folder name needing URL encoding, and names Spark and pyarrow both skip."""

@@ -11,8 +11,9 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
   into row groups with the footer row counts. Up to ``ROWS_TO_DRIVER_MAX`` scanned rows, a matching row travels as
   one int64 (size and row index packed); past it, Spark first folds rows into 64-row words in the JVM (partial
   aggregation inside each scan task, a shuffle of words only), at most 2 bits per scanned row where the plan's
-  selections hold up to 1. No Python worker: moving rows from the JVM into Python workers cost more than Spark's
-  whole count(where) (``benchmarks/bench_spark_plan.py``).
+  selections hold up to 1. A deterministic where on hive partition columns alone keeps or drops whole files, so
+  only the matching files' keys travel. No Python worker: moving rows from the JVM into Python workers cost more
+  than Spark's whole count(where) (``benchmarks/bench_spark_plan.py``).
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
@@ -137,7 +138,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         return full_catalog(files, kind, partition_columns)
     started = time.perf_counter()
     if where is not None:
-        matches = _where_matches(spark, url, root, files, where, timings)
+        matches = _where_matches(spark, url, root, files, where, partition_columns, timings)
         what = f"where {where!r}"
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
@@ -241,7 +242,7 @@ def _quiet_pyspark_error_logs():
 
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
-                   timings: dict) -> List[RowGroupMatch]:
+                   partition_columns: Sequence[str], timings: dict) -> List[RowGroupMatch]:
     started = time.perf_counter()
     frame = _read_for_where(spark, url)
     columns = frame.columns
@@ -257,47 +258,74 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     if len(set(sizes)) != len(sizes) or (max(sizes + [0]) + 1) << shift >= 2 ** 63:
         shift = None
     packed = f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index"
-    as_rows = shift is not None and sum(f.num_rows for f in files) <= ROWS_TO_DRIVER_MAX
+    # One small shuffle (files or words): a partition per core, and no adaptive re-planning between its stages.
+    shuffle = {"spark.sql.shuffle.partitions": str(max(1, spark.sparkContext.defaultParallelism)),
+               "spark.sql.adaptive.enabled": "false"}
     with _quiet_pyspark_error_logs():
         try:
             matching = frame.where(where)
         except AnalysisException as exc:  # includes ParseException
             raise InvalidWhereError(where, _first_line(exc), columns) from None
-        if as_rows:
-            query, confs = matching.select(F.expr(packed).alias("row")), {}
+        if _decided_per_file(frame, where, partition_columns):
+            # Only which files match crosses to the driver: no row index is read, no row is sent.
+            mode = "files"
+            query = matching.select(F.col("_metadata.file_size" if shift is not None else "_metadata.file_path")
+                                    .alias("file")).distinct()
+        elif shift is not None and sum(f.num_rows for f in files) <= ROWS_TO_DRIVER_MAX:
+            mode, query, shuffle = "rows", matching.select(F.expr(packed).alias("row")), {}
         else:
             # Spark folds rows into words inside each scan task (partial aggregation); only words are shuffled.
+            mode = "words"
             keys = ([F.expr(f"shiftright({packed}, {WORD_BITS})").alias("word")] if shift is not None else
                     [F.col("_metadata.file_path").alias("file"),
                      F.expr(f"shiftright(_metadata.row_index, {WORD_BITS})").alias("word")])
             bit = F.expr(f"bit_or(shiftleft(1L, cast(_metadata.row_index & {(1 << WORD_BITS) - 1} as int)))")
             query = matching.groupBy(*keys).agg(bit.alias("bits"))
-            # One small shuffle: a partition per core, and no adaptive re-planning between its two stages.
-            confs = {"spark.sql.shuffle.partitions": str(max(1, spark.sparkContext.defaultParallelism)),
-                     "spark.sql.adaptive.enabled": "false"}
         try:
-            with _sql_conf(spark, confs):
+            with _sql_conf(spark, shuffle):
                 table = query.toArrow()
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
                 SparkRuntimeException) as exc:
             raise InvalidWhereError(where, _first_line(exc), columns, on_data=True) from None
     timings["where"] = time.perf_counter() - started
     started = time.perf_counter()
-    if as_rows:
+    by_size, listed = {f.size: f for f in with_rows}, {f.path: f for f in with_rows}
+    if mode == "files":
+        keys = table.column("file").to_pylist()
+        chosen = [by_size.get(k) for k in keys] if shift is not None else \
+            [listed.get(spark_relative_path(k, root)) for k in keys]
+        if None in chosen:
+            raise _changed_while_planning()
+        matches = [RowGroupMatch(f.path, i, n, n) for f in chosen for i, n in enumerate(f.row_group_rows) if n]
+    elif mode == "rows":
         matches = matches_from_rows(table.column("row").to_numpy(), shift, with_rows)
     elif shift is not None:
         word = table.column("word").to_numpy()
         matches = matches_from_words(word >> (shift - WORD_BITS), word & ((1 << (shift - WORD_BITS)) - 1),
-                                     table.column("bits").to_numpy(), {f.size: f for f in with_rows})
+                                     table.column("bits").to_numpy(), by_size)
     else:
         coded = table.column("file").combine_chunks().dictionary_encode()
-        listed = {f.path: f for f in with_rows}
         matches = matches_from_words(coded.indices.to_numpy(zero_copy_only=False), table.column("word").to_numpy(),
                                      table.column("bits").to_numpy(),
                                      {i: listed.get(spark_relative_path(name, root))
                                       for i, name in enumerate(coded.dictionary.to_pylist())})
     timings["encode"] = time.perf_counter() - started
     return matches
+
+
+def _decided_per_file(frame, where: str, partition_columns: Sequence[str]) -> bool:
+    """Whether ``where`` reads hive partition columns only and is deterministic: then all the rows of a file get
+    one answer (they share its partition values), and Spark need only say which files match. ``rand() < 0.1``
+    reads no column but must stay row by row. Anything unclear answers False: the row-level path is always right.
+    """
+    if not partition_columns:
+        return False
+    try:
+        only = frame.select(*[F.col("`" + c.replace("`", "``") + "`") for c in partition_columns]).where(where)
+        analyzed = only._jdf.queryExecution().analyzed()
+        return analyzed.nodeName() == "Filter" and bool(analyzed.condition().deterministic())
+    except Exception:  # noqa: BLE001 - a data column in the where (AnalysisException), or a plan shape we do not know
+        return False
 
 
 def matches_from_rows(rows: np.ndarray, shift: int, files: Sequence[FileInfo]) -> List[RowGroupMatch]:
