@@ -61,7 +61,7 @@ def main(argv=None) -> int:
                                                       f"--conf spark.executor.cores={args.cores} "
                                                       "--driver-memory 2g pyspark-shell"})
             run_started = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=args.workdir)
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=args.workdir, check=False)
             if done.returncode:
                 print(done.stdout[-3000:], done.stderr[-5000:], cluster.logs(), sep="\n")
                 return 1

@@ -143,8 +143,10 @@ def forever(make):
 
 def check_device_batches(plan, device, batch, count: int = 20) -> int:
     """The first ``count`` batches with pin_memory + device equal the host batches (values and dtypes)."""
-    import torch
     from itertools import islice
+
+    import torch
+
     from petastorm_balanced import make_loader
     host = list(islice(make_loader(0, 1, plan=plan, batch_size=batch, backend="arrow"), count))
     fed = list(islice(make_loader(0, 1, plan=plan, batch_size=batch, backend="arrow", device=device,
@@ -195,8 +197,8 @@ def main(argv=None) -> int:
     setup_s = time.perf_counter() - started
     checked = check_device_batches(plan, device, args.batch)
 
-    common = dict(plan=plan, batch_size=args.batch, backend="arrow", schema_fields=["label", *names],
-                  workers_count=args.workers, shuffle_window=16 * args.batch)
+    common = {"plan": plan, "batch_size": args.batch, "backend": "arrow", "schema_fields": ["label", *names],
+              "workers_count": args.workers, "shuffle_window": 16 * args.batch}
     contenders = {
         "ours[device]": (lambda: make_loader(0, 1, pin_memory=cuda, device=device, **common), False),
         "ours[host]": (lambda: make_loader(0, 1, **common), True),
@@ -214,7 +216,7 @@ def main(argv=None) -> int:
         resident = {k: v.to(device) for k, v in next(iter(make_loader(0, 1, **common))).items()
                     if isinstance(v, torch.Tensor)}
 
-        def compute_only():
+        def compute_only(resident=resident, net=net, opt=opt):
             return train(iter(lambda: resident, None), names, net, opt, device, steps=args.steps,
                          warmup=args.warmup, move=False)
 

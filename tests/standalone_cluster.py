@@ -83,11 +83,10 @@ class StandaloneCluster:
 
     def _daemon(self, name: str, args: List[str]) -> None:
         log = self.workdir / f"{name}.log"
-        handle = open(log, "w")
         env = cluster_env({"SPARK_LOG_DIR": str(self.workdir), "SPARK_WORKER_DIR": str(self.workdir)})
-        proc = subprocess.Popen([spark_bin("spark-class"), *args], stdout=handle, stderr=subprocess.STDOUT,
-                                env=env, cwd=self.workdir, start_new_session=True)
-        handle.close()
+        with open(log, "w") as handle:  # the daemon keeps its own copy of the descriptor
+            proc = subprocess.Popen([spark_bin("spark-class"), *args], stdout=handle, stderr=subprocess.STDOUT,
+                                    env=env, cwd=self.workdir, start_new_session=True)
         self._procs.append(proc)
         self._logs.append(log)
 
@@ -153,7 +152,7 @@ def submit(cluster: StandaloneCluster, script, *args, executor_memory: str = "76
         cmd += ["--conf", f"{key}={value}"]
     cmd += [str(script), *map(str, args)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=cluster_env(), timeout=timeout,
-                          cwd=cluster.workdir)
+                          cwd=cluster.workdir, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
                            f"{done.stderr[-5000:]}\n{cluster.logs()}")

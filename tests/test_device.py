@@ -11,12 +11,17 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 import torch
+from resume_contract import check_resume_contract
 
-from petastorm_balanced import BalancedIterableDataset, datagen, make_loader, plan_shards
+from petastorm_balanced import (
+    BalancedIterableDataset,
+    datagen,
+    make_loader,
+    plan_shards,
+)
 from petastorm_balanced.errors import InvalidTypeError, InvalidValueError
 from petastorm_balanced.reading import device as device_module
 from petastorm_balanced.reading.device import check_feed, prefetch_to_device
-from resume_contract import check_resume_contract
 
 BATCH = 32
 CUDA = torch.cuda.is_available()
@@ -187,3 +192,17 @@ def test_cuda_device_batches_equal_the_host_ones(plan):  # pragma: no cover - ru
     fed = list(make_loader(0, 2, plan=plan, backend="arrow", pin_memory=True, device="cuda"))
     assert all(t.is_cuda for b in fed for t in b.values() if isinstance(t, torch.Tensor))
     same_batches([{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in fed], host)
+
+
+@pytest.mark.slow  # imports Lightning (seconds)
+def test_lightning_datamodule_device_trainer_is_the_trainers_root_device(plan, tmp_path):
+    pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not installed")
+    from petastorm_balanced.lightning import BalancedDataModule, pl
+    data = BalancedDataModule(plan, batch_size=BATCH, backend="arrow", device="trainer")
+    with pytest.raises(InvalidValueError, match="device='trainer' needs the DataModule attached to a Trainer"):
+        data.train_dataloader()
+    data.trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                              enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    loader = data.train_dataloader()
+    assert loader._feed.device == data.trainer.strategy.root_device == torch.device("cpu")
+    same_batches(list(loader), list(make_loader(0, 1, plan=plan, batch_size=BATCH, backend="arrow")))
