@@ -109,6 +109,10 @@ class StandaloneCluster:
         and stderr): proof that tasks ran in the workers' JVMs, not in the driver."""
         return sorted(p for p in self.workdir.glob("worker-*/app-*/*") if p.is_dir())
 
+    def process_groups(self) -> List[int]:
+        """The daemons' process groups (one per daemon, its JVM and the executors it started)."""
+        return [proc.pid for proc in self._procs]
+
     def logs(self) -> str:
         return "\n".join(f"--- {log}\n{log.read_text(errors='replace')[-2000:]}" for log in self._logs
                          if log.exists())

@@ -7,6 +7,8 @@ the in-process engine without a filter (same checksum), and with ``--where`` the
 (same checksum) whose catalog is the local engine's with the same filter as a Petastorm predicate, and whose rows
 are Spark's ``count(where)``. The cluster is always stopped (the fixture kills every daemon's process group).
 """
+import os
+
 import pytest
 
 pytest.importorskip("pyspark")
@@ -30,7 +32,19 @@ def english_above_4(lang, value):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with StandaloneCluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=1, memory="1g") as running:
+        groups = running.process_groups()
+        assert len(groups) == 3  # a master and two workers, each its own JVM and process group
         yield running
+    alive = [group for group in groups if _group_alive(group)]
+    assert not alive, f"daemon process groups still alive after stop(): {alive}"
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def run_job(cluster, dataset_url, output, *args):
