@@ -118,23 +118,26 @@ class StandaloneCluster:
                          if log.exists())
 
     def stop(self) -> None:
-        """Kill every daemon's process group (workers first, so they do not respawn executors), then wait."""
-        for proc in reversed(self._procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        """Kill every daemon's process group (workers first, so they start no more executors) and wait until each
+        group is empty: the executors and their Python workers share their worker's group."""
+        groups = [proc.pid for proc in reversed(self._procs)]
+        for group in groups:
+            _signal_group(group, signal.SIGTERM)
         deadline = time.monotonic() + 20
         for proc in reversed(self._procs):
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=10)
+                pass
+        while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for group in groups:
+            _signal_group(group, signal.SIGKILL)  # whatever did not stop in time
+        for proc in self._procs:
+            proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self._procs.clear()
 
     def __enter__(self) -> "StandaloneCluster":
@@ -142,6 +145,23 @@ class StandaloneCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(group: int) -> bool:
+    """Whether any process of process group ``group`` still exists."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
 
 
 def submit(cluster: StandaloneCluster, script, *args, executor_memory: str = "768m", timeout: float = 600,

@@ -160,8 +160,9 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     GPU feeding (``reading/device.py``): ``pin_memory=True`` puts each batch's tensors in page-locked memory;
     ``device="cuda"`` (or ``"cuda:N"``, a ``torch.device``) also copies the next batch to that device on a side
     CUDA stream while the current step runs, so batches arrive on the device and a step never waits for a copy.
-    Both refuse a machine without CUDA (a typed error, not a silent no-op). The batches, ``len()`` and ``state_dict()`` are those without
-    them (the batch held ahead is not consumed); ``device="cpu"`` is exact and copies nothing.
+    Without CUDA both are refused with a typed error, never silently ignored. The batches, ``len()`` and
+    ``state_dict()`` are those without them (the batch held ahead is not consumed); ``device="cpu"`` is exact and
+    copies nothing.
     """
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
