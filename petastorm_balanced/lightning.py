@@ -16,6 +16,10 @@ What Lightning does with an iterable, and why each step stays exact here:
 - mid-epoch it saves and restores the loader through ``state_dict``/``load_state_dict``, and then calls
   ``set_epoch(e)``, which keeps a position just loaded for epoch ``e``.
 
+GPU feeding: ``BalancedDataModule(plan, pin_memory=True, device="trainer")`` gives each rank's loaders
+``device=trainer.strategy.root_device`` (its own GPU under DDP), so batches are pinned and copied ahead on a side
+CUDA stream (``reading/device.py``); Lightning's own transfer then finds them on the device already.
+
 Validation serves epoch 0 of ``val_plan`` at every validation run (the rows of every epoch are the same; a fixed
 epoch makes runs comparable). Plan it with ``policy="pad"`` and pass ``padding_mask=True`` for exact metrics: every
 row is delivered once, and the repeated rows are flagged in ``batch["_padding"]``.
@@ -46,6 +50,8 @@ def _lightning_module():
 
 pl = _lightning_module()
 
+TRAINER_DEVICE = "trainer"  # device="trainer": the trainer's root device, resolved per rank
+
 # Arguments the DataModule owns: Lightning decides them.
 OWNED = {
     "rank": "the trainer's global_rank is used",
@@ -74,7 +80,13 @@ class BalancedDataModule(pl.LightningDataModule):
     def _loader(self, plan):
         trainer = self.trainer
         rank, world = (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
-        return make_loader(rank, world, plan=plan, batch_size=self.batch_size, **self.make_loader_kwargs)
+        kwargs = dict(self.make_loader_kwargs)
+        if isinstance(kwargs.get("device"), str) and kwargs["device"] == TRAINER_DEVICE:
+            if trainer is None:
+                raise InvalidValueError(f"device={TRAINER_DEVICE!r} needs the DataModule attached to a Trainer "
+                                        "(Trainer.fit(model, datamodule=...)); or pass the device itself")
+            kwargs["device"] = trainer.strategy.root_device
+        return make_loader(rank, world, plan=plan, batch_size=self.batch_size, **kwargs)
 
     def train_dataloader(self):
         return self._loader(self.plan)  # its sampler.set_epoch is its set_epoch: Lightning's epoch reaches it

@@ -26,6 +26,7 @@ from . import stream
 from .arrow_backend import arrow_chunks
 from .options import resolve_backend
 from .batching import split_batches
+from .device import check_feed, feed
 from .fragments import as_list
 from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
@@ -188,15 +189,23 @@ class BalancedDataLoader(_Loader):
     ``load_state_dict()`` resume exactly (with another ``num_workers`` or world size: elastically, the rows not yet
     consumed). Batching, sampling and worker persistence belong to the dataset, so ``batch_size``, ``sampler``,
     ``shuffle``, ``persistent_workers`` and ``in_order=False`` are refused.
+
+    ``device="cuda"`` (with ``num_workers >= 1``; ours, not the DataLoader's) copies the next batch to the device on
+    a side CUDA stream while the current step runs (``reading/device.py``); with the DataLoader's own
+    ``pin_memory=True`` the copies come from pinned memory. The batch held ahead is not counted as delivered.
     """
 
     # accelerate's prepare() would rebuild this loader around the dataset and shard it a second time (half the rows
     # lost with 2 ranks); this flag makes prepare() hand it back untouched, as it does make_loader's loader.
     _is_accelerate_prepared = True
 
-    def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, **kwargs):
+    def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, device=None, **kwargs):
         if not isinstance(dataset, BalancedIterableDataset):
             raise InvalidTypeError(f"dataset must be a BalancedIterableDataset, got {type(dataset).__name__}")
+        self._feed = check_feed(False, device)  # pinning is the DataLoader's own pin_memory (its pin thread)
+        if self._feed.active and num_workers == 0:  # the dataset would count the batch held ahead as delivered
+            raise InvalidValueError(f"device={device!r} needs num_workers >= 1 (got 0); in one process use "
+                                    "make_loader(..., device=...), which reads in threads")
         for name, allowed in (("batch_size", None), ("sampler", None), ("batch_sampler", None),
                               ("shuffle", None), ("persistent_workers", False), ("in_order", True),
                               ("drop_last", False)):
@@ -267,11 +276,14 @@ class _Counted:
 
     def __next__(self):
         if self._batches is None:
-            self._batches, self._run = self._loader._start()
+            batches, self._run = self._loader._start()
+            if self._loader._tensors_here:
+                batches = (to_torch(batch, True) for batch in batches)
+            self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
         batch = next(self._batches)
         if self._run is not None:
             self._run.delivered()
-        return to_torch(batch, True) if self._loader._tensors_here else batch
+        return batch
 
     def __len__(self):
         return len(self._loader)

@@ -15,6 +15,7 @@ from typing import Optional
 from . import stream
 from ..world import World, resolve_world
 from .arrow_backend import arrow_chunks, check_pool_type
+from .device import NO_FEED, Feed, check_feed, feed
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend
 from .position import EpochSampler, Position, Settings, PlannedView
 from .tensors import require_torch, torch_batches
@@ -44,7 +45,8 @@ class BalancedLoader(PlannedView):
     def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
                  shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
                  reader_options: Optional[dict] = None, backend: str = "auto", partition_epoch: int = 1,
-                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None):
+                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
+                 feeding: Feed = NO_FEED):
         require_torch()
         self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                    shuffle_window=shuffle_window, schema_fields=schema_fields,
@@ -53,6 +55,7 @@ class BalancedLoader(PlannedView):
         self._position = Position(self._settings, epoch)
         self.backend = resolve_backend(backend)
         self._reader_options = dict(reader_options or {})
+        self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
         self._iterator = None
         self._reader = stream.ReaderSlot()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
@@ -76,13 +79,19 @@ class BalancedLoader(PlannedView):
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
                                 cost=settings.cost, drop=settings.drop)
-        try:
+
+        def tensors():
             for batch_run in runs:  # a token budget's batches come one per run
                 size = settings.batch_size or len(batch_run[stream.PADDING])
-                for batch in torch_batches(batch_run, size, settings.padding_mask):
-                    run.delivered()
-                    yield batch
+                yield from torch_batches(batch_run, size, settings.padding_mask)
+
+        fed = feed(tensors(), self._feed)  # one batch may be held ahead: it counts only once delivered here
+        try:
+            for batch in fed:
+                run.delivered()
+                yield batch
         finally:
+            fed.close()
             runs.close()
 
     @property
@@ -124,7 +133,7 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
                 reader_pool_type: str = "thread", schema_fields=None, padding_mask: bool = False,
                 shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
-                **petastorm_kwargs) -> BalancedLoader:
+                pin_memory: bool = False, device=None, **petastorm_kwargs) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
@@ -147,7 +156,15 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     ``cost_reduce="sum"`` for packed batches, ``"max"`` for padded ones (batch_size x longest row). Batches then
     carry each row's cost as ``_cost``. ``max_batch_cost=C`` with ``batch_size=None``: batches of as many rows as
     fit under C, the same number of steps on every rank.
+
+    GPU feeding (``reading/device.py``): ``pin_memory=True`` puts each batch's tensors in page-locked memory;
+    ``device="cuda"`` (or ``"cuda:N"``, a ``torch.device``) also copies the next batch to that device on a side
+    CUDA stream while the current step runs, so batches arrive on the device and a step never waits for a copy.
+    Without CUDA both are refused with a typed error, never silently ignored. The batches, ``len()`` and
+    ``state_dict()`` are those without them (the batch held ahead is not consumed); ``device="cpu"`` is exact and
+    copies nothing.
     """
+    fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     check_pool_options(reader_pool_type, workers_count)
     chosen = resolve_backend(backend)
@@ -161,5 +178,5 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,
                           shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
                           reader_options=options, backend=chosen, partition_epoch=partition_epoch, balance=balance,
-                          cost_reduce=cost_reduce, max_batch_cost=max_batch_cost)
+                          cost_reduce=cost_reduce, max_batch_cost=max_batch_cost, feeding=fed)
 
