@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from .._version import __version__
 from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
+from ..io.tables import TableRef
 from . import balance
 from .catalog import Catalog, FileInfo
 from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, FORMAT_VERSION, PLAN_JSON, assignment_table, catalog_row_groups,
@@ -99,7 +100,8 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"],
                       tuple(dataset["partition_columns"]), None if cost is None else cost["text"])
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
-                     params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
+                     params["seed"], PredicateInfo(**predicate), dataset["fingerprint"],
+                     TableRef.from_json(dataset["table"]) if "table" in dataset else None)
     # The checksum (Arrow kernels, sha256) runs beside the fingerprint and the balancing (NumPy sorts): both release
     # the GIL for most of their time, and every rank waits for both (a million row groups: load_plan 1.9 s with
     # them in a row, 1.3 s side by side; benchmarks/bench_scale.py).

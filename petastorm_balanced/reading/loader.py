@@ -15,7 +15,7 @@ from typing import Optional
 from . import stream
 from ..world import World, resolve_world
 from .arrow_backend import arrow_chunks, check_pool_type
-from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend
+from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .position import EpochSampler, Position, Settings, PlannedView
 from .tensors import require_torch, torch_batches
 
@@ -51,7 +51,7 @@ class BalancedLoader(PlannedView):
                                    padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
                                    cost_reduce=cost_reduce, max_batch_cost=max_batch_cost)
         self._position = Position(self._settings, epoch)
-        self.backend = resolve_backend(backend)
+        self.backend = resolve_backend(backend, self._settings.plan.table)
         self._reader_options = dict(reader_options or {})
         self._iterator = None
         self._reader = stream.ReaderSlot()  # the pool lives from epoch to epoch; stopped when the loader goes
@@ -150,7 +150,8 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     """
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     check_pool_options(reader_pool_type, workers_count)
-    chosen = resolve_backend(backend)
+    plan = resolve_plan(plan)  # loaded once here: its table decides the backend
+    chosen = resolve_backend(backend, plan.table)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
         check_pool_type(reader_pool_type)
