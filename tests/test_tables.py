@@ -336,3 +336,22 @@ def test_moved_table_copy_keeps_its_relative_paths(delta_table, tmp_path):
     plan = plan_shards(str(copy), 1, engine="local", table_version=2)
     assert plan.dataset_url.endswith("/copy")
     np.testing.assert_array_equal(delivered_ids(plan, world=1, batch_size=1), ids[2])
+
+
+def test_cli_plans_a_version_and_inspect_shows_it(delta_table, tmp_path, capsys):
+    from petastorm_balanced.tools.cli import main
+    path, ids = delta_table
+    out = str(tmp_path / "plan")
+    assert main(["plan", str(path), "--world-size", "2", "--engine", "local", "--table-version", "2",
+                 "--output", out]) == 0
+    assert load_plan(out).total_rows == len(ids[2])
+    capsys.readouterr()
+    assert main(["inspect", out]) == 0
+    text = capsys.readouterr().out
+    assert f"table Delta table {load_plan(out).dataset_url} version 2" in text
+    assert main(["inspect", out, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["table"]["version"] == 2
+    assert main(["plan", str(path), "--world-size", "2", "--engine", "local", "--table-version", "-3",
+                 "--output", out]) == 2
+    assert "table_version=-3 must be >= 0" in capsys.readouterr().err
+    assert main(["compare", str(path), "--world-size", "2", "--table-version", "1"]) == 0
