@@ -104,7 +104,7 @@ def test_delta_plan_survives_new_commits_and_vacuum_is_stale(delta_table, tmp_pa
     path, ids = delta_table
     plan = plan_shards(str(path), 2, engine="local", batch_size=4, policy="pad", table_version=1,
                        output_url=str(tmp_path / "plan"))
-    document = json.load(open(tmp_path / "plan" / "plan.json"))
+    document = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert document["dataset"]["table"] == {"format": "delta", "location": plan.dataset_url, "version": 1,
                                             "metadata": ""}
     deltalake.write_deltalake(str(path), rows(200, 210), mode="append", partition_by=["p"])  # the table moves on
@@ -246,9 +246,9 @@ def iceberg_table(tmp_path):
     with table.update_spec() as spec:
         spec.add_identity("p")
     history = []
-    for step in (lambda: table.append(rows(0, 40)), lambda: table.append(rows(40, 60)),
-                 lambda: table.delete("id < 10"), lambda: table.overwrite(rows(300, 330, "c"))):
-        step()
+    for step in (lambda t: t.append(rows(0, 40)), lambda t: t.append(rows(40, 60)),
+                 lambda t: t.delete("id < 10"), lambda t: t.overwrite(rows(300, 330, "c"))):
+        step(table)
         table = catalog.load_table("db.t")
         sid = table.current_snapshot().snapshot_id
         history.append((sid, iceberg_ids(table, sid)))
@@ -287,7 +287,7 @@ def test_iceberg_plan_survives_commits_and_expired_file_is_stale(iceberg_table, 
 def test_iceberg_delete_files_are_refused_not_ignored(iceberg_table, monkeypatch):
     """pyiceberg itself writes copy-on-write deletes; a merge-on-read delete file (Spark, Flink) must be refused."""
     table, history = iceberg_table
-    from pyiceberg.table import FileScanTask, DataScan
+    from pyiceberg.table import DataScan, FileScanTask
     real = DataScan.plan_files
 
     def with_delete(self):
