@@ -284,21 +284,82 @@ def test_iceberg_plan_survives_commits_and_expired_file_is_stale(iceberg_table, 
         load_plan(str(tmp_path / "plan"))
 
 
-def test_iceberg_delete_files_are_refused_not_ignored(iceberg_table, monkeypatch):
-    """pyiceberg itself writes copy-on-write deletes; a merge-on-read delete file (Spark, Flink) must be refused."""
+def _commit_delete_file(catalog, table, content, rows_of_file, **fields):
+    """Commit a merge-on-read delete file as Spark or Flink would (pyiceberg itself only writes copy-on-write
+    deletes): the file is written with pyarrow and committed through pyiceberg's own snapshot producer, its
+    manifest marked as a delete manifest. Returns the reloaded table."""
+    import pyarrow.parquet as pq
+    from pyiceberg.manifest import DataFile, ManifestContent, ManifestWriterV2
+    data = next(t.file for t in table.scan().plan_files() if t.file.record_count >= 4)
+    local = data.file_path[len("file://"):]
+    path = os.path.join(os.path.dirname(local), f"delete-{content.name.lower()}.parquet")
+    pq.write_table(rows_of_file(data), path)
+    delete = DataFile.from_args(content=content, file_path="file://" + path, file_format=data.file_format,
+                                partition=data.partition, record_count=pq.read_metadata(path).num_rows,
+                                file_size_in_bytes=os.path.getsize(path), spec_id=data.spec_id, **fields)
+    real = ManifestWriterV2.content
+    ManifestWriterV2.content = lambda self: ManifestContent.DELETES
+    try:
+        with table.transaction() as transaction:
+            with transaction.update_snapshot().fast_append() as append:
+                append.append_data_file(delete)
+    finally:
+        ManifestWriterV2.content = real
+    return catalog.load_table("db.t"), data
+
+
+def test_iceberg_position_deletes_are_honoured(tmp_path):
+    """Rows a position delete file removes stay in the Parquet file; the plan must never deliver them, on the
+    rows pyiceberg's own read returns."""
+    _position_deleted_table(tmp_path)
+
+
+def _position_deleted_table(tmp_path):
+    """An Iceberg table with a position delete file of 3 rows, its local plan, and pyiceberg's ids (checked)."""
+    from pyiceberg.manifest import DataFileContent
+    catalog = _iceberg_catalog(tmp_path)
+    table = catalog.create_table("db.t", schema=rows(0, 1).schema, properties={"format-version": "2"})
+    with table.update_spec() as spec:
+        spec.add_identity("p")
+    table = catalog.load_table("db.t")
+    table.append(rows(0, 60))
+    table, data = _commit_delete_file(catalog, table, DataFileContent.POSITION_DELETES, lambda data: pa.table(
+        {"file_path": [data.file_path] * 3, "pos": pa.array([0, 2, 3], pa.int64())}))
+    sid = table.current_snapshot().snapshot_id
+    expected = iceberg_ids(table, sid)
+    assert len(expected) == 57  # pyiceberg applies the delete file
+    plan = plan_shards(table, 2, engine="local", batch_size=4, policy="pad")
+    assert plan.total_rows == 57
+    np.testing.assert_array_equal(delivered_ids(plan), expected)
+    snap = tables.snapshot(plan.table)
+    assert [len(f.deleted_rows) for f in snap.files if f.deleted_rows] == [3]
+    return table, plan, expected
+
+
+@pytest.mark.slow
+def test_spark_applies_the_same_position_deletes(tmp_path, spark):
+    from petastorm_balanced.plan.format import content_checksum
+    table, local, expected = _position_deleted_table(tmp_path)
+    on_spark = plan_shards(table, 2, engine="spark", spark=spark, batch_size=4, policy="pad")
+    assert content_checksum(on_spark) == content_checksum(local)
+    where = plan_shards(table, 2, engine="spark", spark=spark, where="id < 30")
+    np.testing.assert_array_equal(delivered_ids(where, world=1, batch_size=1), expected[expected < 30])
+    with pytest.raises(InvalidValueError, match="position deletes that Spark would count"):
+        plan_shards(table, 2, engine="spark", spark=spark, cost="x * 2")
+    costed = plan_shards(table, 2, engine="spark", spark=spark, cost="id")
+    assert costed.catalog.cost_sums().sum() == expected.sum()
+
+
+def test_iceberg_equality_deletes_are_refused_not_ignored(iceberg_table):
+    from pyiceberg.catalog.sql import SqlCatalog  # noqa: F401 - the fixture's catalog module
+    from pyiceberg.manifest import DataFileContent
     table, history = iceberg_table
-    from pyiceberg.table import DataScan, FileScanTask
-    real = DataScan.plan_files
-
-    def with_delete(self):
-        tasks = list(real(self))
-        return [FileScanTask(tasks[0].file, delete_files={tasks[0].file})] + tasks[1:]
-
-    monkeypatch.setattr(DataScan, "plan_files", with_delete)
-    tables.snapshot.cache_clear()
-    with pytest.raises(InvalidValueError, match="delete file"):
-        plan_shards(table, 2, engine="local", snapshot_id=history[0][0])
-    tables.snapshot.cache_clear()
+    catalog = table.catalog
+    table, _ = _commit_delete_file(catalog, table, DataFileContent.EQUALITY_DELETES,
+                                   lambda data: pa.table({"id": pa.array([45], pa.int64())}), equality_ids=[1])
+    with pytest.raises(InvalidValueError, match="equality deletes"):
+        plan_shards(table, 2, engine="local")
+    assert plan_shards(table, 2, engine="local", snapshot_id=history[-1][0]).total_rows == len(history[-1][1])
 
 
 # ---------------------------------------------------------------------------------------------- Spark (G8)

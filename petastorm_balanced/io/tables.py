@@ -7,9 +7,11 @@ table names its exact files instead, and those files never change: that makes a 
 ``resolve`` turns what the user passed (a folder with ``_delta_log/``, an Iceberg ``.../metadata/*.metadata.json``
 URL or a pyiceberg ``Table``) into a ``TableSnapshot``: the format, the table's location, the version (Delta) or
 snapshot id (Iceberg) and its data files relative to the location, with sizes and the partition values the log or
-manifest records. What this package cannot deliver exactly (Delta deletion vectors and column mapping, Iceberg
-delete files, files outside the table's location, partition values the reader would take differently from the
-folder names) is refused with an ``InvalidValueError`` naming the version and the fix, never ignored.
+manifest records. Iceberg position deletes (Parquet) are read into each file's ``deleted_rows``, which planning
+removes from the plan's selections (``plan/deletes.py``). What this package cannot deliver exactly (Delta deletion
+vectors and column mapping, Iceberg equality deletes and Puffin deletion vectors, files outside the table's
+location, partition values the reader would take differently from the folder names) is refused with an
+``InvalidValueError`` naming the version and the fix, never ignored.
 
 ``deltalake`` (delta-rs, extra ``[delta]``) and ``pyiceberg`` (extra ``[iceberg]``) are imported only for a table.
 Snapshots are cached per process: a version's file list is immutable, so resolving it twice (planning, then both
@@ -69,17 +71,24 @@ class TableRef:
 
 @dataclass(frozen=True)
 class TableFile:
-    """One data file of a snapshot: path relative to the table location, size, partition values from the log."""
+    """One data file of a snapshot: path relative to the table location, size, partition values from the log, and
+    the positions of its rows that position deletes removed (sorted; the rows stay in the Parquet file)."""
 
     path: str
     size: int
     partition_values: Tuple[Tuple[str, Optional[str]], ...] = ()
+    deleted_rows: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class TableSnapshot:
     ref: TableRef
     files: Tuple[TableFile, ...]
+
+    def deleted_rows(self) -> Dict[str, Any]:
+        """File path -> positions (an int64 array) of the rows deletes removed, for files with any."""
+        import numpy as np
+        return {f.path: np.asarray(f.deleted_rows, dtype=np.int64) for f in self.files if f.deleted_rows}
 
 
 def resolve(dataset, *, table_format: Optional[str] = None, table_version: Optional[int] = None,
@@ -293,15 +302,15 @@ def _iceberg_files(ref: TableRef) -> List[TableFile]:
     specs = table.specs()
     columns = set(table.schema().column_names)
     files = []
-    for task in table.scan(snapshot_id=ref.version).plan_files():
+    try:
+        tasks = list(table.scan(snapshot_id=ref.version).plan_files())
+    except (ValueError, NotImplementedError) as exc:  # pyiceberg refuses equality deletes itself
+        raise InvalidValueError(f"{ref.describe()} cannot be planned ({exc}); equality deletes are not applied: "
+                                "rewrite the data files (Spark: CALL system.rewrite_data_files) and plan the new "
+                                "snapshot") from None
+    for task in tasks:
         data = task.file
-        if task.delete_files:
-            kinds = sorted({str(getattr(d.content, "name", d.content)).lower() for d in task.delete_files})
-            raise InvalidValueError(f"{ref.describe()}: {data.file_path} has {len(task.delete_files)} delete file(s) "
-                                    f"({', '.join(kinds)}): petastorm-balanced refuses merge-on-read deletes rather "
-                                    "than deliver deleted rows; rewrite the data files (Spark: CALL "
-                                    "system.rewrite_data_files(..., options => map('delete-file-threshold','1')), "
-                                    "or write with write.delete.mode=copy-on-write) and plan the new snapshot")
+        deleted = _position_deletes(ref, data.file_path, task.delete_files) if task.delete_files else ()
         if str(getattr(data.file_format, "name", data.file_format)).upper() != "PARQUET":
             raise InvalidValueError(f"{ref.describe()}: {data.file_path} is {data.file_format}, not Parquet; only "
                                     "Parquet data files can be planned")
@@ -313,8 +322,31 @@ def _iceberg_files(ref: TableRef) -> List[TableFile]:
             raise InvalidValueError(f"{ref.describe()}: {path!r} sits in partition folder(s) {extra} that are not "
                                     "columns of the table (a bucket/truncate/time transform); only identity "
                                     "partitions can be planned: repartition the table by identity")
-        files.append(TableFile(path, int(data.file_size_in_bytes), values))
+        files.append(TableFile(path, int(data.file_size_in_bytes), values, deleted))
     return files
+
+
+def _position_deletes(ref: TableRef, data_path: str, delete_files) -> Tuple[int, ...]:
+    """The positions Parquet position-delete files remove from ``data_path`` (pyiceberg's scan planning already
+    chose the delete files that apply to it); equality deletes and deletion vectors (Puffin) are refused."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    positions = []
+    for delete in delete_files:
+        content = str(getattr(delete.content, "name", delete.content)).upper()
+        fmt = str(getattr(delete.file_format, "name", delete.file_format)).upper()
+        if content != "POSITION_DELETES" or fmt != "PARQUET":
+            raise InvalidValueError(f"{ref.describe()}: {data_path} has a {content.lower().replace('_', ' ')} file in "
+                                    f"{fmt} ({delete.file_path}): petastorm-balanced applies Parquet position "
+                                    "deletes only and refuses other merge-on-read deletes rather than deliver "
+                                    "deleted rows; rewrite the data files (Spark: CALL system.rewrite_data_files) "
+                                    "or write with write.delete.mode=copy-on-write, and plan the new snapshot")
+        filesystem, path = fsutil.resolve(fsutil.normalize_url(delete.file_path))
+        with filesystem.open_input_file(path) as handle:
+            table = pq.read_table(handle, columns=["file_path", "pos"])
+        positions.append(table.filter(pc.equal(table.column("file_path"), data_path)).column("pos").to_numpy())
+    return tuple(np.unique(np.concatenate(positions)).tolist()) if positions else ()
 
 
 def _inside(ref: TableRef, url: str) -> str:

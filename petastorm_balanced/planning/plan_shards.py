@@ -10,6 +10,7 @@ from ..io import tables
 from ..io.tables import TableRef
 from ..plan import balance
 from ..plan.catalog import Catalog
+from ..plan.deletes import without_rows
 from ..plan.cost import FUNCTIONS, parse_cost
 from ..plan.format import dataset_fingerprint
 from ..plan.model import ShardPlan
@@ -70,10 +71,13 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     else:
         from .engines.spark import build_catalog
         catalog = build_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table)
+    if snapshot is not None and snapshot.deleted_rows():
+        catalog = without_rows(catalog, snapshot.deleted_rows())  # position deletes: both engines, one rule
     if cost_spec is not None:
         started = time.perf_counter()
+        deletes = snapshot is not None and bool(snapshot.deleted_rows())
         catalog = _add_costs(url, catalog, cost_spec, engine=engine, where=where, predicate=predicate, spark=spark,
-                             table=table)
+                             table=table, deletes=deletes)
         timings["cost"] = time.perf_counter() - started
     started = time.perf_counter()
     plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
@@ -87,11 +91,15 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     return plan
 
 
-def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=None):
+def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=None, deletes=False):
     """The catalog with cost statistics: Spark SQL evaluates the cost unless a Petastorm predicate chose the rows
-    (Spark cannot name those), then this process reads the cost column."""
+    (Spark cannot name those) or a table's position deletes removed some (Spark reads them), then this process reads
+    the cost column for the catalog's rows."""
     from .costs import local_cost_stats, with_costs
-    if engine == "local" or predicate is not None:
+    if deletes and not spec.loader_evaluable:
+        raise InvalidValueError(f"cost={spec.text!r} is a Spark SQL expression, and {table.describe()} has position "
+                                "deletes that Spark would count; pass a numeric column or a function of one")
+    if engine == "local" or predicate is not None or deletes:
         return with_costs(catalog, spec, local_cost_stats(url, catalog, spec))
     from ..io.dataset import list_data_files
     from .engines.spark import get_session
