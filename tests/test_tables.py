@@ -111,6 +111,9 @@ def test_delta_plan_survives_new_commits_and_vacuum_is_stale(delta_table, tmp_pa
     loaded = load_plan(str(tmp_path / "plan"))
     assert loaded.table == plan.table
     np.testing.assert_array_equal(delivered_ids(loaded), ids[1])
+    assert load_plan(str(tmp_path / "plan"), dataset_url=str(path)).table.version == 1
+    from petastorm_balanced.tools.cli import main
+    assert main(["verify", str(tmp_path / "plan"), "--read"]) == 0  # footers and every row, of the snapshot
     deltalake.DeltaTable(str(path)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     with pytest.raises(StalePlanError, match=r"version 1 is gone|gone \(vacuumed"):
         load_plan(str(tmp_path / "plan"))
@@ -276,7 +279,8 @@ def test_iceberg_plan_survives_commits_and_expired_file_is_stale(iceberg_table, 
     plan_shards(table, 2, engine="local", batch_size=4, policy="pad", snapshot_id=sid,
                 output_url=str(tmp_path / "plan"))
     table.append(rows(500, 520))
-    loaded = load_plan(str(tmp_path / "plan"))
+    loaded = load_plan(str(tmp_path / "plan"), dataset_url=table.metadata_location)  # a later metadata JSON
+    assert load_plan(str(tmp_path / "plan"), dataset_url=table).table == loaded.table
     np.testing.assert_array_equal(delivered_ids(loaded), ids)
     gone = tables.snapshot(loaded.table).files[0].path
     os.remove(os.path.join(loaded.dataset_url[len("file://"):], gone))  # what an expiry with file cleanup does

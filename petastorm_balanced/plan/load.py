@@ -35,14 +35,26 @@ def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: 
     plan made for something else.
     """
     plan = plan_url if isinstance(plan_url, ShardPlan) else read_plan(plan_url)
-    if dataset_url is not None and fsutil.normalize_url(dataset_url) != plan.dataset_url:
+    if dataset_url is not None and _dataset_names(plan, dataset_url) != plan.dataset_url:
         raise StalePlanError(f"the plan was made for {plan.dataset_url}, not dataset_url="
-                             f"{fsutil.normalize_url(dataset_url)!r}; plan that dataset")
+                             f"{_dataset_names(plan, dataset_url)!r}; plan that dataset")
     if where is not None or predicate is not None:
         check_predicate(plan, predicate_info(where, predicate))
     if check_dataset:
         _check_dataset(plan)
     return plan
+
+
+def _dataset_names(plan: ShardPlan, dataset_url) -> str:
+    """The dataset location ``dataset_url`` names: an Iceberg table's metadata JSON (any version) or a pyiceberg
+    ``Table`` names its table's location, which is what a table plan records."""
+    if hasattr(dataset_url, "metadata_location") and hasattr(dataset_url, "location"):
+        return fsutil.normalize_url(dataset_url.location())
+    url = fsutil.normalize_url(dataset_url)
+    if plan.table is not None and plan.table.metadata and url.endswith(".metadata.json"):
+        metadata_folder = plan.table.location + "/metadata/"
+        return plan.table.location if url.startswith(metadata_folder) else url
+    return url
 
 
 def read_plan(plan_url: str) -> ShardPlan:
