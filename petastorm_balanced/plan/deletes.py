@@ -18,7 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from . import selection
-from .catalog import Catalog, RowGroupMatch
+from .catalog import Catalog, RowGroupMatch, RowGroups
 from ..errors import InvalidValueError
 
 
@@ -48,4 +48,5 @@ def without_rows(catalog: Catalog, deleted: Mapping[str, np.ndarray]) -> Catalog
         elif len(keep):
             matches.append(RowGroupMatch(match.path, match.row_group, match.total_rows, len(keep),
                                          selection.encode(keep, match.total_rows), match.cost_sum, match.cost_max))
-    return Catalog(catalog.files, tuple(matches), catalog.kind, catalog.partition_columns, catalog.cost)
+    return Catalog(catalog.files, RowGroups.from_matches(matches), catalog.kind, catalog.partition_columns,
+                   catalog.cost)
