@@ -1,7 +1,7 @@
 """spark-submit entry: plan equal steps per rank over a Parquet dataset and write the plan.
 
     spark-submit spark_jobs/plan_shards.py DATASET_URL --world-size W --output PLAN_URL \\
-        [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S]
+        [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S] [--table-version N | --snapshot-id ID]
 
 The work happens in ``petastorm_balanced.planning.engines.spark`` (footers and filters in Spark tasks) and
 ``petastorm_balanced.planning.plan_shards`` (the same balancing as every other entry point); the arguments are
@@ -20,7 +20,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isdir(os.path.join(_REPO, "petastorm_balanced")) and _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from petastorm_balanced.tools.cli import add_planning_arguments  # noqa: E402  (after the path is set)
+from petastorm_balanced.tools.cli import add_planning_arguments, table_arguments  # noqa: E402  (after the path is set)
 
 PROG = "plan_shards"
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     try:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output,
-                           cost=args.cost)
+                           cost=args.cost, **table_arguments(args))
     except InvalidWhereError as exc:
         print(f"{PROG}: error: --where {exc.expression!r} {exc.problem}: {exc.reason}", file=sys.stderr)
         return 2

@@ -7,13 +7,15 @@ list datasets here, so they agree on what a data file is.
 from __future__ import annotations
 
 import pickle
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from . import fs as fsutil
+from . import tables
+from .hive import partition_values  # noqa: F401 - re-exported: planners and readers import it from here
 from ..errors import InvalidValueError, MissingDependencyError
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
@@ -28,13 +30,16 @@ def is_data_name(name: str) -> bool:
     return not name.endswith(".crc")
 
 
-def partition_values(relative_path: str) -> Dict[str, str]:
-    """Hive partition values from the ``key=value`` folders of a relative path."""
-    return dict(part.split("=", 1) for part in relative_path.split("/")[:-1] if "=" in part)
+def list_data_files(url: str, *, table: Optional[tables.TableRef] = None
+                    ) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]]:
+    """The data files under ``url`` (a folder or a single file), sorted by relative path.
 
-
-def list_data_files(url: str) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]]:
-    """The data files under ``url`` (a folder or a single file), sorted by relative path."""
+    ``table`` (a ``tables.TableRef``): exactly that snapshot's files. Without it a Delta table folder or an Iceberg
+    metadata file is refused, never listed as bare Parquet (``io/tables.py``).
+    """
+    listed = tables.list_files(url, table)
+    if listed is not None:
+        return listed
     filesystem, root = fsutil.resolve(url)
     info = filesystem.get_file_info(root)
     if info.type == pafs.FileType.NotFound:

@@ -193,9 +193,10 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
         current = {f.path: f for f in files}
     else:
         try:
-            _, root, entries = list_data_files(plan.dataset_url)
+            _, root, entries = list_data_files(plan.dataset_url, table=plan.table)
         except ValueError as exc:
-            raise StalePlanError(f"the plan's dataset is gone: {exc}") from None
+            what = "dataset is gone" if plan.table is None else "table snapshot can no longer be served"
+            raise StalePlanError(f"the plan's {what}: {exc}") from None
         current = {e.path[len(root):].lstrip("/"): FileInfo(e.path[len(root):].lstrip("/"), e.size, ())
                    for e in entries}
     planned = {f.path: f for f in plan.catalog.files}
@@ -237,7 +238,8 @@ def _header(plan: ShardPlan) -> dict:
         **cost,
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
         "dataset": {"url": plan.dataset_url, "fingerprint": plan.dataset_fingerprint, "kind": plan.catalog.kind,
-                    "partition_columns": list(plan.catalog.partition_columns)},
+                    "partition_columns": list(plan.catalog.partition_columns),
+                    **({} if plan.table is None else {"table": plan.table.to_json()})},
         "predicate": {"kind": plan.predicate.kind, "text": plan.predicate.text,
                       "fingerprint": plan.predicate.fingerprint},
         "parameters": {"world_size": plan.world_size, "batch_size": plan.batch_size, "policy": plan.policy,

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from .._version import __version__
 from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
+from ..io.tables import TableRef
 from . import balance
 from .catalog import Catalog, FileInfo
 from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, FORMAT_VERSION, PLAN_JSON, assignment_table, catalog_row_groups,
@@ -34,14 +35,26 @@ def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: 
     plan made for something else.
     """
     plan = plan_url if isinstance(plan_url, ShardPlan) else read_plan(plan_url)
-    if dataset_url is not None and fsutil.normalize_url(dataset_url) != plan.dataset_url:
+    if dataset_url is not None and _dataset_names(plan, dataset_url) != plan.dataset_url:
         raise StalePlanError(f"the plan was made for {plan.dataset_url}, not dataset_url="
-                             f"{fsutil.normalize_url(dataset_url)!r}; plan that dataset")
+                             f"{_dataset_names(plan, dataset_url)!r}; plan that dataset")
     if where is not None or predicate is not None:
         check_predicate(plan, predicate_info(where, predicate))
     if check_dataset:
         _check_dataset(plan)
     return plan
+
+
+def _dataset_names(plan: ShardPlan, dataset_url) -> str:
+    """The dataset location ``dataset_url`` names: an Iceberg table's metadata JSON (any version) or a pyiceberg
+    ``Table`` names its table's location, which is what a table plan records."""
+    if hasattr(dataset_url, "metadata_location") and hasattr(dataset_url, "location"):
+        return fsutil.normalize_url(dataset_url.location())
+    url = fsutil.normalize_url(dataset_url)
+    if plan.table is not None and plan.table.metadata and url.endswith(".metadata.json"):
+        metadata_folder = plan.table.location + "/metadata/"
+        return plan.table.location if url.startswith(metadata_folder) else url
+    return url
 
 
 def read_plan(plan_url: str) -> ShardPlan:
@@ -99,7 +112,8 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"],
                       tuple(dataset["partition_columns"]), None if cost is None else cost["text"])
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
-                     params["seed"], PredicateInfo(**predicate), dataset["fingerprint"])
+                     params["seed"], PredicateInfo(**predicate), dataset["fingerprint"],
+                     TableRef.from_json(dataset["table"]) if "table" in dataset else None)
     # The checksum (Arrow kernels, sha256) runs beside the fingerprint and the balancing (NumPy sorts): both release
     # the GIL for most of their time, and every rank waits for both (a million row groups: load_plan 1.9 s with
     # them in a row, 1.3 s side by side; benchmarks/bench_scale.py).

@@ -18,6 +18,7 @@ from .cost_order import cost_order
 from .catalog import Catalog
 from .predicate import PredicateInfo
 from ..errors import InvalidValueError
+from ..io.tables import TableRef
 
 
 BALANCE = ("auto", "cost", "rows")
@@ -59,6 +60,7 @@ class ShardPlan:
     seed: int = 0
     predicate: PredicateInfo = PredicateInfo()
     dataset_fingerprint: str = ""
+    table: Optional[TableRef] = None  # the Delta/Iceberg snapshot planned (io/tables.py); None: a Parquet folder
 
     def __post_init__(self):
         balance.check_params(world_size=self.world_size, seed=self.seed,

@@ -6,8 +6,11 @@ import time
 from typing import Optional
 
 from ..io import fs as fsutil
+from ..io import tables
+from ..io.tables import TableRef
 from ..plan import balance
 from ..plan.catalog import Catalog
+from ..plan.deletes import without_rows
 from ..plan.cost import FUNCTIONS, parse_cost
 from ..plan.format import dataset_fingerprint
 from ..plan.model import ShardPlan
@@ -20,7 +23,9 @@ log = logging.getLogger(__name__)
 
 def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, predicate=None,
                 batch_size: Optional[int] = None, policy: str = "drop", seed: int = 0, engine: str = "spark",
-                spark=None, output_url=None, progress=None, cost: Optional[str] = None) -> ShardPlan:
+                spark=None, output_url=None, progress=None, cost: Optional[str] = None,
+                table_version: Optional[int] = None, snapshot_id: Optional[int] = None,
+                table_format: Optional[str] = None) -> ShardPlan:
     """Scan ``dataset_url``, keep the rows that match ``where`` (Spark SQL) or ``predicate`` (Petastorm), and
     balance them over ``world_size`` ranks; saves the plan when ``output_url`` is given.
 
@@ -28,6 +33,11 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     ``progress``, a callable taking a count, hears of each footer the local engine reads (the CLI's progress line).
     ``cost`` (a numeric column, ``length(col)``/``size(col)``, or with ``engine="spark"`` any Spark SQL numeric
     expression) records each row group's cost sum and largest row cost, so loaders can balance cost per step.
+
+    A Delta table (a folder holding ``_delta_log/``) is planned at its latest version or ``table_version``; an
+    Iceberg table (its ``.../metadata/*.metadata.json`` URL, or a pyiceberg ``Table``) at its current snapshot or
+    ``snapshot_id``: exactly that snapshot's files, recorded in the plan (docs/tables.md). ``table_format='parquet'``
+    reads a table folder's raw Parquet files instead, files the table removed included.
     """
     balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
                                                                 {"batch_size": batch_size}))
@@ -38,7 +48,12 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
         raise InvalidValueError("pass where= (Spark SQL) or predicate= (Petastorm), not both")
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise InvalidValueError(f"where={where!r} must be a non-empty Spark SQL boolean expression")
-    url = fsutil.normalize_url(dataset_url)
+    snapshot = tables.resolve(dataset_url, table_format=table_format, table_version=table_version,
+                              snapshot_id=snapshot_id)
+    table = None if snapshot is None else snapshot.ref
+    url = fsutil.normalize_url(dataset_url) if table is None else table.location
+    if table is not None:
+        log.info("planning %s", table.describe())
     timings = {"footers": 0.0}
     described = predicate_info(where, predicate)  # before scanning: a predicate we cannot fingerprint fails fast
     cost_spec = None if cost is None else parse_cost(cost)
@@ -51,18 +66,22 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
                                     "Petastorm predicate= instead")
         from .engines.local import build_catalog
         started = time.perf_counter()
-        catalog = build_catalog(url, predicate=predicate, progress=progress)
+        catalog = build_catalog(url, predicate=predicate, progress=progress, table=table)
         timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
     else:
         from .engines.spark import build_catalog
-        catalog = build_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings)
+        catalog = build_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table)
+    if snapshot is not None and snapshot.deleted_rows():
+        catalog = without_rows(catalog, snapshot.deleted_rows())  # position deletes: both engines, one rule
     if cost_spec is not None:
         started = time.perf_counter()
-        catalog = _add_costs(url, catalog, cost_spec, engine=engine, where=where, predicate=predicate, spark=spark)
+        deletes = snapshot is not None and bool(snapshot.deleted_rows())
+        catalog = _add_costs(url, catalog, cost_spec, engine=engine, where=where, predicate=predicate, spark=spark,
+                             table=table, deletes=deletes)
         timings["cost"] = time.perf_counter() - started
     started = time.perf_counter()
     plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
-                     predicate=described)
+                     predicate=described, table=table)
     timings["balance"] = time.perf_counter() - started
     if output_url is not None:
         started = time.perf_counter()
@@ -72,17 +91,21 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     return plan
 
 
-def _add_costs(url, catalog, spec, *, engine, where, predicate, spark):
+def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=None, deletes=False):
     """The catalog with cost statistics: Spark SQL evaluates the cost unless a Petastorm predicate chose the rows
-    (Spark cannot name those), then this process reads the cost column."""
+    (Spark cannot name those) or a table's position deletes removed some (Spark reads them), then this process reads
+    the cost column for the catalog's rows."""
     from .costs import local_cost_stats, with_costs
-    if engine == "local" or predicate is not None:
+    if deletes and not spec.loader_evaluable:
+        raise InvalidValueError(f"cost={spec.text!r} is a Spark SQL expression, and {table.describe()} has position "
+                                "deletes that Spark would count; pass a numeric column or a function of one")
+    if engine == "local" or predicate is not None or deletes:
         return with_costs(catalog, spec, local_cost_stats(url, catalog, spec))
     from ..io.dataset import list_data_files
     from .engines.spark import get_session
     from .engines.spark_cost import spark_cost_stats
-    _, root, _ = list_data_files(url)
-    stats = spark_cost_stats(get_session(spark), url, root, catalog.files, spec, where)
+    _, root, _ = list_data_files(url, table=table)
+    stats = spark_cost_stats(get_session(spark), url, root, catalog.files, spec, where, table=table)
     return with_costs(catalog, spec, stats)
 
 
@@ -94,11 +117,11 @@ def time_summary(timings: dict) -> str:
 
 
 def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Optional[int], policy: str, seed: int,
-              predicate: PredicateInfo) -> ShardPlan:
+              predicate: PredicateInfo, table: Optional[TableRef] = None) -> ShardPlan:
     """The plan for a catalog, refusing parameters that would give zero steps."""
     if catalog.total_rows == 0:
         what = f"the predicate {predicate.text!r}" if predicate.kind != "none" else "the dataset"
         raise InvalidValueError(f"{what} matches no row of {url}; nothing to balance")
     balance.check_fills_a_step(catalog.total_rows, world_size, batch_size or 1)
     return ShardPlan(url, catalog, world_size, batch_size, policy, seed, predicate,
-                     dataset_fingerprint(catalog.files))
+                     dataset_fingerprint(catalog.files), table)

@@ -33,7 +33,7 @@ class DatasetListing:
     schema: Optional[pa.Schema] = None
 
 
-def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None) -> DatasetListing:
+def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None) -> DatasetListing:
     """List the dataset and read every footer: row counts per row group, sizes, kind, partition columns.
 
     Footers are read in chunks of files per thread task: on a local disk a footer costs ~0.1 ms of CPU, so one
@@ -41,7 +41,7 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None) -> DatasetLi
     object-store latency while cutting that overhead (10,000 small files: about 40% less CPU).
     """
     url = fsutil.normalize_url(url)
-    filesystem, root, entries = list_data_files(url)
+    filesystem, root, entries = list_data_files(url, table=table)  # table: a Delta/Iceberg snapshot (io/tables.py)
 
     def read(entry):
         path = relative_path(entry.path, root)
@@ -101,7 +101,7 @@ def check_footers(plan) -> None:
     """``StalePlanError`` naming the first file whose listing or row group sizes differ from the plan's (G7), by
     reading every footer again (``load_plan`` only lists; ``verify`` and the reader look deeper)."""
     try:
-        files = scan(plan.dataset_url).files
+        files = scan(plan.dataset_url, table=plan.table).files
     except ValueError as exc:  # gone, emptied, or a file no longer readable as Parquet
         raise StalePlanError(f"the plan's dataset changed since planning: {exc}") from None
     check_dataset(plan, files=files)

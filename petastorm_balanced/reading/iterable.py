@@ -54,12 +54,12 @@ class BalancedIterableDataset(PlannedView, _Base):
                  schema_fields=None, padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1,
                  balance: str = "auto", cost_reduce: str = "sum"):
         require_torch()
-        self.backend = resolve_backend(backend)
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
                                    reshuffle=reshuffle, shuffle_window=shuffle_window, schema_fields=schema_fields,
                                    padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
                                    cost_reduce=cost_reduce)
+        self.backend = resolve_backend(backend, self._settings.plan.table)
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)

@@ -16,7 +16,7 @@ from . import stream
 from ..world import World, resolve_world
 from .arrow_backend import arrow_chunks, check_pool_type
 from .device import NO_FEED, Feed, check_feed, feed
-from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend
+from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .position import EpochSampler, Position, Settings, PlannedView
 from .tensors import require_torch, torch_batches
 
@@ -53,7 +53,7 @@ class BalancedLoader(PlannedView):
                                    padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
                                    cost_reduce=cost_reduce, max_batch_cost=max_batch_cost)
         self._position = Position(self._settings, epoch)
-        self.backend = resolve_backend(backend)
+        self.backend = resolve_backend(backend, self._settings.plan.table)
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
         self._iterator = None
@@ -167,7 +167,8 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     check_pool_options(reader_pool_type, workers_count)
-    chosen = resolve_backend(backend)
+    plan = resolve_plan(plan)  # loaded once here: its table decides the backend
+    chosen = resolve_backend(backend, plan.table)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
         check_pool_type(reader_pool_type)

@@ -47,12 +47,22 @@ def petastorm_importable() -> bool:
     return True
 
 
-def resolve_backend(backend) -> str:
-    """``"petastorm"`` or ``"arrow"``: ``auto`` takes Petastorm where it imports, else Arrow."""
+def resolve_backend(backend, table=None) -> str:
+    """``"petastorm"`` or ``"arrow"``: ``auto`` takes Petastorm where it imports, else Arrow.
+
+    A Delta/Iceberg snapshot plan (``table``, ``plan.table``) is read by the Arrow backend: Petastorm's reader lists
+    every Parquet file of the folder, files the table removed included, so it cannot serve one snapshot.
+    """
     if backend not in BACKENDS:
         raise InvalidValueError(f"backend={backend!r} is not one of {BACKENDS}: 'arrow' reads with pyarrow alone (any "
                                 "stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks Petastorm "
                                 "where it imports")
+    if table is not None and table.format != "parquet":
+        if backend == "petastorm":
+            raise InvalidValueError(f"backend='petastorm' cannot serve a plan of {table.describe()}: Petastorm's "
+                                    "reader lists every Parquet file in the folder, files the table removed "
+                                    "included; use backend='arrow' or 'auto' (the same batches)")
+        return "arrow"
     if backend == "auto":
         return "petastorm" if petastorm_importable() else "arrow"
     if backend == "petastorm" and not petastorm_importable():

@@ -49,7 +49,7 @@ def cmd_plan(args) -> int:
     with Progress("reading footers") as bar, _spark(args) as spark:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine=args.engine, spark=spark,
-                           output_url=args.output, progress=bar, cost=args.cost)
+                           output_url=args.output, progress=bar, cost=args.cost, **table_arguments(args))
     from .report import compare_report
     r = compare_report(plan)
     if plan.batch_size is None:
@@ -194,7 +194,7 @@ def cmd_compare(args) -> int:
     with Progress("reading footers") as bar, _spark(args, engine) as spark:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine=engine, spark=spark, progress=bar,
-                           cost=args.cost)
+                           cost=args.cost, **table_arguments(args))
     report = compare_report(plan)
     print(json.dumps(report, indent=2) if args.json else format_compare(report))
     return OK
@@ -262,10 +262,28 @@ def add_planning_arguments(p, default_engine=None, *, engine_options: bool = Tru
     p.add_argument("--seed", type=_non_negative, default=0, metavar="S")
     p.add_argument("--cost", metavar="EXPR", help="per-row cost to balance per step: a numeric column, "
                    "length(col), size(col), or with the Spark engine any Spark SQL numeric expression")
+    p.add_argument("--table-version", type=_integer, metavar="N",
+                   help="Delta table: plan version N (default: the latest); docs/tables.md")
+    p.add_argument("--snapshot-id", type=_integer, metavar="ID",
+                   help="Iceberg table (DATASET_URL: its metadata JSON): plan snapshot ID (default: the current)")
+    p.add_argument("--table-format", choices=("delta", "iceberg", "parquet"),
+                   help="default: detected; 'parquet' reads a Delta folder's raw Parquet files, removed ones included")
     if engine_options:
         p.add_argument("--engine", choices=("spark", "local"), default=default_engine,
                        help="default: spark" if default_engine else "default: spark with --where, else local")
         p.add_argument("--master", default="local[*]", help="Spark master for --engine spark (default local[*])")
+
+
+def table_arguments(args) -> dict:
+    """The table snapshot arguments of ``plan_shards`` (checked there with ``params.check_int``)."""
+    return {"table_version": args.table_version, "snapshot_id": args.snapshot_id, "table_format": args.table_format}
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _positive(text: str) -> int:

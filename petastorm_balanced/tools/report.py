@@ -43,6 +43,7 @@ def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] 
         "json_version": JSON_VERSION,
         "plan_url": plan_url,
         **_header(plan.dataset_url, plan.predicate.kind, plan.predicate.text, world, batch, plan.policy, plan.seed),
+        **({} if plan.table is None else {"table": {**plan.table.to_json(), "description": plan.table.describe()}}),
         "batch_size_from": "state" if resume is not None else
         ("argument" if batch_size else ("plan" if plan.batch_size else "none")),
         "epoch": epoch,
@@ -217,6 +218,8 @@ def _title(report: dict) -> List[str]:
     pred = report["predicate"]
     what = "none" if pred["kind"] == "none" else f"{pred['kind']}: {pred['text']}"
     head = [f"dataset {report['dataset_url']}", f"predicate {what}"]
+    if "table" in report:  # a Delta/Iceberg snapshot plan
+        head.insert(1, f"table {report['table']['description']}")
     if "plan_url" in report:
         head.insert(0, f"plan {report['plan_url']}")
     return head + [f"world_size {report['world_size']}, batch_size {report['batch_size']}, policy "

@@ -13,8 +13,8 @@ from ...io.dataset import load_unischema
 from ..scan import scan
 
 
-def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None) -> Catalog:
-    listing = scan(url, progress=progress)
+def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None, table=None) -> Catalog:
+    listing = scan(url, progress=progress, table=table)
     if predicate is None:
         return full_catalog(listing.files, listing.kind, listing.partition_columns)
     fields = check_fields(predicate, list(listing.schema.names) + list(listing.partition_columns), url)

@@ -90,7 +90,7 @@ def get_session(spark=None):
 
 
 def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spark=None,
-                  footers_in_tasks: Optional[bool] = None, timings: Optional[dict] = None) -> Catalog:
+                  footers_in_tasks: Optional[bool] = None, timings: Optional[dict] = None, table=None) -> Catalog:
     """The catalog of ``url`` (a normalized dataset URL) filtered by ``where`` or ``predicate``.
 
     A session (``get_session(spark)``) is taken only when Spark has work: a filter, or footers in tasks.
@@ -109,7 +109,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         get_session(spark)  # refuse a wrong type before any work
     listed = time.perf_counter()
     url = fsutil.normalize_url(url)
-    _, root, entries = list_data_files(url)
+    _, root, entries = list_data_files(url, table=table)  # table: exactly a Delta/Iceberg snapshot's files
     relpaths = [relative_path(e.path, root) for e in entries]
     sizes = {p: e.size for p, e in zip(relpaths, entries)}
     in_tasks = footers_in_tasks
@@ -138,7 +138,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         return full_catalog(files, kind, partition_columns)
     started = time.perf_counter()
     if where is not None:
-        matches = _where_matches(spark, url, root, files, where, partition_columns, timings)
+        matches = _where_matches(spark, url, root, files, where, partition_columns, timings, table=table)
         what = f"where {where!r}"
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
@@ -242,9 +242,9 @@ def _quiet_pyspark_error_logs():
 
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
-                   partition_columns: Sequence[str], timings: dict) -> List[RowGroupMatch]:
+                   partition_columns: Sequence[str], timings: dict, table=None) -> List[RowGroupMatch]:
     started = time.perf_counter()
-    frame = _read_for_where(spark, url)
+    frame = _read_for_where(spark, url, files if table is not None else None)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
@@ -384,10 +384,16 @@ def _changed_while_planning() -> InvalidValueError:
                              "list); the dataset changed while planning: re-run planning")
 
 
-def _read_for_where(spark, url: str):
+def _read_for_where(spark, url: str, files: Optional[Sequence[FileInfo]] = None):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
-    have no S3A) is reported as what to install instead of a Java stack trace."""
+    have no S3A) is reported as what to install instead of a Java stack trace.
+
+    ``files`` (a table snapshot's): Spark reads exactly those, partitions discovered below ``url`` as for a folder;
+    no Delta or Iceberg jar is involved."""
     try:
+        if files is not None:
+            base = spark_url(url)
+            return spark.read.option("basePath", base).parquet(*[f"{base}/{f.path}" for f in files])
         return spark.read.parquet(spark_url(url))
     except Exception as exc:  # noqa: BLE001 - py4j wraps Hadoop's ClassNotFoundException / UnsupportedFileSystem
         text = str(exc)

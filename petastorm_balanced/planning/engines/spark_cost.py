@@ -24,10 +24,10 @@ _PARTIAL_SCHEMA = "path string, row_group int, cost_sum long, cost_max long, bad
 
 
 def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec: CostSpec,
-                     where: Optional[str] = None) -> Stats:
+                     where: Optional[str] = None, table=None) -> Stats:
     """``(sum, max)`` of the cost of the rows ``where`` keeps, per row group; a NULL, negative or fractional cost
     is a ``ValueError`` naming file and row group."""
-    frame = _read_for_where(spark, url)
+    frame = _read_for_where(spark, url, files if table is not None else None)  # a table: its snapshot's files
     columns = frame.columns
     lookup = {f.path: f.row_group_rows for f in files if f.num_rows > 0}
     shared = spark.sparkContext.broadcast(lookup)
