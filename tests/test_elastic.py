@@ -148,13 +148,23 @@ def test_sub_epochs_split_a_pass(case):
 
 
 def test_one_part_is_the_plain_assignment():
+    """partition_epoch=1: epoch e is the whole of pass e, the pass's rows in its seeded row group order, padded
+    with a flagged copy of its last rows, cut into consecutive equal rank stretches (an oracle built from the
+    order alone, not from the cutting code)."""
     counts = np.array([40, 7, 13, 22])
+    world, batch = 3, 4
+    steps = balance.steps_per_rank(int(counts.sum()), world, batch, "pad")
     for epoch in range(3):
-        plain = balance.assign(counts, world_size=3, batch_size=4, policy="pad", seed=5, epoch=epoch)
-        parted = balance.assign(counts, world_size=3, batch_size=4, policy="pad", seed=5, epoch=epoch,
+        parted = balance.assign(counts, world_size=world, batch_size=batch, policy="pad", seed=5, epoch=epoch,
                                 partition_epoch=1)
-        assert all(np.array_equal(getattr(plain, f), getattr(parted, f))
-                   for f in ("rank", "catalog_row", "start", "stop", "padding"))
+        rows = [(int(c), i, False) for c in balance.epoch_order(len(counts), 5, epoch) for i in range(counts[c])]
+        missing = steps * world * batch - len(rows)
+        rows += [(c, i, True) for c, i, _ in rows[len(rows) - missing:]]
+        for rank in range(world):
+            mine = parted.of_rank(rank)
+            got = [(int(c), i, bool(p)) for c, s, e, p in zip(mine.catalog_row, mine.start, mine.stop, mine.padding)
+                   for i in range(s, e)]
+            assert got == rows[rank * steps * batch:(rank + 1) * steps * batch], (epoch, rank)
 
 
 def test_passes_have_fresh_orders():
