@@ -148,17 +148,21 @@ def test_cost_windows_resume_at_any_batch(rows, batch, windows, reduce, data):
     total = sum(rows) // batch * batch
     if total == 0:
         return
+    ends = np.minimum(np.cumsum(rows), total)  # the drawn fragments, the last ones cut to whole batches
+    fragments = np.diff(np.concatenate(([0], ends)))
     cost_of = np.random.default_rng(len(rows)).integers(0, 50, size=sum(rows))
     size = windows * batch
     arrange = arrange_sum if reduce == "sum" else arrange_max
 
     def run(done):
-        start = start_point(np.array([total]), batch_size=batch, window_rows=size, batches_done=done, shuffle=True)
+        start = start_point(fragments, batch_size=batch, window_rows=size, batches_done=done, shuffle=True)
         batcher = WindowBatcher(total_rows=total, batch_size=batch, window_rows=size, start=start, key=(1, 2, 3, 0),
                                 arrange=lambda w, key: (arrange(w["c"], batch, key), None))
-        ids = np.arange(start.row, total)
-        out = [b["id"].tolist() for r in batcher.push({"id": ids, "c": cost_of[ids]})
-               for b in split_batches(r, batch)]
+        out = []
+        for f in range(start.fragment, len(fragments)):  # fragment by fragment, as the loaders push them
+            ids = np.arange(ends[f] - fragments[f] + (start.offset if f == start.fragment else 0), ends[f])
+            out += [b["id"].tolist() for r in batcher.push({"id": ids, "c": cost_of[ids]})
+                    for b in split_batches(r, batch)]
         batcher.finish()
         return out
 

@@ -54,23 +54,27 @@ class Job:
         for rank in range(pieces.world_size):
             mine = pieces.of_rank(rank)
             for worker in range(pieces.num_workers):
-                ids = [(int(mine.catalog_row[i]), int(m), bool(mine.padding[i]))
-                       for i in np.flatnonzero(mine.worker == worker) for m in mine.matching_rows(i)]
+                fragments = [[(int(mine.catalog_row[i]), int(m), bool(mine.padding[i]))
+                              for m in mine.matching_rows(i)] for i in np.flatnonzero(mine.worker == worker)]
                 done = (batches + pieces.num_workers - 1 - worker) // pieces.num_workers
-                out += slot_batches(ids, self.batch, self.window, self.shuffle,
+                out += slot_batches(fragments, self.batch, self.window, self.shuffle,
                                     slot_key(self.seed, epoch, stage, rank, worker))[:done * self.batch]
         return out
 
 
-def slot_batches(ids, batch, window, shuffle, key):
-    """A slot's rows in delivery order, through the loaders' own batcher."""
+def slot_batches(fragments, batch, window, shuffle, key):
+    """A slot's rows in delivery order, through the loaders' own batcher, fed one fragment (piece) at a time as
+    the loaders feed it."""
+    ids = [row for fragment in fragments for row in fragment]
     if not ids:
         return []
     size = window_rows(batch, window, shuffle)
-    start = start_point(np.array([len(ids)]), batch_size=batch, window_rows=size, batches_done=0, shuffle=shuffle)
+    lengths = np.array([len(f) for f in fragments])
+    start = start_point(lengths, batch_size=batch, window_rows=size, batches_done=0, shuffle=shuffle)
     batcher = WindowBatcher(total_rows=len(ids), batch_size=batch, window_rows=size, start=start,
                             key=key if shuffle else None)
-    runs = list(batcher.push({"i": np.arange(len(ids))}))
+    ends = np.cumsum(lengths)
+    runs = [run for begin, end in zip(ends - lengths, ends) for run in batcher.push({"i": np.arange(begin, end)})]
     batcher.finish()
     return [ids[i] for run in runs for i in run["i"].tolist()]
 
