@@ -300,15 +300,57 @@ def test_cost_loader_arguments_are_checked(cost_plan, lengths):
         (dict(plan=cost_plan, batch_size=8, max_batch_cost=10_000), "pass batch_size=None"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=1), "below the plan's largest row cost"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=0), "max_batch_cost=0"),
-        (dict(plan=cost_plan, balance="cost", shuffle=False), "needs shuffle=True"),
+        (dict(plan=cost_plan, batch_size=None, max_batch_cost=10_000, shuffle=False), "needs shuffle=True"),
+        (dict(plan=plain, batch_size=None, max_batch_cost=10_000), "needs balance='cost' .or 'auto'. and a plan"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=10_000, cost_reduce="max"), "cost_reduce='sum'"),
     ]
     for kwargs, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             make_loader(0, 3, backend="arrow", **kwargs)
-    # a plan without cost, and shuffle=False with balance="auto", read as before (rows)
+    # a plan without cost reads as before (rows, no cost column)
     assert "_cost" not in next(iter(make_loader(0, 3, plan=plain, backend="arrow")))
-    assert "_cost" not in next(iter(make_loader(0, 3, plan=cost_plan, backend="arrow", shuffle=False)))
+
+
+def planned_ids(plan, rank, balance_by):
+    """The ids of rank ``rank``'s epoch-0 fragments, in plan order, read with pyarrow."""
+    root = plan.dataset_url.replace("file://", "")
+    return np.concatenate([pq.ParquetFile(os.path.join(root, f.path)).read_row_group(f.row_group, columns=["id"])
+                           .column(0).to_numpy()[f.row_indices()]
+                           for f in plan.assignment(rank, world_size=3, batch_size=8, balance_by=balance_by)])
+
+
+def test_one_auto_rule_for_every_reader(cost_plan):
+    """``balance="auto"`` is the plan's rule (``ShardPlan.resolve_balance``): a cost plan is read in its cost-dealt
+    order by make_loader, BalancedIterableDataset, make_reader and verify alike, shuffling or not."""
+    from petastorm_balanced import BalancedIterableDataset, make_loader
+    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.tools.verify import ReadCheck
+    assert cost_plan.resolve_balance("auto") == "cost" and cost_plan.resolve_balance("rows") == "rows"
+    for rank in range(3):
+        by_cost, by_rows = planned_ids(cost_plan, rank, "cost"), planned_ids(cost_plan, rank, "rows")
+        assert not np.array_equal(by_cost, by_rows), "the cost order must differ from the row order here"
+        readers = {
+            "make_loader": lambda: make_loader(rank, 3, plan=cost_plan, batch_size=8, shuffle=False, backend="arrow"),
+            "BalancedIterableDataset": lambda: BalancedIterableDataset(cost_plan, rank, 3, batch_size=8,
+                                                                       shuffle=False, backend="arrow"),
+        }
+        for name, make in readers.items():
+            batches = list(make())
+            assert all("_cost" in b for b in batches), f"{name}: a cost-balanced loader's batches carry _cost"
+            got = np.concatenate([b["id"].numpy() for b in batches])
+            assert np.array_equal(got, by_cost), name
+        shuffled = np.concatenate([b["id"].numpy() for b in make_loader(rank, 3, plan=cost_plan, batch_size=8,
+                                                                         backend="arrow", shuffle_window=96)])
+        assert sorted(shuffled.tolist()) == sorted(by_cost.tolist()), "shuffling arranges the same rows"
+        if petastorm_importable():
+            from petastorm_balanced import make_reader
+            with make_reader(rank, 3, plan=cost_plan, batch_size=8) as reader:
+                got = np.concatenate([np.atleast_1d(b.id) for b in reader])
+            assert np.array_equal(got, by_cost), "make_reader"
+        check = ReadCheck(cost_plan, batch_size=8)
+        keys, _, _ = check._rank_rows(rank, 0)  # what verify --read reads for the rank
+        frags = cost_plan.assignment(rank, batch_size=8, balance_by="cost")
+        assert np.array_equal(keys, np.concatenate([check.rows.keys(f) for f in frags])), "verify"
 
 
 @pytest.mark.slow  # six Petastorm readers: about 7 s (the Unischema test below checks agreement quickly)

@@ -90,9 +90,13 @@ class ShardPlan:
         return self.catalog.max_row_cost
 
     def resolve_balance(self, balance_by: str = "auto") -> str:
-        """``"cost"`` or ``"rows"``: ``"auto"`` balances cost when the plan has one."""
+        """``"cost"`` or ``"rows"``: the one ``"auto"`` rule, which every reader follows (``make_loader``,
+        ``BalancedIterableDataset``, ``make_reader``, ``verify``): a plan with a cost balances cost, whatever the
+        reader's other settings, so every reader of a plan delivers the same rows in the same cost-dealt order."""
         if balance_by not in BALANCE:
-            raise InvalidValueError(f"balance={balance_by!r} is not one of {BALANCE}")
+            raise InvalidValueError(f"balance={balance_by!r} is not one of {BALANCE}: 'cost' balances each step's "
+                                    "cost (needs a plan made with cost=), 'rows' only rows, 'auto' cost when the "
+                                    "plan has one")
         if balance_by == "auto":
             return "cost" if self.cost is not None else "rows"
         if balance_by == "cost" and self.cost is None:

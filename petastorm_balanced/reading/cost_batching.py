@@ -41,7 +41,6 @@ from .batching import StartPoint, window_permutation
 from ..errors import InvalidValueError
 
 REDUCES = ("sum", "max")
-BALANCES = ("auto", "cost", "rows")
 # Generator key tags, so the key of one use never equals the key of another.
 _TIE, _BATCH_ORDER, _ROWS_IN_BATCH, _STEP_ORDER = 1, 2, 3, 4
 
@@ -217,9 +216,7 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
     """The loader's cost arrangement, or None for row balance; every bad combination is refused here, when the
     loader is built, naming the parameter."""
     from ..plan.cost import parse_cost
-    if balance not in BALANCES:
-        raise InvalidValueError(f"balance={balance!r} is not one of {BALANCES}: 'cost' balances each step's cost "
-                                "(needs a plan made with cost=), 'rows' only rows, 'auto' cost when the plan has one")
+    chosen = plan.resolve_balance(balance)  # the one "auto" rule (the plan's); refuses "cost" without a cost
     if cost_reduce not in REDUCES:
         raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' "
                                 "for padded ones (batch_size x longest row)")
@@ -230,22 +227,17 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
         if batch_size is not None:
             raise InvalidValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass "
                                     f"batch_size=None (not {batch_size})")
-        if balance == "rows":
+        if chosen == "rows":
             raise InvalidValueError("max_batch_cost needs balance='cost' (or 'auto') and a plan made with cost=")
+        if not shuffle:
+            raise InvalidValueError("max_batch_cost packs each shuffle window's rows into batches and needs "
+                                    "shuffle=True; pass batch_size= to read in plan order")
         if cost_reduce != "sum":
             raise InvalidValueError("max_batch_cost works with cost_reduce='sum' (a batch's cost is its rows' sum); "
                                     "padded budgets (cost_reduce='max') are not supported")
-    chosen = balance
-    if balance == "auto":
-        chosen = "cost" if plan.cost is not None and (shuffle or max_batch_cost is not None) else "rows"
     if chosen == "rows":
         return None
-    if plan.cost is None:
-        raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
-                                "or pass balance='rows'")
-    if not shuffle:
-        raise InvalidValueError("balance='cost' arranges rows inside shuffle windows and needs shuffle=True; pass "
-                                "balance='rows' to read in plan order")
+    # Without shuffle there are no windows to arrange: the rows come in the plan's cost-dealt order, with ``_cost``.
     spec = parse_cost(plan.cost)
     if not spec.loader_evaluable:
         raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate "
