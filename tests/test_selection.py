@@ -7,7 +7,8 @@ from petastorm_balanced.plan import selection
 from petastorm_balanced.errors import PlanIntegrityError
 from strategies import positions_in_row_group
 
-# DESIGN.md budget: about 1 bit per scanned row at random, plus a small constant (tag and padding byte).
+# The plan-size budget (docs/plan-format.md): about 1 bit per scanned row at random, plus a small constant (tag
+# and padding byte).
 RANDOM_BYTES_PER_ROW = 1 / 8
 CONSTANT_BYTES = 2
 

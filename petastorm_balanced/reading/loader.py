@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import stream
 from ..world import World, resolve_world
-from .arrow_backend import arrow_chunks, check_pool_type
+from .arrow_backend import arrow_chunks
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend
 from .position import EpochSampler, Position, Settings, PlannedView
 from .tensors import require_torch, torch_batches
@@ -129,8 +129,9 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
     serves any ``world`` (G9). ``batch_size`` defaults to the plan's. ``shuffle_window`` rows (rounded up to
-    whole batches) are shuffled together; memory per rank is about ``shuffle_window + (workers_count + 2) x row
-    group`` rows.
+    whole batches) are shuffled together; memory per rank is about ``shuffle_window`` rows plus ``workers_count +
+    4`` bundles (the Arrow backend's prefetch; a bundle is consecutive fragments of at least 8,192 rows, so a row
+    group larger than that is one bundle).
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
     (Petastorm's reader and pools; pyarrow < 15) or ``"auto"`` (Petastorm where it imports). Both give identical
@@ -149,11 +150,10 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     fit under C, the same number of steps on every rank.
     """
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
-    check_pool_options(reader_pool_type, workers_count)
     chosen = resolve_backend(backend)
+    check_pool_options(reader_pool_type, workers_count, chosen)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
-        check_pool_type(reader_pool_type)
         options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
     else:
         options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
