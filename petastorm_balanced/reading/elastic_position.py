@@ -14,6 +14,7 @@ from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from .batching import unread_rows, window_rows
 from ..errors import InvalidValueError
+from ..params import check_int
 
 # state_dict keys read here (the others are Position's); STAGES and PARTITION_EPOCH may be absent (older states)
 EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
@@ -114,14 +115,10 @@ def loaded(settings: Layout, state: dict, workers: int) -> Tuple[int, int, Tuple
     if not isinstance(saved_stages, (list, tuple)):
         raise InvalidValueError(f"state[{STAGES!r}]={saved_stages!r} must be a list of saved stages")
     stages = tuple(Stage.from_list(s) for s in saved_stages)
-    epoch, batches, world = state[EPOCH], state[BATCHES], state[WORLD_SIZE]
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise InvalidValueError(f"state[{EPOCH!r}]={epoch!r} must be an int >= 0")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise InvalidValueError(f"state[{WORLD_SIZE!r}]={world!r} must be an int >= 1")
+    epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
+    world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
     steps = settings.steps_of(epoch, stages, world_size=world)
-    if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= steps:
-        raise InvalidValueError(f"state[{BATCHES!r}]={batches!r} must be an int in [0, {steps}]")
+    batches = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0, maximum=steps)
     if batches == steps:  # an ended epoch is the start of the next one
         epoch, batches, stages = epoch + 1, 0, carry(stages, epoch, epoch + 1, settings.partition_epoch)
     if world != settings.world_size:
