@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from petastorm_balanced.plan import balance, elastic
-from petastorm_balanced.reading.batching import WindowBatcher, start_point, unread_rows, window_rows
+from petastorm_balanced.plan.shuffle import Windows
+from petastorm_balanced.reading.batching import WindowBatcher, start_point, window_rows
 from strategies import catalogs, seeds
 
 
@@ -34,18 +35,12 @@ class Job:
     window: int  # shuffle window rows (None: no shuffle)
     shuffle: bool
 
-    def unread(self, epoch):
-        def unread(rows, batches, stage, rank, slot):
-            key = slot_key(self.seed, epoch, stage, rank, slot) if self.shuffle else None
-            size = window_rows(self.batch, self.window, self.shuffle)
-            return unread_rows(rows, batch_size=self.batch, window_rows=size, batches_done=batches, key=key)
-        return unread
-
     def pieces(self, stages, world, workers, part) -> balance.Pieces:
         epoch = self.passes * self.parts + part
         return elastic.stage_pieces(self.counts, stages=stages, world_size=world, num_workers=workers,
                                     batch_size=self.batch, policy=self.policy, seed=self.seed, epoch=epoch,
-                                    unread=self.unread(epoch), partition_epoch=self.parts)
+                                    windows=Windows.of(batch_size=self.batch, shuffle_window=self.window,
+                                                       shuffle=self.shuffle), partition_epoch=self.parts)
 
     def delivered(self, pieces: balance.Pieces, stage: int, part: int, batches: int) -> List[Tuple[int, int, bool]]:
         """(catalog row, matching row, padding) each rank delivers in its first ``batches`` batches."""

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 from ..plan import balance
 from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
-from .batching import unread_rows, window_rows
+from ..plan.shuffle import Windows, slot_key
 from ..errors import InvalidValueError
 from ..params import check_int
 
@@ -46,16 +46,20 @@ class Layout:
             raise InvalidValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 
     def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
-        """Window shuffle key of a slot; a stage after an elastic resume gets its own."""
-        key = (self.plan.seed, epoch, self.rank if rank is None else rank, slot)
-        return key + (stage,) if stage else key
+        """Window shuffle key of a slot; a stage after an elastic resume gets its own (``shuffle.slot_key``)."""
+        return slot_key(self.plan.seed, epoch, self.rank if rank is None else rank, slot, stage)
+
+    @property
+    def windows(self) -> Windows:
+        """How this layout's slots shuffle (what ``plan.pieces`` needs to follow an elastic resume)."""
+        return Windows.of(batch_size=self.batch_size or 1, shuffle_window=self.shuffle_window, shuffle=self.shuffle)
 
     def pieces_args(self, epoch: int, num_workers: int = 1, stages=()) -> dict:
         """Keyword arguments of ``plan.pieces`` / ``plan.assignment`` for this layout's ``epoch``."""
         return dict(epoch=epoch, world_size=self.world_size, num_workers=num_workers,
                     batch_size=self.batch_size or 1,  # None: a token budget, which assigns rows one by one
                     reshuffle=self.reshuffle, partition_epoch=self.partition_epoch, stages=stages,
-                    unread=unread_rule(self, epoch) if stages else None, balance_by=self.balance_by)
+                    windows=self.windows, balance_by=self.balance_by)
 
     def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
         """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
@@ -75,17 +79,6 @@ def check_partition_epoch(partition_epoch, steps: int) -> int:
     balance.check_params(partition_epoch=partition_epoch)
     balance.check_partition(steps, partition_epoch)
     return int(partition_epoch)
-
-
-def unread_rule(settings, epoch: int):
-    """``elastic.Unread`` for ``settings``' loaders in ``epoch``: the window shuffle of ``WindowBatcher`` run
-    backwards, with each old slot's own key."""
-    size = window_rows(settings.batch_size, settings.shuffle_window, settings.shuffle)
-
-    def unread(rows: int, batches: int, stage: int, rank: int, slot: int):
-        key = settings.key(epoch, slot, stage, rank) if settings.shuffle else None
-        return unread_rows(rows, batch_size=settings.batch_size, window_rows=size, batches_done=batches, key=key)
-    return unread
 
 
 def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_epoch: int, *,

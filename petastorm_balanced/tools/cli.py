@@ -71,14 +71,13 @@ def cmd_inspect(args) -> int:
     extra = {"partition_epoch": args.partition_epoch}
     epoch, batch_size = args.epoch, args.batch_size
     if args.state:
-        from ..reading.elastic_position import unread_rule
         layout, epoch, batches, stages, state = _resume(plan, args)
         if batch_size not in (None, layout.batch_size):
             raise InputError(f"--batch-size {batch_size} differs from the state's batch_size={layout.batch_size}; "
                              "leave it out with --state")
         batch_size = layout.batch_size
         extra = {"partition_epoch": layout.partition_epoch, "stages": stages,
-                 "unread": unread_rule(layout, epoch) if stages else None,
+                 "windows": layout.windows,
                  "resume": {"saved_world_size": state["world_size"], "saved_epoch": state["epoch"],
                             "saved_batches": state["batches"], "batches": batches,
                             "stages": [s.as_list() for s in stages]}}
