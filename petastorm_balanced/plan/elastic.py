@@ -42,7 +42,7 @@ from typing import List, Sequence as Seq, Tuple
 import numpy as np
 
 from . import balance
-from .balance import Pieces, Sequence
+from .balance import Pieces, RowSequence
 from .shuffle import Windows
 from ..errors import InvalidValueError
 
@@ -105,7 +105,7 @@ def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num
                 partition_epoch - first_part)[0]
 
 
-def _cut(pool: Sequence, world_size: int, num_workers: int, batch_size: int, policy: str, part: int,
+def _cut(pool: RowSequence, world_size: int, num_workers: int, batch_size: int, policy: str, part: int,
          parts: int) -> Tuple[Pieces, int]:
     """Part ``part`` of the ``parts`` left, cut from ``pool`` as a pass is cut (0 steps when ``drop`` cannot fill
     one), and the pool position where that part starts."""
@@ -116,8 +116,8 @@ def _cut(pool: Sequence, world_size: int, num_workers: int, batch_size: int, pol
     return pieces, int(balance.part_steps(steps, parts)[:part].sum()) * world_size * batch_size
 
 
-def unconsumed(pool: Sequence, stage: Stage, index: int, pieces: Pieces, windows: Windows, *, seed: int,
-               epoch: int, part_begin: int) -> Sequence:
+def unconsumed(pool: RowSequence, stage: Stage, index: int, pieces: Pieces, windows: Windows, *, seed: int,
+               epoch: int, part_begin: int) -> RowSequence:
     """The real rows of ``pool`` that ``stage`` (stage ``index``, cut as ``pieces``, its part starting at
     ``part_begin``) did not deliver, in the order the next stage lays them out."""
     workers, batch = stage.num_workers, pieces.batch_size
@@ -141,7 +141,7 @@ def unconsumed(pool: Sequence, stage: Stage, index: int, pieces: Pieces, windows
 class _Builder:
     """Collects runs and scattered positions of a pool into the next pool, sharing the pool's subsets."""
 
-    def __init__(self, pool: Sequence):
+    def __init__(self, pool: RowSequence):
         self.pool, self.starts = pool, pool.positions
         self.parts: List[Tuple[np.ndarray, ...]] = []
         self.subsets: List[np.ndarray] = list(pool.subsets)
@@ -176,14 +176,14 @@ class _Builder:
                 part = ([pool.row[s]], [0], [len(rows)], [len(self.subsets) - 1])
             self.parts.append(tuple(np.asarray(p, dtype=np.int64) for p in part))
 
-    def build(self) -> Sequence:
+    def build(self) -> RowSequence:
         if not self.parts:
             empty = np.empty(0, dtype=np.int64)
-            return Sequence(empty, empty, empty, np.empty(0, dtype=bool), empty, ())
+            return RowSequence(empty, empty, empty, np.empty(0, dtype=bool), empty, ())
         row, first, length, subset = (np.concatenate(p).astype(np.int64) for p in zip(*self.parts))
         used = np.unique(subset[subset >= 0])  # keep only subsets still referenced, renumbered
         renumber = np.full(len(self.subsets) + 1, -1, dtype=np.int64)  # index -1 (no subset) stays -1
         renumber[used] = np.arange(len(used))
         subset = renumber[subset]
-        return Sequence(row, first, length, np.zeros(len(row), dtype=bool), subset,
+        return RowSequence(row, first, length, np.zeros(len(row), dtype=bool), subset,
                         tuple(self.subsets[i] for i in used))

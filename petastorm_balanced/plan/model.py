@@ -112,9 +112,9 @@ class ShardPlan:
         """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank).
 
         ``partition_epoch=P``: ``epoch`` is part ``epoch % P`` of pass ``epoch // P``. ``stages``: the worlds that
-        served this pass before an elastic resume (``elastic.py``), with ``windows`` saying how their slots
-        shuffled (so which rows they had not delivered yet). Cost balance deals the pass's row group order so every rank's stretch carries
-        average cost (``cost_order``).
+        served this pass before an elastic resume (``elastic.py``), with ``windows`` saying how their slots shuffled
+        (so which rows they had not delivered yet). Cost balance deals the pass's row group order so every rank's
+        stretch carries average cost (``cost_order``).
         """
         world = self.world_size if world_size is None else world_size
         by_cost = self.resolve_balance(balance_by) == "cost"

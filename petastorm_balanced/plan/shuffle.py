@@ -61,7 +61,8 @@ def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_d
     """
     done = batches_done * batch_size
     if done > total_rows or batches_done < 0:
-        raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {total_rows // batch_size} batches")
+        raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {total_rows // batch_size} "
+                                "batches")
     if key is None or done == total_rows:
         return np.empty(0, dtype=np.int64), done
     window = done // window_rows

@@ -178,10 +178,6 @@ class CostOptions:
     budget: Optional[int] = None  # max_batch_cost: batches of varying rows
     mean_cost: float = 0.0  # the plan's cost per matching row (token budgets)
 
-    def identity(self) -> dict:
-        """State-dict entries a saved position depends on (only loaders that balance cost carry them)."""
-        return {"balance": "cost", "cost_reduce": self.reduce, "max_batch_cost": self.budget}
-
     def arrange(self, costs: np.ndarray, batch_size: Optional[int], key: Sequence[int]):
         """``(order, lengths)`` for one window: lengths is None for fixed-size batches."""
         if self.budget is not None:

@@ -16,8 +16,13 @@ from ..plan.shuffle import Windows, slot_key
 from ..errors import InvalidValueError
 from ..params import check_int
 
-# state_dict keys read here (the others are Position's); STAGES and PARTITION_EPOCH may be absent (older states)
+# The loader state keys, declared once: Position, the loaders, the cost identity and the CLI use these names.
+# STAGES and PARTITION_EPOCH may be absent (older states); the cost keys are only a cost-balancing loader's.
 EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
+PLAN_CHECKSUM, BATCH_SIZE = "plan_checksum", "batch_size"
+SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
+BALANCE, COST_REDUCE, MAX_BATCH_COST = "balance", "cost_reduce", "max_batch_cost"
+NUM_WORKERS = "num_workers"  # slots per rank of a BalancedIterableDataset's state
 
 
 class Layout:
@@ -38,10 +43,10 @@ class Layout:
     def of_state(cls, plan: ShardPlan, state: dict, world_size: int) -> "Layout":
         """The layout a saved loader state was made with, for ``world_size`` ranks."""
         try:
-            return cls(plan, world_size, batch_size=state["batch_size"], shuffle=state["shuffle"],
-                       shuffle_window=state["shuffle_window"], reshuffle=state["reshuffle"],
+            return cls(plan, world_size, batch_size=state[BATCH_SIZE], shuffle=state[SHUFFLE],
+                       shuffle_window=state[SHUFFLE_WINDOW], reshuffle=state[RESHUFFLE],
                        partition_epoch=state.get(PARTITION_EPOCH, 1),
-                       balance_by="cost" if state.get("balance") == "cost" else "rows")
+                       balance_by="cost" if state.get(BALANCE) == "cost" else "rows")
         except KeyError as exc:
             raise InvalidValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 

@@ -3,8 +3,9 @@ anything is decoded.
 
 Every read path uses this module: the Petastorm worker classes in ``petastorm_backend.py`` (thread or process
 pool), the Arrow backend's threads (``arrow_backend.py``) and the in-process reads of ``BalancedIterableDataset``
-inside DataLoader workers. Keeping one implementation is what makes the paths deliver the same rows, and the row count check here is what turns a dataset rewritten after planning
-into a ``StalePlanError`` instead of silently shifted rows.
+inside DataLoader workers. Keeping one implementation is what makes the paths deliver the same rows, and the row
+count check here is what turns a dataset rewritten after planning into a ``StalePlanError`` instead of silently
+shifted rows.
 """
 from __future__ import annotations
 

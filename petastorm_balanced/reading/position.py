@@ -69,7 +69,9 @@ class Settings(Layout):
         if self._checksum is None:
             self._checksum = self.plan.checksum
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
-        return {**dict(zip(Position.IDENTITY_KEYS, values)), **({} if self.cost is None else self.cost.identity())}
+        cost = {} if self.cost is None else {elastic_position.BALANCE: "cost", elastic_position.COST_REDUCE:
+                                             self.cost.reduce, elastic_position.MAX_BATCH_COST: self.cost.budget}
+        return {**dict(zip(Position.IDENTITY_KEYS, values)), **cost}
 
 
 class Position:
@@ -91,10 +93,12 @@ class Position:
     ``set_epoch`` or ``load_state_dict`` supersedes it, and a superseded iteration no longer moves the position.
     """
 
-    EPOCH = "epoch"
-    BATCHES = "batches"
-    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = "plan_checksum", "world_size", "batch_size"
-    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
+    # state_dict keys (declared in ``elastic_position``)
+    EPOCH, BATCHES = elastic_position.EPOCH, elastic_position.BATCHES
+    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (elastic_position.PLAN_CHECKSUM, elastic_position.WORLD_SIZE,
+                                             elastic_position.BATCH_SIZE)
+    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (elastic_position.SHUFFLE, elastic_position.SHUFFLE_WINDOW,
+                                          elastic_position.RESHUFFLE)
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
     STAGES, PARTITION_EPOCH = elastic_position.STAGES, elastic_position.PARTITION_EPOCH  # optional on load
