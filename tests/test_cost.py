@@ -235,12 +235,15 @@ def epoch(plan, world, **kwargs):
 
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 def test_cost_loader_g1_g2_and_cost_column(cost_plan, reduce):
+    from petastorm_balanced.tools.coverage import coverage_check, steps_check
     ranks = epoch(cost_plan, 3, cost_reduce=reduce, batch_size=8)
-    steps = {len(batches) for batches, _ in ranks}
-    assert steps == {cost_plan.steps_per_epoch(3, 8)}  # G1
-    assert all(len(b) == 8 for batches, _ in ranks for b in batches)
-    ids = np.concatenate([b for batches, _ in ranks for b in batches])
-    assert len(ids) == len(np.unique(ids)) and cost_plan.total_rows - len(ids) < 3 * 8  # G2
+    ids = [np.concatenate(batches) for batches, _ in ranks]
+    checks = [steps_check([[len(b) for b in batches] for batches, _ in ranks], steps=cost_plan.steps_per_epoch(3, 8),
+                          batch_size=8, name="G1"),
+              coverage_check(ids, [np.zeros(len(i), bool) for i in ids], policy="drop", global_batch=3 * 8,
+                             expected=pq.read_table(cost_plan.dataset_url.replace("file://", ""), columns=["id"])
+                             .column(0).to_numpy(), name="G2")]
+    assert all(c.ok for c in checks), "; ".join(c.line() for c in checks)
     from petastorm_balanced import make_loader
     batch = next(iter(make_loader(0, 3, plan=cost_plan, backend="arrow", schema_fields=["id"])))
     assert set(batch) == {"id", "_cost"} and batch["_cost"].dtype.is_floating_point is False
