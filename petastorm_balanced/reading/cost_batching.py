@@ -39,6 +39,7 @@ import numpy as np
 
 from .batching import StartPoint, window_permutation
 from ..errors import InvalidValueError
+from ..params import check_int
 
 REDUCES = ("sum", "max")
 # Generator key tags, so the key of one use never equals the key of another.
@@ -217,9 +218,7 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
         raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' "
                                 "for padded ones (batch_size x longest row)")
     if max_batch_cost is not None:
-        if isinstance(max_batch_cost, bool) or not isinstance(max_batch_cost, (int, np.integer)) or \
-                max_batch_cost < 1:
-            raise InvalidValueError(f"max_batch_cost={max_batch_cost!r} must be an int >= 1 (the cost budget per batch)")
+        max_batch_cost = check_int("max_batch_cost", max_batch_cost, minimum=1, hint=" (the cost budget per batch)")
         if batch_size is not None:
             raise InvalidValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass "
                                     f"batch_size=None (not {batch_size})")
