@@ -1,7 +1,7 @@
 """Planning cost: metadata-only plan time over many small files, and plan bytes per scanned row.
 
-Run: ``python benchmarks/bench_plan.py [--files 10000] [--workdir DIR]``. Prints one line per figure; the DESIGN.md
-budgets are about 1 bit per scanned row when a predicate matches at random, and tens of bytes per row group
+Run: ``python benchmarks/bench_plan.py [--files 10000] [--workdir DIR]``. Prints one line per figure; the budgets
+(docs/plan-format.md) are about 1 bit per scanned row when a predicate matches at random, and tens of bytes per row group
 when whole row groups match. Everything is generated in a temporary folder with pyarrow (no Spark).
 """
 from __future__ import annotations

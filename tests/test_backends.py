@@ -112,3 +112,48 @@ def test_petastorm_backend_missing_says_what_to_do(plans):
         pytest.skip("Petastorm imports on this stack; the refusal is for stacks without it")
     with pytest.raises(ImportError, match="use backend='arrow'"):
         make_loader(0, 3, plan=plans["drop"], backend="petastorm")
+
+
+# The delivery contract on every other thing that delivers planned rows (the loaders of both backends: above).
+
+@pytest.mark.parametrize("case", ["drop", "pad-en", "hive"])
+def test_delivery_contract_iterable_dataset(plans, plain_dataset, hive_dataset, case):
+    """BalancedIterableDataset iterated in the process (what DataLoader(num_workers=0) does)."""
+    plan = plans[case]
+    expected = matching_ids((hive_dataset if case == "hive" else plain_dataset).path,
+                            "en" if case == "pad-en" else None)
+
+    def read(rank, world, epoch):
+        return BalancedIterableDataset(plan, rank, world, epoch=epoch, padding_mask=True, backend="arrow",
+                                       schema_fields=["id"])
+    check_delivery(plan, expected, read, worlds=(1, 2, 3), epochs=(0, 1))
+
+
+@pytest.mark.slow  # DataLoader worker processes for every rank of two worlds
+def test_delivery_contract_iterable_dataset_in_dataloader_workers(plans, plain_dataset):
+    plan = plans["pad-en"]
+
+    def read(rank, world, epoch):
+        return BalancedIterableDataset(plan, rank, world, epoch=epoch, padding_mask=True, backend="arrow",
+                                       schema_fields=["id"]).dataloader(num_workers=2)
+    check_delivery(plan, matching_ids(plain_dataset.path, "en"), read, worlds=(2, 3), epochs=(0, 1))
+
+
+@petastorm_only
+@pytest.mark.parametrize("case", ["drop", "pad-en", "hive"])
+def test_delivery_contract_make_reader(plans, plain_dataset, hive_dataset, case):
+    """make_reader delivers a rank's rows in plan order (batches of one fragment each, no padding column): its ids
+    are cut into the plan's batches, flagged as the rank's planned fragments are."""
+    from petastorm_balanced import make_reader
+    plan = plans[case]
+    expected = matching_ids((hive_dataset if case == "hive" else plain_dataset).path,
+                            "en" if case == "pad-en" else None)
+
+    def read(rank, world, epoch):
+        with make_reader(rank, world, plan=plan, epoch=epoch, schema_fields=["id"], workers_count=2) as reader:
+            ids = np.concatenate([np.atleast_1d(item.id) for item in reader])
+        flags = np.concatenate([np.full(f.num_rows, f.padding) for f in plan.assignment(rank, epoch=epoch,
+                                                                                      world_size=world)])
+        assert len(ids) == len(flags), f"make_reader delivered {len(ids)} rows of rank {rank}'s {len(flags)}"
+        return [{"id": ids[i:i + BATCH], "_padding": flags[i:i + BATCH]} for i in range(0, len(ids), BATCH)]
+    check_delivery(plan, expected, read, worlds=(1, 3), epochs=(0, 1))

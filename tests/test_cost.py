@@ -148,17 +148,21 @@ def test_cost_windows_resume_at_any_batch(rows, batch, windows, reduce, data):
     total = sum(rows) // batch * batch
     if total == 0:
         return
+    ends = np.minimum(np.cumsum(rows), total)  # the drawn fragments, the last ones cut to whole batches
+    fragments = np.diff(np.concatenate(([0], ends)))
     cost_of = np.random.default_rng(len(rows)).integers(0, 50, size=sum(rows))
     size = windows * batch
     arrange = arrange_sum if reduce == "sum" else arrange_max
 
     def run(done):
-        start = start_point(np.array([total]), batch_size=batch, window_rows=size, batches_done=done, shuffle=True)
+        start = start_point(fragments, batch_size=batch, window_rows=size, batches_done=done, shuffle=True)
         batcher = WindowBatcher(total_rows=total, batch_size=batch, window_rows=size, start=start, key=(1, 2, 3, 0),
                                 arrange=lambda w, key: (arrange(w["c"], batch, key), None))
-        ids = np.arange(start.row, total)
-        out = [b["id"].tolist() for r in batcher.push({"id": ids, "c": cost_of[ids]})
-               for b in split_batches(r, batch)]
+        out = []
+        for f in range(start.fragment, len(fragments)):  # fragment by fragment, as the loaders push them
+            ids = np.arange(ends[f] - fragments[f] + (start.offset if f == start.fragment else 0), ends[f])
+            out += [b["id"].tolist() for r in batcher.push({"id": ids, "c": cost_of[ids]})
+                    for b in split_batches(r, batch)]
         batcher.finish()
         return out
 
@@ -231,12 +235,15 @@ def epoch(plan, world, **kwargs):
 
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 def test_cost_loader_g1_g2_and_cost_column(cost_plan, reduce):
+    from petastorm_balanced.tools.coverage import coverage_check, steps_check
     ranks = epoch(cost_plan, 3, cost_reduce=reduce, batch_size=8)
-    steps = {len(batches) for batches, _ in ranks}
-    assert steps == {cost_plan.steps_per_epoch(3, 8)}  # G1
-    assert all(len(b) == 8 for batches, _ in ranks for b in batches)
-    ids = np.concatenate([b for batches, _ in ranks for b in batches])
-    assert len(ids) == len(np.unique(ids)) and cost_plan.total_rows - len(ids) < 3 * 8  # G2
+    ids = [np.concatenate(batches) for batches, _ in ranks]
+    checks = [steps_check([[len(b) for b in batches] for batches, _ in ranks], steps=cost_plan.steps_per_epoch(3, 8),
+                          batch_size=8, name="G1"),
+              coverage_check(ids, [np.zeros(len(i), bool) for i in ids], policy="drop", global_batch=3 * 8,
+                             expected=pq.read_table(cost_plan.dataset_url.replace("file://", ""), columns=["id"])
+                             .column(0).to_numpy(), name="G2")]
+    assert all(c.ok for c in checks), "; ".join(c.line() for c in checks)
     from petastorm_balanced import make_loader
     batch = next(iter(make_loader(0, 3, plan=cost_plan, backend="arrow", schema_fields=["id"])))
     assert set(batch) == {"id", "_cost"} and batch["_cost"].dtype.is_floating_point is False
@@ -296,15 +303,57 @@ def test_cost_loader_arguments_are_checked(cost_plan, lengths):
         (dict(plan=cost_plan, batch_size=8, max_batch_cost=10_000), "pass batch_size=None"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=1), "below the plan's largest row cost"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=0), "max_batch_cost=0"),
-        (dict(plan=cost_plan, balance="cost", shuffle=False), "needs shuffle=True"),
+        (dict(plan=cost_plan, batch_size=None, max_batch_cost=10_000, shuffle=False), "needs shuffle=True"),
+        (dict(plan=plain, batch_size=None, max_batch_cost=10_000), "needs balance='cost' .or 'auto'. and a plan"),
         (dict(plan=cost_plan, batch_size=None, max_batch_cost=10_000, cost_reduce="max"), "cost_reduce='sum'"),
     ]
     for kwargs, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             make_loader(0, 3, backend="arrow", **kwargs)
-    # a plan without cost, and shuffle=False with balance="auto", read as before (rows)
+    # a plan without cost reads as before (rows, no cost column)
     assert "_cost" not in next(iter(make_loader(0, 3, plan=plain, backend="arrow")))
-    assert "_cost" not in next(iter(make_loader(0, 3, plan=cost_plan, backend="arrow", shuffle=False)))
+
+
+def planned_ids(plan, rank, balance_by):
+    """The ids of rank ``rank``'s epoch-0 fragments, in plan order, read with pyarrow."""
+    root = plan.dataset_url.replace("file://", "")
+    return np.concatenate([pq.ParquetFile(os.path.join(root, f.path)).read_row_group(f.row_group, columns=["id"])
+                           .column(0).to_numpy()[f.row_indices()]
+                           for f in plan.assignment(rank, world_size=3, batch_size=8, balance_by=balance_by)])
+
+
+def test_one_auto_rule_for_every_reader(cost_plan):
+    """``balance="auto"`` is the plan's rule (``ShardPlan.resolve_balance``): a cost plan is read in its cost-dealt
+    order by make_loader, BalancedIterableDataset, make_reader and verify alike, shuffling or not."""
+    from petastorm_balanced import BalancedIterableDataset, make_loader
+    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.tools.verify import ReadCheck
+    assert cost_plan.resolve_balance("auto") == "cost" and cost_plan.resolve_balance("rows") == "rows"
+    for rank in range(3):
+        by_cost, by_rows = planned_ids(cost_plan, rank, "cost"), planned_ids(cost_plan, rank, "rows")
+        assert not np.array_equal(by_cost, by_rows), "the cost order must differ from the row order here"
+        readers = {
+            "make_loader": lambda: make_loader(rank, 3, plan=cost_plan, batch_size=8, shuffle=False, backend="arrow"),
+            "BalancedIterableDataset": lambda: BalancedIterableDataset(cost_plan, rank, 3, batch_size=8,
+                                                                       shuffle=False, backend="arrow"),
+        }
+        for name, make in readers.items():
+            batches = list(make())
+            assert all("_cost" in b for b in batches), f"{name}: a cost-balanced loader's batches carry _cost"
+            got = np.concatenate([b["id"].numpy() for b in batches])
+            assert np.array_equal(got, by_cost), name
+        shuffled = np.concatenate([b["id"].numpy() for b in make_loader(rank, 3, plan=cost_plan, batch_size=8,
+                                                                         backend="arrow", shuffle_window=96)])
+        assert sorted(shuffled.tolist()) == sorted(by_cost.tolist()), "shuffling arranges the same rows"
+        if petastorm_importable():
+            from petastorm_balanced import make_reader
+            with make_reader(rank, 3, plan=cost_plan, batch_size=8) as reader:
+                got = np.concatenate([np.atleast_1d(b.id) for b in reader])
+            assert np.array_equal(got, by_cost), "make_reader"
+        check = ReadCheck(cost_plan, batch_size=8)
+        keys, _, _ = check._rank_rows(rank, 0)  # what verify --read reads for the rank
+        frags = cost_plan.assignment(rank, batch_size=8, balance_by="cost")
+        assert np.array_equal(keys, np.concatenate([check.rows.keys(f) for f in frags])), "verify"
 
 
 @pytest.mark.slow  # six Petastorm readers: about 7 s (the Unischema test below checks agreement quickly)

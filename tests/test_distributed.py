@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from petastorm_balanced import datagen, plan_shards
+from petastorm_balanced.tools.coverage import coverage_check, steps_check
 from jobs import free_port, job_env
 
 pytestmark = pytest.mark.slow
@@ -59,24 +60,28 @@ def torchrun(nproc: int, plan_url: str, ids_out: Path, *extra):
     return done, time.monotonic() - started
 
 
+def recorded_batches(steps, ids):
+    """Batch sizes of each rank from a job's record (its step count and its flat ids): ``steps`` batches of
+    ``BATCH`` rows, the last holding whatever is left, so a record whose ids do not fill its steps fails G1."""
+    return [[BATCH] * (s - 1) + [len(i) - (s - 1) * BATCH] if s else [len(i)] * bool(len(i))
+            for s, i in zip(steps, ids)]
+
+
+def assert_checks(*checks):
+    assert all(c.ok for c in checks), "; ".join(c.line() for c in checks)
+
+
 def check_delivery(steps, ids, padding, *, expected_steps, matching, world, policy):
-    """G1 and G2 for one epoch, against the dataset's own matching ids."""
-    assert steps == [expected_steps] * world, f"unequal steps {steps}, expected {expected_steps} on every rank"
-    for rank_ids in ids:
-        assert len(rank_ids) == expected_steps * BATCH
-    all_ids = np.concatenate([np.asarray(i, np.int64) for i in ids])
-    flags = np.concatenate([np.asarray(p, bool) for p in padding])
-    real = all_ids[~flags]
-    assert len(np.unique(real)) == len(real), "a row was delivered twice without a padding flag"
-    assert np.isin(all_ids, matching).all(), "a delivered row does not match lang == 'en'"
-    missing = np.setdiff1d(matching, real)
-    if policy == "drop":
-        assert not flags.any()
-        assert len(missing) < world * BATCH, f"{len(missing)} matching rows left out (limit {world * BATCH - 1})"
-    else:
-        assert len(missing) == 0, f"policy pad left out {len(missing)} matching rows"
-        assert flags.sum() < world * BATCH and np.isin(all_ids[flags], real).all()
-    return set(missing.tolist())
+    """G1 and G2 for one epoch, judged by ``tools/coverage.py`` against the dataset's own matching ids; returns
+    the matching ids left out."""
+    assert len(steps) == world, f"{len(steps)} ranks recorded, expected {world}"
+    ids = [np.asarray(i, np.int64) for i in ids]
+    padding = [np.asarray(p, bool) for p in padding]
+    assert_checks(steps_check(recorded_batches(steps, ids), steps=expected_steps, batch_size=BATCH, name="G1"),
+                  coverage_check(ids, padding, expected=matching, policy=policy, global_batch=world * BATCH,
+                                 name="G2"))
+    real = np.concatenate(ids)[~np.concatenate(padding)]
+    return set(np.setdiff1d(matching, real).tolist())
 
 
 def excerpt(output: str) -> str:
@@ -140,14 +145,16 @@ def test_torchrun_elastic_restart_four_ranks_then_three(skewed, tmp_path):
     assert second.returncode == 0 and "ALL CHECKS PASSED" in second.stdout, excerpt(output)
     before = json.loads((tmp_path / "ids-a" / "epoch0.json").read_text())
     after = json.loads((tmp_path / "ids-b" / "epoch0.json").read_text())
-    assert before["steps"] == [stop] * 4
     left = after["steps_per_epoch"]
-    assert after["steps"] == [left] * 3 and all(len(i) == left * BATCH for i in after["ids"])
     assert left == (len(matching) - 4 * stop * BATCH) // (3 * BATCH), "the rows left, split over 3 ranks"
-    ids = np.concatenate([np.asarray(i, np.int64) for i in before["ids"] + after["ids"]])
-    assert len(np.unique(ids)) == len(ids), "a row delivered twice across the restart"
-    assert np.isin(ids, matching).all()
-    assert 0 <= len(matching) - len(ids) < 3 * BATCH, "fewer than W' x batch rows left out"
+    ids = [np.asarray(i, np.int64) for i in before["ids"] + after["ids"]]
+    assert_checks(steps_check(recorded_batches(before["steps"], before["ids"]), steps=stop, batch_size=BATCH,
+                              name="G1 world 4"),
+                  steps_check(recorded_batches(after["steps"], after["ids"]), steps=left, batch_size=BATCH,
+                              name="G1 world 3"),
+                  coverage_check(ids, [np.asarray(p, bool) for p in before["padding"] + after["padding"]],
+                                 expected=matching, policy="drop",
+                                 global_batch=3 * BATCH, name="G2 across the restart (W' x batch bound)"))
     record = json.loads((tmp_path / "ids-b" / "epoch1.json").read_text())
     check_delivery(record["steps"], record["ids"], record["padding"],
                    expected_steps=plan.steps_per_epoch(world_size=3, batch_size=BATCH), matching=matching, world=3,
@@ -269,19 +276,15 @@ def test_horovod_elastic_rank_leaves_mid_epoch(skewed, tmp_path, how):
         assert seen == worlds, f"epoch {epoch} ran at worlds {seen}, expected {worlds} (a rank left mid-epoch 0)"
         ranks = [r for c in mine for r in c["ranks"]]
         for world in worlds:
-            steps = [sum(r["steps"] for c in mine if c["world"] == world for r in c["ranks"] if r["rank"] == rank)
-                     for rank in range(world)]
-            assert len(set(steps)) == 1, f"epoch {epoch} world {world}: unequal steps {steps}"
-            if (epoch, world) == (0, 2):
-                assert steps == [committed] * 2, f"world 2 committed {steps} steps, expected {committed}"
-        for r in ranks:
-            assert len(r["ids"]) == r["steps"] * BATCH
-        ids = np.concatenate([np.asarray(r["ids"], np.int64) for r in ranks])
-        assert not any(p for r in ranks for p in r["padding"])
-        assert len(np.unique(ids)) == len(ids), f"epoch {epoch}: a row was delivered twice"
-        assert np.isin(ids, matching).all(), "a delivered row does not match lang == 'en'"
-        missing = np.setdiff1d(matching, ids)
-        assert len(missing) < BATCH, f"epoch {epoch}: {len(missing)} matching rows left out (limit {BATCH - 1})"
+            logs = [[r for c in mine if c["world"] == world for r in c["ranks"] if r["rank"] == rank]
+                    for rank in range(world)]
+            steps = [sum(r["steps"] for r in log) for log in logs]
+            sizes = [sum((recorded_batches([r["steps"]], [r["ids"]])[0] for r in log), []) for log in logs]
+            assert_checks(steps_check(sizes, steps=committed if (epoch, world) == (0, 2) else steps[0],
+                                      batch_size=BATCH, name=f"G1 epoch {epoch} world {world}"))
+        assert_checks(coverage_check([np.asarray(r["ids"], np.int64) for r in ranks],
+                                     [np.asarray(r["padding"], bool) for r in ranks], expected=matching,
+                                     policy="drop", global_batch=BATCH, name=f"G2 epoch {epoch} (1 x batch bound)"))
     from petastorm_balanced import make_loader
     for rank in range(2):  # the committed log is what the plan serves rank r of 2, not just any rows
         loader = make_loader(rank, 2, plan=plan, batch_size=BATCH, schema_fields=["id"])

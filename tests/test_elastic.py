@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from petastorm_balanced.plan import balance, elastic
-from petastorm_balanced.reading.batching import WindowBatcher, start_point, unread_rows, window_rows
+from petastorm_balanced.plan.shuffle import Windows
+from petastorm_balanced.reading.batching import WindowBatcher, start_point, window_rows
 from strategies import catalogs, seeds
 
 
@@ -34,18 +35,12 @@ class Job:
     window: int  # shuffle window rows (None: no shuffle)
     shuffle: bool
 
-    def unread(self, epoch):
-        def unread(rows, batches, stage, rank, slot):
-            key = slot_key(self.seed, epoch, stage, rank, slot) if self.shuffle else None
-            size = window_rows(self.batch, self.window, self.shuffle)
-            return unread_rows(rows, batch_size=self.batch, window_rows=size, batches_done=batches, key=key)
-        return unread
-
     def pieces(self, stages, world, workers, part) -> balance.Pieces:
         epoch = self.passes * self.parts + part
         return elastic.stage_pieces(self.counts, stages=stages, world_size=world, num_workers=workers,
                                     batch_size=self.batch, policy=self.policy, seed=self.seed, epoch=epoch,
-                                    unread=self.unread(epoch), partition_epoch=self.parts)
+                                    windows=Windows.of(batch_size=self.batch, shuffle_window=self.window,
+                                                       shuffle=self.shuffle), partition_epoch=self.parts)
 
     def delivered(self, pieces: balance.Pieces, stage: int, part: int, batches: int) -> List[Tuple[int, int, bool]]:
         """(catalog row, matching row, padding) each rank delivers in its first ``batches`` batches."""
@@ -54,23 +49,27 @@ class Job:
         for rank in range(pieces.world_size):
             mine = pieces.of_rank(rank)
             for worker in range(pieces.num_workers):
-                ids = [(int(mine.catalog_row[i]), int(m), bool(mine.padding[i]))
-                       for i in np.flatnonzero(mine.worker == worker) for m in mine.matching_rows(i)]
+                fragments = [[(int(mine.catalog_row[i]), int(m), bool(mine.padding[i]))
+                              for m in mine.matching_rows(i)] for i in np.flatnonzero(mine.worker == worker)]
                 done = (batches + pieces.num_workers - 1 - worker) // pieces.num_workers
-                out += slot_batches(ids, self.batch, self.window, self.shuffle,
+                out += slot_batches(fragments, self.batch, self.window, self.shuffle,
                                     slot_key(self.seed, epoch, stage, rank, worker))[:done * self.batch]
         return out
 
 
-def slot_batches(ids, batch, window, shuffle, key):
-    """A slot's rows in delivery order, through the loaders' own batcher."""
+def slot_batches(fragments, batch, window, shuffle, key):
+    """A slot's rows in delivery order, through the loaders' own batcher, fed one fragment (piece) at a time as
+    the loaders feed it."""
+    ids = [row for fragment in fragments for row in fragment]
     if not ids:
         return []
     size = window_rows(batch, window, shuffle)
-    start = start_point(np.array([len(ids)]), batch_size=batch, window_rows=size, batches_done=0, shuffle=shuffle)
+    lengths = np.array([len(f) for f in fragments])
+    start = start_point(lengths, batch_size=batch, window_rows=size, batches_done=0, shuffle=shuffle)
     batcher = WindowBatcher(total_rows=len(ids), batch_size=batch, window_rows=size, start=start,
                             key=key if shuffle else None)
-    runs = list(batcher.push({"i": np.arange(len(ids))}))
+    ends = np.cumsum(lengths)
+    runs = [run for begin, end in zip(ends - lengths, ends) for run in batcher.push({"i": np.arange(begin, end)})]
     batcher.finish()
     return [ids[i] for run in runs for i in run["i"].tolist()]
 
@@ -148,13 +147,23 @@ def test_sub_epochs_split_a_pass(case):
 
 
 def test_one_part_is_the_plain_assignment():
+    """partition_epoch=1: epoch e is the whole of pass e, the pass's rows in its seeded row group order, padded
+    with a flagged copy of its last rows, cut into consecutive equal rank stretches (an oracle built from the
+    order alone, not from the cutting code)."""
     counts = np.array([40, 7, 13, 22])
+    world, batch = 3, 4
+    steps = balance.steps_per_rank(int(counts.sum()), world, batch, "pad")
     for epoch in range(3):
-        plain = balance.assign(counts, world_size=3, batch_size=4, policy="pad", seed=5, epoch=epoch)
-        parted = balance.assign(counts, world_size=3, batch_size=4, policy="pad", seed=5, epoch=epoch,
+        parted = balance.assign(counts, world_size=world, batch_size=batch, policy="pad", seed=5, epoch=epoch,
                                 partition_epoch=1)
-        assert all(np.array_equal(getattr(plain, f), getattr(parted, f))
-                   for f in ("rank", "catalog_row", "start", "stop", "padding"))
+        rows = [(int(c), i, False) for c in balance.epoch_order(len(counts), 5, epoch) for i in range(counts[c])]
+        missing = steps * world * batch - len(rows)
+        rows += [(c, i, True) for c, i, _ in rows[len(rows) - missing:]]
+        for rank in range(world):
+            mine = parted.of_rank(rank)
+            got = [(int(c), i, bool(p)) for c, s, e, p in zip(mine.catalog_row, mine.start, mine.stop, mine.padding)
+                   for i in range(s, e)]
+            assert got == rows[rank * steps * batch:(rank + 1) * steps * batch], (epoch, rank)
 
 
 def test_passes_have_fresh_orders():

@@ -20,6 +20,7 @@ from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
 from petastorm_balanced.reading import fragments as fragments_module
 from petastorm_balanced.reading.options import OWNED_ARGUMENTS, petastorm_importable
+from petastorm_balanced.tools.coverage import coverage_check, steps_check
 from resume_contract import check_resume_contract, fingerprint
 from stacks import petastorm_only
 
@@ -112,23 +113,19 @@ def test_every_rank_equal_full_batches_and_coverage(plans, case):
         if plan.total_rows < world * batch:
             continue
         steps = plan.steps_per_epoch(world)
-        real, padded = [], []
+        ids, flags, sizes = [], [], []
         for rank in range(world):
             loader = make_loader(rank, world, plan=plan, epoch=1, workers_count=2, padding_mask=True,
                                  shuffle_window=100)
             assert len(loader) == steps
-            ids, pads, sizes = read_rank(loader)
-            assert len(sizes) == steps and all(s == {batch} for s in sizes), f"G1 rank {rank} of {world}"
-            real.append(ids[~pads])
-            padded.append(ids[pads])
-        real, padded = np.concatenate(real), np.concatenate(padded)
-        assert len(np.unique(real)) == len(real), f"a real row delivered twice (world {world})"
-        assert set(real) <= matching and set(padded) <= matching
-        left_out = len(matching) - len(real)
-        if plan.policy == "drop":
-            assert len(padded) == 0 and 0 <= left_out < world * batch
-        else:
-            assert left_out == 0 and len(padded) < world * batch
+            rank_ids, rank_flags, rank_sizes = read_rank(loader)
+            ids.append(rank_ids)
+            flags.append(rank_flags)
+            sizes.append([s.pop() if len(s) == 1 else -1 for s in rank_sizes])  # -1: columns of unequal length
+        checks = [steps_check(sizes, steps=steps, batch_size=batch, name="G1"),
+                  coverage_check(ids, flags, expected=np.array(sorted(matching)), policy=plan.policy,
+                                 global_batch=world * batch, name="G2")]
+        assert all(c.ok for c in checks), f"world {world}: " + "; ".join(c.line() for c in checks)
 
 
 def test_epochs_differ_and_same_config_repeats(plans):

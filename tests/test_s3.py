@@ -129,12 +129,13 @@ def test_wrapper_lists_like_the_local_disk(s3, hive_dataset):
 
 def _check_epoch(plan, batches_by_rank, world):
     """G1 and G2 (drop) on the rows themselves."""
-    steps = plan.steps_per_epoch(world)
-    assert [len(b) for b in batches_by_rank] == [steps] * world
-    ids = np.concatenate([np.concatenate(b) for b in batches_by_rank])
-    assert all(len(x) == plan.batch_size for b in batches_by_rank for x in b)
-    assert len(np.unique(ids)) == len(ids)  # nothing delivered twice
-    assert plan.total_rows - len(ids) < world * plan.batch_size  # fewer than one global batch left out
+    from petastorm_balanced.tools.coverage import coverage_check, steps_check
+    ids = [np.concatenate(b) for b in batches_by_rank]
+    checks = [steps_check([[len(x) for x in b] for b in batches_by_rank], steps=plan.steps_per_epoch(world),
+                          batch_size=plan.batch_size, name="G1"),
+              coverage_check(ids, [np.zeros(len(i), bool) for i in ids], expected=plan.total_rows, policy="drop",
+                             global_batch=world * plan.batch_size, name="G2")]
+    assert all(c.ok for c in checks), "; ".join(c.line() for c in checks)
 
 
 @pytest.mark.parametrize("backend", ["arrow", pytest.param("petastorm", marks=petastorm_only)])

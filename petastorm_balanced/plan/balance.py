@@ -14,7 +14,7 @@ a cut falls inside it, so at most ``slots - 1`` row groups are split per epoch.
 The order is drawn from ``[seed, epoch]`` (never ``seed + epoch``), so every rank computes the same assignment
 with no communication. With sub-epochs (``partition_epoch=P``) the order is drawn per pass (``epoch // P``) and
 the pass's steps are cut into P consecutive runs of whole global steps (``part_steps``); ``elastic.py`` cuts what
-a pass has left after a world change the same way (``Sequence``, ``pad_to``, ``cut_part``). No I/O, no torch, no
+a pass has left after a world change the same way (``RowSequence``, ``pad_to``, ``cut_part``). No I/O, no torch, no
 pyspark in here.
 
 >>> import numpy as np
@@ -83,7 +83,7 @@ class Pieces:
 
 
 @dataclass(frozen=True)
-class Sequence:
+class RowSequence:
     """Rows laid end to end in delivery order, as segments of catalog row groups' matching rows; what ``cut``
     divides into slot quotas. Segment ``i`` holds matching rows ``first[i]:first[i] + length[i]`` of catalog row
     ``row[i]``, or those positions of ``subsets[subset[i]]`` when ``subset[i] >= 0``."""
@@ -104,24 +104,24 @@ class Sequence:
         """(segments + 1,) sequence position where each segment starts, then the end."""
         return np.concatenate(([0], np.cumsum(self.length)))
 
-    def append(self, other: "Sequence") -> "Sequence":
+    def append(self, other: "RowSequence") -> "RowSequence":
         shift = len(self.subsets)
-        return Sequence(*(np.concatenate(p) for p in zip(
+        return RowSequence(*(np.concatenate(p) for p in zip(
             (self.row, self.first, self.length, self.padding),
             (other.row, other.first, other.length, other.padding))),
             np.concatenate([self.subset, np.where(other.subset >= 0, other.subset + shift, -1)]),
             self.subsets + other.subsets)
 
-    def take(self, index: np.ndarray, first: np.ndarray, length: np.ndarray, padding: bool = False) -> "Sequence":
+    def take(self, index: np.ndarray, first: np.ndarray, length: np.ndarray, padding: bool = False) -> "RowSequence":
         """Segments ``index`` cut to ``first`` (absolute) and ``length``, keeping their subsets."""
-        return Sequence(self.row[index], first, length, np.full(len(index), padding), self.subset[index],
+        return RowSequence(self.row[index], first, length, np.full(len(index), padding), self.subset[index],
                         self.subsets)
 
 
-def plain_sequence(row: np.ndarray, counts: np.ndarray) -> Sequence:
+def plain_sequence(row: np.ndarray, counts: np.ndarray) -> RowSequence:
     """Whole row groups ``row`` (catalog rows) with ``counts`` matching rows each, in that order."""
     n = len(row)
-    return Sequence(np.asarray(row, dtype=np.int64), np.zeros(n, dtype=np.int64),
+    return RowSequence(np.asarray(row, dtype=np.int64), np.zeros(n, dtype=np.int64),
                     np.asarray(counts, dtype=np.int64), np.zeros(n, dtype=bool), np.full(n, -1, dtype=np.int64))
 
 
@@ -164,7 +164,7 @@ def split_epoch(epoch: int, partition_epoch: int) -> Tuple[int, int]:
     return epoch // partition_epoch, epoch % partition_epoch
 
 
-def pass_sequence(counts: np.ndarray, *, seed: int, pass_index: int, reshuffle: str = "epoch") -> Sequence:
+def pass_sequence(counts: np.ndarray, *, seed: int, pass_index: int, reshuffle: str = "epoch") -> RowSequence:
     """Every matching row of one pass, row groups in the order drawn from ``[seed, pass]`` (pass 0 if fixed)."""
     order = epoch_order(len(counts), seed, 0 if reshuffle == "fixed" else pass_index)
     return plain_sequence(order, np.asarray(counts, dtype=np.int64)[order])
@@ -212,7 +212,7 @@ def check_partition(steps: int, partition_epoch: int) -> None:
                                 f"every part needs at least one step: use partition_epoch <= {steps}")
 
 
-def pad_to(sequence: Sequence, delivered: int) -> Sequence:
+def pad_to(sequence: RowSequence, delivered: int) -> RowSequence:
     """``sequence`` followed, when it holds fewer than ``delivered`` rows, by a flagged copy of its last rows."""
     total, missing = sequence.total, delivered - sequence.total
     if missing <= 0:
@@ -225,7 +225,7 @@ def pad_to(sequence: Sequence, delivered: int) -> Sequence:
     return pad_to(sequence, delivered) if missing % total else sequence
 
 
-def cut_part(sequence: Sequence, *, steps: int, part: int, parts: int, world_size: int, num_workers: int,
+def cut_part(sequence: RowSequence, *, steps: int, part: int, parts: int, world_size: int, num_workers: int,
              batch_size: int) -> Pieces:
     """Part ``part`` of ``parts`` sharing ``steps`` steps per rank: consecutive whole global steps of
     ``sequence``, each cut into slot quotas (rank-major, workers inside a rank)."""
@@ -251,7 +251,7 @@ def cut_part(sequence: Sequence, *, steps: int, part: int, parts: int, world_siz
                   else ())
 
 
-def _tail(sequence: Sequence, rows: int) -> Sequence:
+def _tail(sequence: RowSequence, rows: int) -> RowSequence:
     """Padding segments that repeat the last ``rows`` rows of the sequence, in sequence order."""
     length = sequence.length
     from_end = np.cumsum(length[::-1])

@@ -139,10 +139,6 @@ class RowGroups(Sequence):
                                     self.matching_rows.tolist(), self.selection.to_pylist(), costs):
             yield RowGroupMatch(paths[p], g, t, m, s, *c)
 
-    def path_of(self) -> np.ndarray:
-        """(row groups,) path of each row group, as a numpy object array."""
-        return np.asarray(self.paths, dtype=object)[self.path_index] if self.paths else np.zeros(0, object)
-
     def is_sorted_unique(self) -> bool:
         """Keys strictly increasing by (path, row_group)."""
         p, g = self.path_index, self.row_group

@@ -2,10 +2,10 @@
 
 Why no row lists: a loader position is ``(epoch, batches)`` and every rank of a world takes the same steps, so
 the plan alone says which rows each old slot delivered: its planned rows (``balance.cut_part``) read in plan
-order and permuted in fixed shuffle windows (``reading/batching.py``): after ``k`` batches a slot has delivered
-every window before the current one, plus the first ``k`` batches' share of the current window's permutation.
-The caller passes that rule as ``unread`` (the window permutation is the reader's business), so this module stays
-pure arithmetic over intervals of matching rows.
+order and permuted in fixed shuffle windows (the core's rule, ``shuffle.py``, which the readers apply): after
+``k`` batches a slot has delivered every window before the current one, plus the first ``k`` batches' share of the
+current window's permutation. The caller only says how its slots shuffled (``shuffle.Windows``); this module reads
+the rule backwards itself and stays pure arithmetic over intervals of matching rows.
 
 A pass may change worlds several times; each finished world is a ``Stage``: its world size, DataLoader workers
 per rank, the part (sub-epoch, ``epoch % partition_epoch``) in which it stopped and the batches each of its ranks
@@ -23,10 +23,10 @@ dataset.
 
 >>> import numpy as np
 >>> from petastorm_balanced.plan import balance
->>> def unread(rows, batches, stage, rank, slot):  # no shuffling: a slot delivers its rows in order
-...     return np.empty(0, dtype=np.int64), batches * 2
+>>> from petastorm_balanced.plan.shuffle import Windows
 >>> counts = np.array([10, 6, 4])  # 20 matching rows, batch 2
->>> args = dict(batch_size=2, policy="drop", seed=0, epoch=0, unread=unread)
+>>> windows = Windows.of(batch_size=2, shuffle_window=4, shuffle=False)  # no shuffling: rows in plan order
+>>> args = dict(batch_size=2, policy="drop", seed=0, epoch=0, windows=windows)
 >>> balance.assign(counts, world_size=4, batch_size=2, policy="drop", seed=0, epoch=0).steps_per_rank
 2
 >>> after = stage_pieces(counts, stages=[Stage(world_size=4, num_workers=1, part=0, batches=1)], world_size=3,
@@ -37,17 +37,14 @@ dataset.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Sequence as Seq, Tuple
+from typing import List, Sequence as Seq, Tuple
 
 import numpy as np
 
 from . import balance
-from .balance import Pieces, Sequence
+from .balance import Pieces, RowSequence
+from .shuffle import Windows
 from ..errors import InvalidValueError
-
-# (slot rows, batches the slot delivered, stage, rank, slot) -> (sorted positions, inside the slot, of the
-# undelivered rows of the window being delivered; the slot position from which no row was delivered)
-Unread = Callable[[int, int, int, int, int], Tuple[np.ndarray, int]]
 
 
 @dataclass(frozen=True)
@@ -76,9 +73,10 @@ class Stage:
 
 
 def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num_workers: int, batch_size: int,
-                 policy: str, seed: int, epoch: int, unread: Unread, reshuffle: str = "epoch",
+                 policy: str, seed: int, epoch: int, windows: Windows, reshuffle: str = "epoch",
                  partition_epoch: int = 1) -> Pieces:
-    """Every slot's rows for loader epoch ``epoch`` in the world after ``stages`` (``[]``: ``balance.assign``)."""
+    """Every slot's rows for loader epoch ``epoch`` in the world after ``stages`` (``[]``: ``balance.assign``);
+    ``windows``: how the stages' slots shuffled their rows (the slots' keys follow from ``seed`` and ``epoch``)."""
     if not stages:
         return balance.assign(counts, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
                               epoch=epoch, num_workers=num_workers, reshuffle=reshuffle,
@@ -98,7 +96,7 @@ def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num
         if stage.batches > pieces.steps_per_rank:
             raise InvalidValueError(f"stage {index} took {stage.batches} batches in part {stage.part}, which has only "
                                     f"{pieces.steps_per_rank} steps at world_size={stage.world_size}")
-        pool = unconsumed(pool, stage, index, pieces, unread, part_begin=begin)
+        pool = unconsumed(pool, stage, index, pieces, windows, seed=seed, epoch=epoch, part_begin=begin)
         first_part = stage.part
     if part < first_part:
         raise InvalidValueError(f"epoch {epoch} is part {part} of pass {pass_index}, which a world before the last "
@@ -107,7 +105,7 @@ def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num
                 partition_epoch - first_part)[0]
 
 
-def _cut(pool: Sequence, world_size: int, num_workers: int, batch_size: int, policy: str, part: int,
+def _cut(pool: RowSequence, world_size: int, num_workers: int, batch_size: int, policy: str, part: int,
          parts: int) -> Tuple[Pieces, int]:
     """Part ``part`` of the ``parts`` left, cut from ``pool`` as a pass is cut (0 steps when ``drop`` cannot fill
     one), and the pool position where that part starts."""
@@ -118,10 +116,10 @@ def _cut(pool: Sequence, world_size: int, num_workers: int, batch_size: int, pol
     return pieces, int(balance.part_steps(steps, parts)[:part].sum()) * world_size * batch_size
 
 
-def unconsumed(pool: Sequence, stage: Stage, index: int, pieces: Pieces, unread: Unread, *,
-               part_begin: int) -> Sequence:
-    """The real rows of ``pool`` that ``stage`` (cut as ``pieces``, its part starting at ``part_begin``) did not
-    deliver, in the order the next stage lays them out."""
+def unconsumed(pool: RowSequence, stage: Stage, index: int, pieces: Pieces, windows: Windows, *, seed: int,
+               epoch: int, part_begin: int) -> RowSequence:
+    """The real rows of ``pool`` that ``stage`` (stage ``index``, cut as ``pieces``, its part starting at
+    ``part_begin``) did not deliver, in the order the next stage lays them out."""
     workers, batch = stage.num_workers, pieces.batch_size
     # slot quotas of the part, rank-major: (slots,)
     slot_rows = np.tile(balance.worker_steps(pieces.steps_per_rank, workers) * batch, stage.world_size)
@@ -131,7 +129,8 @@ def unconsumed(pool: Sequence, stage: Stage, index: int, pieces: Pieces, unread:
     for slot in range(len(slot_rows)):
         rank, worker = divmod(slot, workers)
         done = (stage.batches + workers - 1 - worker) // workers  # rank batch j is slot batch j // K of j % K
-        window, rest = unread(int(slot_rows[slot]), done, index, rank, worker)
+        window, rest = windows.unread(int(slot_rows[slot]), batch_size=batch, batches_done=done, seed=seed,
+                                      epoch=epoch, rank=rank, slot=worker, stage=index)
         begin = int(slot_pos[slot])
         builder.positions(begin + window[begin + window < real])
         builder.range(begin + rest, min(int(slot_pos[slot + 1]), real))
@@ -142,7 +141,7 @@ def unconsumed(pool: Sequence, stage: Stage, index: int, pieces: Pieces, unread:
 class _Builder:
     """Collects runs and scattered positions of a pool into the next pool, sharing the pool's subsets."""
 
-    def __init__(self, pool: Sequence):
+    def __init__(self, pool: RowSequence):
         self.pool, self.starts = pool, pool.positions
         self.parts: List[Tuple[np.ndarray, ...]] = []
         self.subsets: List[np.ndarray] = list(pool.subsets)
@@ -177,14 +176,14 @@ class _Builder:
                 part = ([pool.row[s]], [0], [len(rows)], [len(self.subsets) - 1])
             self.parts.append(tuple(np.asarray(p, dtype=np.int64) for p in part))
 
-    def build(self) -> Sequence:
+    def build(self) -> RowSequence:
         if not self.parts:
             empty = np.empty(0, dtype=np.int64)
-            return Sequence(empty, empty, empty, np.empty(0, dtype=bool), empty, ())
+            return RowSequence(empty, empty, empty, np.empty(0, dtype=bool), empty, ())
         row, first, length, subset = (np.concatenate(p).astype(np.int64) for p in zip(*self.parts))
         used = np.unique(subset[subset >= 0])  # keep only subsets still referenced, renumbered
         renumber = np.full(len(self.subsets) + 1, -1, dtype=np.int64)  # index -1 (no subset) stays -1
         renumber[used] = np.arange(len(used))
         subset = renumber[subset]
-        return Sequence(row, first, length, np.zeros(len(row), dtype=bool), subset,
+        return RowSequence(row, first, length, np.zeros(len(row), dtype=bool), subset,
                         tuple(self.subsets[i] for i in used))

@@ -13,7 +13,7 @@ import json
 import os
 import uuid
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -28,9 +28,34 @@ from .catalog import Catalog, FileInfo, RowGroups
 from ..errors import PlanIntegrityError, StalePlanError
 from ..io.dataset import list_data_files
 
-if TYPE_CHECKING:  # the model calls into this module (save, checksum); load.py builds models from it
-    from .model import ShardPlan
+if TYPE_CHECKING:
     from .predicate import PredicateInfo
+
+
+class ShardPlan(Protocol):
+    """What this module reads of a ``model.ShardPlan``. A structural type rather than an import: the model calls
+    into this module (``save``, ``checksum``), so importing it back, even for types only, would be a circle."""
+
+    @property
+    def dataset_url(self) -> str: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def batch_size(self) -> Optional[int]: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def predicate(self) -> PredicateInfo: ...
+    @property
+    def dataset_fingerprint(self) -> str: ...
+    @property
+    def total_rows(self) -> int: ...
+    def pieces(self, *, batch_size: Optional[int] = None) -> balance.Pieces: ...
+
 
 FORMAT_NAME = "petastorm-balanced-plan"
 FORMAT_VERSION = 1

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..world import check_rank_world
 from . import balance, elastic, selection
+from .shuffle import Windows
 from .cost_order import cost_order
 from .catalog import Catalog
 from .predicate import PredicateInfo
@@ -92,9 +93,13 @@ class ShardPlan:
         return self.catalog.max_row_cost
 
     def resolve_balance(self, balance_by: str = "auto") -> str:
-        """``"cost"`` or ``"rows"``: ``"auto"`` balances cost when the plan has one."""
+        """``"cost"`` or ``"rows"``: the one ``"auto"`` rule, which every reader follows (``make_loader``,
+        ``BalancedIterableDataset``, ``make_reader``, ``verify``): a plan with a cost balances cost, whatever the
+        reader's other settings, so every reader of a plan delivers the same rows in the same cost-dealt order."""
         if balance_by not in BALANCE:
-            raise InvalidValueError(f"balance={balance_by!r} is not one of {BALANCE}")
+            raise InvalidValueError(f"balance={balance_by!r} is not one of {BALANCE}: 'cost' balances each step's "
+                                    "cost (needs a plan made with cost=), 'rows' only rows, 'auto' cost when the "
+                                    "plan has one")
         if balance_by == "auto":
             return "cost" if self.cost is not None else "rows"
         if balance_by == "cost" and self.cost is None:
@@ -104,14 +109,14 @@ class ShardPlan:
 
     def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
                batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
-               stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None,
+               stages: Sequence[elastic.Stage] = (), windows: Optional[Windows] = None,
                balance_by: str = "auto") -> balance.Pieces:
         """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank).
 
         ``partition_epoch=P``: ``epoch`` is part ``epoch % P`` of pass ``epoch // P``. ``stages``: the worlds that
-        served this pass before an elastic resume (``elastic.py``), with ``unread`` telling which rows their slots
-        had not delivered yet. Cost balance deals the pass's row group order so every rank's stretch carries
-        average cost (``cost_order``).
+        served this pass before an elastic resume (``elastic.py``), with ``windows`` saying how their slots shuffled
+        (so which rows they had not delivered yet). Cost balance deals the pass's row group order so every rank's
+        stretch carries average cost (``cost_order``).
         """
         world = self.world_size if world_size is None else world_size
         by_cost = self.resolve_balance(balance_by) == "cost"
@@ -121,11 +126,12 @@ class ShardPlan:
                                         "cost-balanced loader is not supported: its rows per old rank follow the cost "
                                         "order; resume at the same world size, or finish the epoch, or use "
                                         "balance='rows'")
-            if unread is None:
-                raise InvalidValueError("stages need unread= (which rows each old slot had not delivered)")
+            if windows is None:
+                raise InvalidValueError("stages need windows= (how the old slots shuffled their rows, "
+                                        "shuffle.Windows)")
             return elastic.stage_pieces(self._counts, stages=stages, world_size=world, num_workers=num_workers,
                                         batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
-                                        epoch=epoch, unread=unread, reshuffle=reshuffle,
+                                        epoch=epoch, windows=windows, reshuffle=reshuffle,
                                         partition_epoch=partition_epoch)
         order = None
         if by_cost:
@@ -137,14 +143,14 @@ class ShardPlan:
 
     def assignment(self, rank: int, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
                    batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
-                   stages: Sequence[elastic.Stage] = (), unread: Optional[elastic.Unread] = None,
+                   stages: Sequence[elastic.Stage] = (), windows: Optional[Windows] = None,
                    balance_by: str = "auto") -> List[Fragment]:
         """The fragments rank ``rank`` reads in ``epoch``, worker by worker, in delivery order."""
         world = self.world_size if world_size is None else world_size
         check_rank_world(rank, world)
         mine = self.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch_size,
                            reshuffle=reshuffle, partition_epoch=partition_epoch, stages=stages,
-                           unread=unread, balance_by=balance_by).of_rank(rank)
+                           windows=windows, balance_by=balance_by).of_rank(rank)
         groups = self.catalog.row_groups
         fragments = []
         for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding)):

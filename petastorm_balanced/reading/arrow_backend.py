@@ -10,9 +10,9 @@ What makes it give the very same batches as the Petastorm backend: both cut the 
 checked against the plan, cut to the planned rows) and convert with ``fragments.to_columns``; the batches are then
 made by the shared ``stream.slot_runs``. Only the scheduling differs.
 
-Prefetch: at most ``max_ahead`` bundles are submitted beyond the one being consumed, and results are taken in
-submission order with ``Future.result()`` (blocking, no polling), so memory stays bounded by ``max_ahead`` bundles
-whatever the threads' speeds, and the order never depends on timing.
+Prefetch: at most ``max_ahead + 1`` bundles are submitted beyond the one being consumed, and results are taken in
+submission order with ``Future.result()`` (blocking, no polling), so memory stays bounded by ``max_ahead + 2``
+bundles whatever the threads' speeds, and the order never depends on timing.
 """
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ import pyarrow.parquet as pq
 from ..io import fs as fsutil
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
-from ..errors import InvalidValueError
 
-POOL_TYPES = ("thread", "dummy")  # "dummy": read in the consuming thread (DataLoader workers, debugging)
 
 
 class BundleReader:
@@ -69,18 +67,11 @@ class BundleReader:
         return fr.to_columns(fr.concat_tables(tables), self._fields)
 
 
-def check_pool_type(reader_pool_type) -> None:
-    if reader_pool_type not in POOL_TYPES:
-        raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of {POOL_TYPES} for backend='arrow' "
-                                "(pyarrow decodes in C++ without the GIL, so threads suffice); use "
-                                "backend='petastorm' for Petastorm's process pool")
-
-
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
                  max_ahead=None):
-    """A ``stream.Chunks`` reading bundles in ``workers_count`` threads (or inline for ``"dummy"``), in order."""
-    check_pool_type(reader_pool_type)
-    inline = reader_pool_type == "dummy" or workers_count < 1
+    """A ``stream.Chunks`` reading bundles in ``workers_count`` threads (or inline for ``"dummy"``), in order;
+    the pool options were checked when the loader was made (``options.check_pool_options``)."""
+    inline = reader_pool_type == "dummy"
     ahead = max_ahead or workers_count + 2
 
     def chunks(todo: List[Fragment]):

@@ -26,36 +26,19 @@ cut them into batches, so per-batch work is a slice, and conversions (to tensors
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidValueError
+from ..plan import shuffle as _shuffle
+
+# The window shuffle rule lives in the core (``plan/shuffle.py``, which the elastic arithmetic reads backwards);
+# its names stay importable from here.
+window_rows, window_permutation, unread_rows = _shuffle.window_rows, _shuffle.window_permutation, _shuffle.unread_rows
 
 Columns = Dict[str, np.ndarray]
-
-
-def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> int:
-    """Rows per window: ``shuffle_window`` rounded up to whole batches. Without shuffling windows only group
-    batches (fewer, larger conversions); they start at the next batch to deliver rather than at fixed rows."""
-    return max(1, -(-shuffle_window // batch_size)) * batch_size
-
-
-def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
-    """A permutation of ``num_rows`` drawn from ``key``, the same on every NumPy version.
-
-    The rows are stably sorted by 48 bits of raw PCG64 words (``Generator.permutation`` is not guaranteed to stay
-    the same across versions; the bit generator's stream is). A stable sort's result is defined by the keys alone,
-    whatever algorithm NumPy uses, and three 16-bit passes let NumPy use its radix sort: about 0.3 ms per 10,000
-    rows instead of 0.7 ms for sorting the 64-bit words.
-    """
-    words = np.random.Generator(np.random.PCG64(list(key))).bit_generator.random_raw(num_rows)
-    order = np.argsort(words.astype(np.uint16), kind="stable")
-    for shift in (16, 32):  # least significant digit first: the last pass decides, earlier ones break ties
-        digits = (words >> np.uint64(shift)).astype(np.uint16)
-        order = order[np.argsort(digits[order], kind="stable")]
-    return order
 
 
 @dataclass(frozen=True)
@@ -87,26 +70,6 @@ def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int,
     fragment = int(np.searchsorted(ends, row, side="right"))
     offset = row - (int(ends[fragment - 1]) if fragment else 0)
     return StartPoint(fragment, offset, window, row, next_row - row)
-
-
-def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_done: int,
-                key: Optional[Sequence[int]]) -> Tuple[np.ndarray, int]:
-    """Which of a slot's rows are not delivered after ``batches_done`` batches (what an elastic resume needs).
-
-    Returns the sorted slot positions of the undelivered rows of the window in progress, and the position from
-    which no row was delivered (the end of that window; without shuffling, the next batch's first row). This is
-    ``WindowBatcher``'s order read backwards: batch ``j`` of window ``w`` is rows ``perm[j*B:(j+1)*B]`` of it.
-    """
-    done = batches_done * batch_size
-    if done > total_rows or batches_done < 0:
-        raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {total_rows // batch_size} batches")
-    if key is None or done == total_rows:
-        return np.empty(0, dtype=np.int64), done
-    window = done // window_rows
-    row = window * window_rows
-    size = min(window_rows, total_rows - row)
-    order = window_permutation(size, (*key, window))
-    return np.sort(order[done - row:]).astype(np.int64) + row, row + size
 
 
 class WindowBatcher:

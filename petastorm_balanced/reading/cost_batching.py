@@ -39,9 +39,9 @@ import numpy as np
 
 from .batching import StartPoint, window_permutation
 from ..errors import InvalidValueError
+from ..params import check_int
 
 REDUCES = ("sum", "max")
-BALANCES = ("auto", "cost", "rows")
 # Generator key tags, so the key of one use never equals the key of another.
 _TIE, _BATCH_ORDER, _ROWS_IN_BATCH, _STEP_ORDER = 1, 2, 3, 4
 
@@ -179,10 +179,6 @@ class CostOptions:
     budget: Optional[int] = None  # max_batch_cost: batches of varying rows
     mean_cost: float = 0.0  # the plan's cost per matching row (token budgets)
 
-    def identity(self) -> dict:
-        """State-dict entries a saved position depends on (only loaders that balance cost carry them)."""
-        return {"balance": "cost", "cost_reduce": self.reduce, "max_batch_cost": self.budget}
-
     def arrange(self, costs: np.ndarray, batch_size: Optional[int], key: Sequence[int]):
         """``(order, lengths)`` for one window: lengths is None for fixed-size batches."""
         if self.budget is not None:
@@ -217,35 +213,26 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
     """The loader's cost arrangement, or None for row balance; every bad combination is refused here, when the
     loader is built, naming the parameter."""
     from ..plan.cost import parse_cost
-    if balance not in BALANCES:
-        raise InvalidValueError(f"balance={balance!r} is not one of {BALANCES}: 'cost' balances each step's cost "
-                                "(needs a plan made with cost=), 'rows' only rows, 'auto' cost when the plan has one")
+    chosen = plan.resolve_balance(balance)  # the one "auto" rule (the plan's); refuses "cost" without a cost
     if cost_reduce not in REDUCES:
         raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' "
                                 "for padded ones (batch_size x longest row)")
     if max_batch_cost is not None:
-        if isinstance(max_batch_cost, bool) or not isinstance(max_batch_cost, (int, np.integer)) or \
-                max_batch_cost < 1:
-            raise InvalidValueError(f"max_batch_cost={max_batch_cost!r} must be an int >= 1 (the cost budget per batch)")
+        max_batch_cost = check_int("max_batch_cost", max_batch_cost, minimum=1, hint=" (the cost budget per batch)")
         if batch_size is not None:
             raise InvalidValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass "
                                     f"batch_size=None (not {batch_size})")
-        if balance == "rows":
+        if chosen == "rows":
             raise InvalidValueError("max_batch_cost needs balance='cost' (or 'auto') and a plan made with cost=")
+        if not shuffle:
+            raise InvalidValueError("max_batch_cost packs each shuffle window's rows into batches and needs "
+                                    "shuffle=True; pass batch_size= to read in plan order")
         if cost_reduce != "sum":
             raise InvalidValueError("max_batch_cost works with cost_reduce='sum' (a batch's cost is its rows' sum); "
                                     "padded budgets (cost_reduce='max') are not supported")
-    chosen = balance
-    if balance == "auto":
-        chosen = "cost" if plan.cost is not None and (shuffle or max_batch_cost is not None) else "rows"
     if chosen == "rows":
         return None
-    if plan.cost is None:
-        raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., cost='length(text)'); "
-                                "or pass balance='rows'")
-    if not shuffle:
-        raise InvalidValueError("balance='cost' arranges rows inside shuffle windows and needs shuffle=True; pass "
-                                "balance='rows' to read in plan order")
+    # Without shuffle there are no windows to arrange: the rows come in the plan's cost-dealt order, with ``_cost``.
     spec = parse_cost(plan.cost)
     if not spec.loader_evaluable:
         raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate "

@@ -12,11 +12,17 @@ from typing import Optional, Tuple
 from ..plan import balance
 from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
-from .batching import unread_rows, window_rows
+from ..plan.shuffle import Windows, slot_key
 from ..errors import InvalidValueError
+from ..params import check_int
 
-# state_dict keys read here (the others are Position's); STAGES and PARTITION_EPOCH may be absent (older states)
+# The loader state keys, declared once: Position, the loaders, the cost identity and the CLI use these names.
+# STAGES and PARTITION_EPOCH may be absent (older states); the cost keys are only a cost-balancing loader's.
 EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
+PLAN_CHECKSUM, BATCH_SIZE = "plan_checksum", "batch_size"
+SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
+BALANCE, COST_REDUCE, MAX_BATCH_COST = "balance", "cost_reduce", "max_batch_cost"
+NUM_WORKERS = "num_workers"  # slots per rank of a BalancedIterableDataset's state
 
 
 class Layout:
@@ -37,24 +43,28 @@ class Layout:
     def of_state(cls, plan: ShardPlan, state: dict, world_size: int) -> "Layout":
         """The layout a saved loader state was made with, for ``world_size`` ranks."""
         try:
-            return cls(plan, world_size, batch_size=state["batch_size"], shuffle=state["shuffle"],
-                       shuffle_window=state["shuffle_window"], reshuffle=state["reshuffle"],
+            return cls(plan, world_size, batch_size=state[BATCH_SIZE], shuffle=state[SHUFFLE],
+                       shuffle_window=state[SHUFFLE_WINDOW], reshuffle=state[RESHUFFLE],
                        partition_epoch=state.get(PARTITION_EPOCH, 1),
-                       balance_by="cost" if state.get("balance") == "cost" else "rows")
+                       balance_by="cost" if state.get(BALANCE) == "cost" else "rows")
         except KeyError as exc:
             raise InvalidValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 
     def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
-        """Window shuffle key of a slot; a stage after an elastic resume gets its own."""
-        key = (self.plan.seed, epoch, self.rank if rank is None else rank, slot)
-        return key + (stage,) if stage else key
+        """Window shuffle key of a slot; a stage after an elastic resume gets its own (``shuffle.slot_key``)."""
+        return slot_key(self.plan.seed, epoch, self.rank if rank is None else rank, slot, stage)
+
+    @property
+    def windows(self) -> Windows:
+        """How this layout's slots shuffle (what ``plan.pieces`` needs to follow an elastic resume)."""
+        return Windows.of(batch_size=self.batch_size or 1, shuffle_window=self.shuffle_window, shuffle=self.shuffle)
 
     def pieces_args(self, epoch: int, num_workers: int = 1, stages=()) -> dict:
         """Keyword arguments of ``plan.pieces`` / ``plan.assignment`` for this layout's ``epoch``."""
         return dict(epoch=epoch, world_size=self.world_size, num_workers=num_workers,
                     batch_size=self.batch_size or 1,  # None: a token budget, which assigns rows one by one
                     reshuffle=self.reshuffle, partition_epoch=self.partition_epoch, stages=stages,
-                    unread=unread_rule(self, epoch) if stages else None, balance_by=self.balance_by)
+                    windows=self.windows, balance_by=self.balance_by)
 
     def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
         """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
@@ -74,17 +84,6 @@ def check_partition_epoch(partition_epoch, steps: int) -> int:
     balance.check_params(partition_epoch=partition_epoch)
     balance.check_partition(steps, partition_epoch)
     return int(partition_epoch)
-
-
-def unread_rule(settings, epoch: int):
-    """``elastic.Unread`` for ``settings``' loaders in ``epoch``: the window shuffle of ``WindowBatcher`` run
-    backwards, with each old slot's own key."""
-    size = window_rows(settings.batch_size, settings.shuffle_window, settings.shuffle)
-
-    def unread(rows: int, batches: int, stage: int, rank: int, slot: int):
-        key = settings.key(epoch, slot, stage, rank) if settings.shuffle else None
-        return unread_rows(rows, batch_size=settings.batch_size, window_rows=size, batches_done=batches, key=key)
-    return unread
 
 
 def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_epoch: int, *,
@@ -114,14 +113,10 @@ def loaded(settings: Layout, state: dict, workers: int) -> Tuple[int, int, Tuple
     if not isinstance(saved_stages, (list, tuple)):
         raise InvalidValueError(f"state[{STAGES!r}]={saved_stages!r} must be a list of saved stages")
     stages = tuple(Stage.from_list(s) for s in saved_stages)
-    epoch, batches, world = state[EPOCH], state[BATCHES], state[WORLD_SIZE]
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise InvalidValueError(f"state[{EPOCH!r}]={epoch!r} must be an int >= 0")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise InvalidValueError(f"state[{WORLD_SIZE!r}]={world!r} must be an int >= 1")
+    epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
+    world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
     steps = settings.steps_of(epoch, stages, world_size=world)
-    if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= steps:
-        raise InvalidValueError(f"state[{BATCHES!r}]={batches!r} must be an int in [0, {steps}]")
+    batches = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0, maximum=steps)
     if batches == steps:  # an ended epoch is the start of the next one
         epoch, batches, stages = epoch + 1, 0, carry(stages, epoch, epoch + 1, settings.partition_epoch)
     if world != settings.world_size:

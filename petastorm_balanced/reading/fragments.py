@@ -1,10 +1,11 @@
 """Reading one planned fragment: its row group, only the requested columns, cut to the planned rows before
 anything is decoded.
 
-Both read paths use this module: the Petastorm worker classes in ``reader.py`` (thread or process pool) and the
-in-process reads of ``BalancedIterableDataset`` inside DataLoader workers. Keeping one implementation is what makes
-the two paths deliver the same rows, and the row count check here is what turns a dataset rewritten after planning
-into a ``StalePlanError`` instead of silently shifted rows.
+Every read path uses this module: the Petastorm worker classes in ``petastorm_backend.py`` (thread or process
+pool), the Arrow backend's threads (``arrow_backend.py``) and the in-process reads of ``BalancedIterableDataset``
+inside DataLoader workers. Keeping one implementation is what makes the paths deliver the same rows, and the row
+count check here is what turns a dataset rewritten after planning into a ``StalePlanError`` instead of silently
+shifted rows.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import stream
+from . import elastic_position, stream
 from .arrow_backend import arrow_chunks
 from .options import resolve_backend
 from .batching import split_batches
@@ -46,7 +46,7 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
-    NUM_WORKERS = "num_workers"
+    NUM_WORKERS = elastic_position.NUM_WORKERS
     WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
 
     def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,

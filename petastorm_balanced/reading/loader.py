@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import stream
 from ..world import World, resolve_world
-from .arrow_backend import arrow_chunks, check_pool_type
+from .arrow_backend import arrow_chunks
 from .device import NO_FEED, Feed, check_feed, feed
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .position import EpochSampler, Position, Settings, PlannedView
@@ -138,8 +138,9 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
     serves any ``world`` (G9). ``batch_size`` defaults to the plan's. ``shuffle_window`` rows (rounded up to
-    whole batches) are shuffled together; memory per rank is about ``shuffle_window + (workers_count + 2) x row
-    group`` rows.
+    whole batches) are shuffled together; memory per rank is about ``shuffle_window`` rows plus ``workers_count +
+    4`` bundles (the Arrow backend's prefetch; a bundle is consecutive fragments of at least 8,192 rows, so a row
+    group larger than that is one bundle).
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
     (Petastorm's reader and pools; pyarrow < 15) or ``"auto"`` (Petastorm where it imports). Both give identical
@@ -166,12 +167,11 @@ def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None
     """
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
-    check_pool_options(reader_pool_type, workers_count)
     plan = resolve_plan(plan)  # loaded once here: its table decides the backend
     chosen = resolve_backend(backend, plan.table)
+    check_pool_options(reader_pool_type, workers_count, chosen)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
-        check_pool_type(reader_pool_type)
         options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
     else:
         options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}

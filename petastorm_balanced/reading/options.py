@@ -103,11 +103,17 @@ def resolve_plan(plan) -> ShardPlan:
 
 
 POOL_TYPES = ("thread", "process", "dummy")
+ARROW_POOL_TYPES = ("thread", "dummy")  # "dummy": read in the consuming thread (DataLoader workers, debugging)
 
 
-def check_pool_options(reader_pool_type, workers_count) -> None:
-    """Refuse a bad pool choice when the loader or reader is made, not at its first batch."""
+def check_pool_options(reader_pool_type, workers_count, backend: str = "petastorm") -> None:
+    """Refuse a bad pool choice when the loader or reader is made, not at its first batch: the one pool check,
+    for both backends (``backend``: the resolved one, ``"arrow"`` or ``"petastorm"``)."""
     check_int("workers_count", workers_count, minimum=1)
+    if backend == "arrow" and reader_pool_type not in ARROW_POOL_TYPES:
+        raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of {ARROW_POOL_TYPES} for "
+                                "backend='arrow' (pyarrow decodes in C++ without the GIL, so threads suffice); use "
+                                "backend='petastorm' for Petastorm's process pool")
     if reader_pool_type not in POOL_TYPES:
         raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of "
                                 f"{', '.join(map(repr, POOL_TYPES))}")

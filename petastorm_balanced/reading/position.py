@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-import numpy as np
-
 from . import elastic_position, stream
 from .elastic_position import Layout
 from ..plan.elastic import Stage
@@ -71,7 +69,9 @@ class Settings(Layout):
         if self._checksum is None:
             self._checksum = self.plan.checksum
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
-        return {**dict(zip(Position.IDENTITY_KEYS, values)), **({} if self.cost is None else self.cost.identity())}
+        cost = {} if self.cost is None else {elastic_position.BALANCE: "cost", elastic_position.COST_REDUCE:
+                                             self.cost.reduce, elastic_position.MAX_BATCH_COST: self.cost.budget}
+        return {**dict(zip(Position.IDENTITY_KEYS, values)), **cost}
 
 
 class Position:
@@ -93,16 +93,18 @@ class Position:
     ``set_epoch`` or ``load_state_dict`` supersedes it, and a superseded iteration no longer moves the position.
     """
 
-    EPOCH = "epoch"
-    BATCHES = "batches"
-    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = "plan_checksum", "world_size", "batch_size"
-    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
+    # state_dict keys (declared in ``elastic_position``)
+    EPOCH, BATCHES = elastic_position.EPOCH, elastic_position.BATCHES
+    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (elastic_position.PLAN_CHECKSUM, elastic_position.WORLD_SIZE,
+                                             elastic_position.BATCH_SIZE)
+    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (elastic_position.SHUFFLE, elastic_position.SHUFFLE_WINDOW,
+                                          elastic_position.RESHUFFLE)
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
     STAGES, PARTITION_EPOCH = elastic_position.STAGES, elastic_position.PARTITION_EPOCH  # optional on load
 
     def __init__(self, settings: Settings, epoch: int):
-        check_epoch(epoch)
+        epoch = check_int("epoch", epoch, minimum=0)
         self.settings = settings
         self.epoch, self.batches = epoch, 0  # the next batch served
         self.stages: Tuple[Stage, ...] = ()  # worlds that served this epoch's pass before this one (elastic)
@@ -154,7 +156,7 @@ class Position:
             self.epoch, self.batches, self.stages, self.settings.world_size, workers, self.settings.partition_epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        check_epoch(epoch)
+        epoch = check_int("epoch", epoch, minimum=0)
         if not (self.resumed and epoch == self.epoch):  # the loaded epoch itself keeps a loaded position
             before, _, stages = self.where()
             self.stages = elastic_position.carry(stages, before, epoch, self.settings.partition_epoch, strict=True)
@@ -181,7 +183,6 @@ class Position:
             if state[key] != value:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                         "position only resumes a loader with the same plan and settings")
-        check_epoch(state[self.EPOCH])
         self.epoch, self.batches, self.stages = elastic_position.loaded(self.settings, state, workers)
         self._owner, self.resumed = None, True
 
@@ -207,11 +208,6 @@ class EpochSampler:
 
     def set_epoch(self, epoch: int) -> None:
         self._owner.set_epoch(epoch)
-
-
-def check_epoch(epoch):
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-        raise InvalidValueError(f"epoch={epoch!r} must be an int >= 0")
 
 
 class PlannedView:

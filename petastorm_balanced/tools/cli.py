@@ -71,16 +71,16 @@ def cmd_inspect(args) -> int:
     extra = {"partition_epoch": args.partition_epoch}
     epoch, batch_size = args.epoch, args.batch_size
     if args.state:
-        from ..reading.elastic_position import unread_rule
+        from ..reading import elastic_position as keys  # the loader state keys
         layout, epoch, batches, stages, state = _resume(plan, args)
         if batch_size not in (None, layout.batch_size):
             raise InputError(f"--batch-size {batch_size} differs from the state's batch_size={layout.batch_size}; "
                              "leave it out with --state")
         batch_size = layout.batch_size
         extra = {"partition_epoch": layout.partition_epoch, "stages": stages,
-                 "unread": unread_rule(layout, epoch) if stages else None,
-                 "resume": {"saved_world_size": state["world_size"], "saved_epoch": state["epoch"],
-                            "saved_batches": state["batches"], "batches": batches,
+                 "windows": layout.windows,
+                 "resume": {"saved_world_size": state[keys.WORLD_SIZE], "saved_epoch": state[keys.EPOCH],
+                            "saved_batches": state[keys.BATCHES], "batches": batches,
                             "stages": [s.as_list() for s in stages]}}
     report = inspect_report(plan, plan_url=fsutil.normalize_url(args.plan_url), world_size=args.world_size,
                             epoch=epoch, num_workers=args.workers, batch_size=batch_size, **extra)
@@ -155,18 +155,18 @@ def cmd_verify(args) -> int:
 
 def _resume(plan, args):
     """(layout, epoch, batches, stages, state) of ``--state`` resumed at ``--world-size`` (default: its own)."""
-    from ..reading.elastic_position import Layout, loaded
+    from ..reading.elastic_position import NUM_WORKERS, PLAN_CHECKSUM, WORLD_SIZE, Layout, loaded
     try:
         with open(args.state) as handle:
             state = json.load(handle)
     except (OSError, ValueError) as exc:
         raise InputError(f"--state {args.state!r} is not a readable JSON loader state ({_one_line(exc)}); save "
                          "json.dumps(loader.state_dict())") from None
-    if not isinstance(state, dict) or state.get("plan_checksum") != plan.checksum:
+    if not isinstance(state, dict) or state.get(PLAN_CHECKSUM) != plan.checksum:
         raise InputError(f"--state {args.state!r} was not saved by a loader of this plan (plan_checksum differs)")
-    world = args.world_size or state.get("world_size")
+    world = args.world_size or state.get(WORLD_SIZE)
     layout = Layout.of_state(plan, state, world)
-    epoch, batches, stages = loaded(layout, state, workers=state.get("num_workers", 1))
+    epoch, batches, stages = loaded(layout, state, workers=state.get(NUM_WORKERS, 1))
     return layout, epoch, batches, stages, state
 
 

@@ -23,7 +23,7 @@ _BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)", "state": "(
 
 def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] = None, epoch: int = 0,
                    num_workers: int = 1, batch_size: Optional[int] = None, partition_epoch: int = 1,
-                   stages=(), unread=None, resume: Optional[dict] = None) -> dict:
+                   stages=(), windows=None, resume: Optional[dict] = None) -> dict:
     """Per-rank rows, steps, padding and read cost of one epoch, beside what Petastorm's sharding would give.
 
     With ``partition_epoch=P`` the epoch is part ``epoch % P`` of pass ``epoch // P``; with ``stages`` (an elastic
@@ -32,7 +32,7 @@ def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] 
     world = plan.world_size if world_size is None else world_size
     batch = batch_size or plan.batch_size or 1
     pieces = plan.pieces(epoch=epoch, world_size=world, num_workers=num_workers, batch_size=batch,
-                         partition_epoch=partition_epoch, stages=stages, unread=unread)
+                         partition_epoch=partition_epoch, stages=stages, windows=windows)
     pass_steps = plan.steps_per_epoch(world, batch)
     parts = {"partition_epoch": partition_epoch, "pass": epoch // partition_epoch, "part": epoch % partition_epoch,
              "part_steps": balance.part_steps(pass_steps, partition_epoch).tolist(),

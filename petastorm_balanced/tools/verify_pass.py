@@ -16,7 +16,7 @@ import numpy as np
 
 from ..plan.elastic import Stage
 from ..reading.batching import WindowBatcher, start_point, window_rows
-from ..reading.elastic_position import Layout, unread_rule
+from ..reading.elastic_position import Layout
 from .coverage import Check, bounds_check
 
 # Keys of the rows of one fragment (plan mode: ids derived from the catalog; read mode: rows read from the files).
@@ -57,7 +57,7 @@ def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num
                 fragments = plan.assignment(rank, epoch=e, world_size=world, num_workers=workers,
                                             batch_size=batch, reshuffle=layout.reshuffle, partition_epoch=parts,
                                             stages=tuple(stages[:index_]),
-                                            unread=unread_rule(layout, e) if index_ else None)
+                                            windows=layout.windows)
                 rank_rows.append(sum(f.num_rows for f in fragments))
                 for worker in range(workers):
                     mine = [f for f in fragments if f.worker == worker]

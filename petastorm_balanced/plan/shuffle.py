@@ -1,0 +1,90 @@
+"""The window shuffle rule: which order a slot delivers its planned rows in. Pure numpy, no I/O.
+
+A slot (a rank, or one DataLoader worker of a rank) delivers its rows in plan order, permuted in fixed
+**windows** of ``window_rows`` rows (a whole number of batches), each by a generator drawn from
+``[seed, epoch, rank, slot(, stage), window]``. The readers apply it (``reading/batching.WindowBatcher``), and
+the elastic arithmetic (``plan/elastic.py``) reads it backwards to know which rows a stopped slot had not
+delivered yet; both import it from here, so the rule lives in the core and is written once.
+
+>>> windows = Windows.of(batch_size=4, shuffle_window=6, shuffle=True)
+>>> windows.rows
+8
+>>> unread, rest = unread_rows(20, batch_size=4, window_rows=8, batches_done=1, key=slot_key(0, 0, 0, 0))
+>>> len(unread), rest  # one batch of 4 delivered: 4 rows of the first window left, none from row 8 on
+(4, 8)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import InvalidValueError
+
+
+def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> int:
+    """Rows per window: ``shuffle_window`` rounded up to whole batches. Without shuffling windows only group
+    batches (fewer, larger conversions); they start at the next batch to deliver rather than at fixed rows."""
+    return max(1, -(-shuffle_window // batch_size)) * batch_size
+
+
+def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
+    """A permutation of ``num_rows`` drawn from ``key``, the same on every NumPy version.
+
+    The rows are stably sorted by 48 bits of raw PCG64 words (``Generator.permutation`` is not guaranteed to stay
+    the same across versions; the bit generator's stream is). A stable sort's result is defined by the keys alone,
+    whatever algorithm NumPy uses, and three 16-bit passes let NumPy use its radix sort: about 0.3 ms per 10,000
+    rows instead of 0.7 ms for sorting the 64-bit words.
+    """
+    words = np.random.Generator(np.random.PCG64(list(key))).bit_generator.random_raw(num_rows)
+    order = np.argsort(words.astype(np.uint16), kind="stable")
+    for shift in (16, 32):  # least significant digit first: the last pass decides, earlier ones break ties
+        digits = (words >> np.uint64(shift)).astype(np.uint16)
+        order = order[np.argsort(digits[order], kind="stable")]
+    return order
+
+
+def slot_key(seed: int, epoch: int, rank: int, slot: int, stage: int = 0) -> Tuple[int, ...]:
+    """The window key prefix of a slot; a stage after an elastic resume (``stage > 0``) gets its own."""
+    key = (seed, epoch, rank, slot)
+    return key + (stage,) if stage else key
+
+
+def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_done: int,
+                key: Optional[Sequence[int]]) -> Tuple[np.ndarray, int]:
+    """Which of a slot's rows are not delivered after ``batches_done`` batches (what an elastic resume needs).
+
+    Returns the sorted slot positions of the undelivered rows of the window in progress, and the position from
+    which no row was delivered (the end of that window; without shuffling, the next batch's first row). This is
+    ``WindowBatcher``'s order read backwards: batch ``j`` of window ``w`` is rows ``perm[j*B:(j+1)*B]`` of it.
+    """
+    done = batches_done * batch_size
+    if done > total_rows or batches_done < 0:
+        raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {total_rows // batch_size} "
+                                "batches")
+    if key is None or done == total_rows:
+        return np.empty(0, dtype=np.int64), done
+    window = done // window_rows
+    row = window * window_rows
+    size = min(window_rows, total_rows - row)
+    order = window_permutation(size, (*key, window))
+    return np.sort(order[done - row:]).astype(np.int64) + row, row + size
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How a loader's slots shuffled: rows per window, and whether windows were permuted at all."""
+
+    rows: int
+    shuffled: bool
+
+    @classmethod
+    def of(cls, *, batch_size: int, shuffle_window: int, shuffle: bool) -> "Windows":
+        return cls(window_rows(batch_size, shuffle_window, shuffle), bool(shuffle))
+
+    def unread(self, rows: int, *, batch_size: int, batches_done: int, seed: int, epoch: int, rank: int, slot: int,
+               stage: int) -> Tuple[np.ndarray, int]:
+        """``unread_rows`` for slot ``slot`` of rank ``rank`` in ``stage`` of ``epoch``, with its own key."""
+        key = slot_key(seed, epoch, rank, slot, stage) if self.shuffled else None
+        return unread_rows(rows, batch_size=batch_size, window_rows=self.rows, batches_done=batches_done, key=key)
