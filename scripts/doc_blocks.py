@@ -10,10 +10,10 @@ Fence syntax (the one every doc follows):
 A ``console`` block runs its ``$ `` lines only. Blocks of one file share that file's scratch folder (a plan written by
 one block is read by the next) but no Python state. Before a file's first block the folder holds a small generated
 dataset at ``data/reviews`` and ``reviews`` (what the docs' examples name), and cluster URLs are mapped to it:
-``hdfs://host/p`` and ``s3://bucket/p`` become ``<folder>/p``, ``/tmp/p`` becomes ``<folder>/tmp/p``, ``--master
+``hdfs://host/p`` and ``s3://bucket/p`` become ``file://<folder>/p``, ``/tmp/p`` becomes ``<folder>/tmp/p``, ``--master
 yarn`` becomes ``--master local[2]``. Python blocks start with the names a training loop example assumes
 (``epochs = 1``, ``rank``/``world_size`` 0/1, a no-op ``train_step``), and RANK=0/WORLD_SIZE=1 are set, as for a
-single-process run. Commands come from ``--bin`` (the user venv's bin folder; default: this interpreter's): the
+single-process run. ``pip install petastorm-balanced[X]`` installs the wheel under test (``--wheel``). Commands come from ``--bin`` (the user venv's bin folder; default: this interpreter's): the
 checkout is never on the path, so a block only passes against the installed package.
 
 Exit 1 when any block fails (each failure is printed with its file:line, the block and its output's tail), 2 on a
@@ -25,6 +25,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,7 +46,8 @@ SUBSTITUTIONS = [
     (re.compile(r"--deploy-mode[ =]cluster\b"), "--deploy-mode client"),
 ]
 TMP = re.compile(r"(?<![\w/.])/tmp/")
-DATASET_ROWS, DATASET_FILES = 20000, 6
+PIP_US = re.compile(r"(\bpip install\b[^\n#]*?)['\"]?\bpetastorm-balanced(\[[\w,]*\])?['\"]?(?=\s|$)")
+DATASET_ROWS, DATASET_FILES = 100_000, 12  # enough for the docs' cluster-sized examples (64 ranks x 256)
 
 
 class FenceError(Exception):
@@ -101,9 +103,11 @@ def parse(path: str, text: str) -> List[Block]:
 
 
 def localize(code: str, folder: str) -> str:
-    """Map cluster URLs, /tmp and cluster masters to the scratch folder and local[2]."""
-    code = URL.sub(folder + "/", code)
-    code = TMP.sub(folder + "/tmp/", code)
+    """Map /tmp, cluster URLs and cluster masters to the scratch folder and local[2], and ``pip install
+    petastorm-balanced[...]`` to the wheel under test (``$PB_WHEEL``)."""
+    code = TMP.sub(folder + "/tmp/", code)  # first: the scratch folder may itself be under /tmp
+    code = URL.sub("file://" + folder + "/", code)  # a URL stays a URL (Petastorm refuses scheme-less paths)
+    code = PIP_US.sub(lambda m: f'{m.group(1)}"$PB_WHEEL{m.group(2) or ""}"', code)
     for pattern, replacement in SUBSTITUTIONS:
         code = pattern.sub(replacement, code)
     return code
@@ -140,19 +144,28 @@ def run_block(block: Block, folder: Path, python: str, env: dict, timeout: float
         script.write_text(console_commands(code) if block.lang == "console" else code)
         cmd = ["bash", "-euo", "pipefail", str(script)]
     try:
-        return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return subprocess.CompletedProcess(cmd, 124, out, f"timed out after {timeout:.0f} s")
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own process group: a timeout ends Spark and torchrun too
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, 124, out, err + f"\ntimed out after {timeout:.0f} s")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
 
 
-def block_env(bindir: str) -> dict:
+def block_env(bindir: str, wheel: Optional[str]) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     python = os.path.join(bindir, "python")
     env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=os.path.dirname(bindir),
                PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, SPARK_LOCAL_IP="127.0.0.1",
                RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
                PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
+    if wheel:
+        env["PB_WHEEL"] = os.path.abspath(wheel)
     return env
 
 
@@ -168,6 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the blocks and what happens to each; run none")
     parser.add_argument("--only", action="append", default=[], metavar="FILE:LINE", help="run these blocks only")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per block (default 300)")
+    parser.add_argument("--wheel", help="the wheel under test: `pip install petastorm-balanced[...]` installs it")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders (printed)")
     args = parser.parse_args(argv)
     files = args.files or [str(root / "README.md")] + sorted(str(p) for p in (root / "docs").glob("*.md"))
@@ -184,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{b.where:28} {b.lang:8} {what}")
         return 0
     python = os.path.join(args.bin, "python")
-    env = block_env(args.bin)
+    env = block_env(args.bin, args.wheel)
     scratch = Path(tempfile.mkdtemp(prefix="pb-doc-blocks-"))
     started, failures, ran = time.perf_counter(), [], 0
     try:

@@ -79,7 +79,7 @@ spark-submit --master 'local[2]' --conf spark.ui.enabled=false "$(petastorm-bala
   --world-size 4 --batch-size 64 --where "lang = 'en'" --output plan-en 2>/dev/null | grep '^plan_shards: wrote'
 
 step "every code block of README.md and docs/*.md (scripts/doc_blocks.py)"
-"$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" "$@"
+"$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" --wheel "$wheel" "$@"
 
 step "API reference: mkdocs build --strict"
 (cd "$root" && "$tools/bin/mkdocs" build --strict --quiet --site-dir "$work/site")
