@@ -9,7 +9,7 @@ Fence syntax (the one every doc follows):
   ```text, ```json, a bare ``` ...           never run (program output, file contents)
 A ``console`` block runs its ``$ `` lines only. Blocks of one file share that file's scratch folder (a plan written by
 one block is read by the next) but no Python state. Before a file's first block the folder holds a small generated
-dataset at ``data/reviews`` and ``reviews`` (what the docs' examples name), and cluster URLs are mapped to it:
+dataset at ``data/reviews``, ``reviews`` and ``datasets/clicks`` (what the docs' examples name), and cluster URLs are mapped to it:
 ``hdfs://host/p`` and ``s3://bucket/p`` become ``file://<folder>/p``, ``/tmp/p`` becomes ``<folder>/tmp/p``, ``--master
 yarn`` becomes ``--master local[2]``. Python blocks start with the names a training loop example assumes
 (``epochs = 1``, ``rank``/``world_size`` 0/1, a no-op ``train_step``), and RANK=0/WORLD_SIZE=1 are set, as for a
@@ -47,6 +47,7 @@ SUBSTITUTIONS = [
 ]
 TMP = re.compile(r"(?<![\w/.])/tmp/")
 PIP_US = re.compile(r"(\bpip install\b[^\n#]*?)['\"]?\bpetastorm-balanced(\[[\w,]*\])?['\"]?(?=\s|$)")
+FIXTURE_NAMES = ("data/reviews", "reviews", "datasets/clicks")  # the dataset names the docs use
 DATASET_ROWS, DATASET_FILES = 100_000, 12  # enough for the docs' cluster-sized examples (64 ranks x 256)
 
 
@@ -127,9 +128,9 @@ def make_dataset(python: str, root: Path, env: dict) -> Path:
 
 def prepare(folder: Path, dataset: Path) -> None:
     (folder / "tmp").mkdir(parents=True)
-    (folder / "data").mkdir()
-    for link in (folder / "data" / "reviews", folder / "reviews"):
-        shutil.copytree(dataset, link)  # a copy: a block may add files, and plans check mtimes
+    for name in FIXTURE_NAMES:  # links: the dataset is generated once and only read
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to(dataset, target_is_directory=True)
 
 
 def run_block(block: Block, folder: Path, python: str, env: dict, timeout: float) -> subprocess.CompletedProcess:

@@ -3,8 +3,9 @@
 #   1. build the sdist and, from it, the wheel (python -m build) out of a clean copy of the clone
 #   2. install the wheel into a fresh venv: torch==2.13.0 first, then the wheel with the README's extras and no
 #      other constraint (pip resolves the extras' own bounds); `pip check`
-#   3. from a folder outside the clone: the INSTALLED console command, the planning job under spark-submit, and
-#      every code block of README.md and docs/*.md (scripts/doc_blocks.py; a stale example fails)
+#   3. from a folder outside the clone: the INSTALLED console command (plan, inspect, verify --read), then every
+#      code block of README.md and docs/*.md (scripts/doc_blocks.py; a stale example fails), among them the
+#      installed planning job under spark-submit (README's "The planning job on a cluster")
 #   4. the API reference: mkdocs build --strict (docs/api.md, mkdocstrings)
 # The user venv is cached outside the clone, keyed by a hash of the wheel's requirements and the extras
 # (${PB_CACHE:-~/.cache/petastorm-balanced}/user-<hash>); a rerun only reinstalls the wheel. scripts/test.sh runs
@@ -74,10 +75,6 @@ python -m petastorm_balanced.datagen reviews --rows 20000 --files 6 > /dev/null
 petastorm-balanced plan reviews --world-size 4 --batch-size 64 --engine local --output plan
 petastorm-balanced inspect plan --json > inspect.json
 petastorm-balanced verify plan --read --epochs 1 | tail -2
-step "the installed planning job under spark-submit"
-spark-submit --master 'local[2]' --conf spark.ui.enabled=false "$(petastorm-balanced spark-job-path)" reviews \
-  --world-size 4 --batch-size 64 --where "lang = 'en'" --output plan-en 2>/dev/null | grep '^plan_shards: wrote'
-
 step "every code block of README.md and docs/*.md (scripts/doc_blocks.py)"
 "$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" --wheel "$wheel" "$@"
 
