@@ -47,8 +47,8 @@ def main(argv=None) -> int:
         ours.addHandler(handler)
         ours.propagate = False
     ours.setLevel(logging.INFO)
-    from petastorm_balanced import PlanError, plan_shards
-    from petastorm_balanced.errors import BadInputError, InvalidWhereError
+    from petastorm_balanced.errors import BadInputError, InvalidWhereError, PlanError
+    from petastorm_balanced.planning.plan_shards import plan_shards
     from petastorm_balanced.planning.engines.spark import get_session
     from pyspark.sql import SparkSession
 
