@@ -29,7 +29,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -183,6 +185,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="FILE:LINE", help="run these blocks only")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per block (default 300)")
     parser.add_argument("--wheel", help="the wheel under test: `pip install petastorm-balanced[...]` installs it")
+    parser.add_argument("--jobs", type=int, default=2, help="files run side by side (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders (printed)")
     args = parser.parse_args(argv)
     files = args.files or [str(root / "README.md")] + sorted(str(p) for p in (root / "docs").glob("*.md"))
@@ -204,27 +207,39 @@ def main(argv: Optional[List[str]] = None) -> int:
     started, failures, ran = time.perf_counter(), [], 0
     try:
         dataset = make_dataset(python, scratch, env)
-        folders: dict = {}
+        by_file: dict = {}
         for b in blocks:
-            if not b.runnable:
-                continue
-            if b.path not in folders:
-                folders[b.path] = scratch / re.sub(r"\W", "_", b.path)
-                prepare(folders[b.path], dataset)
-            t0 = time.perf_counter()
-            result = run_block(b, folders[b.path], python, env, args.timeout)
-            ran += 1
-            status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
-            print(f"doc_blocks: {b.where:28} {b.lang:8} {time.perf_counter() - t0:6.1f} s  {status}", flush=True)
-            if result.returncode != 0:
-                failures.append(b)
-                print(f"---- {b.where} ----\n{b.code.rstrip()}\n---- stdout ----\n{tail(result.stdout)}\n"
-                      f"---- stderr ----\n{tail(result.stderr)}\n----", flush=True)
+            if b.runnable:
+                by_file.setdefault(b.path, []).append(b)
+        lock = threading.Lock()
+
+        def run_file(path: str) -> None:  # a file's blocks in order, in its own folder
+            nonlocal ran
+            folder = scratch / re.sub(r"\W", "_", path)
+            prepare(folder, dataset)
+            for b in by_file[path]:
+                t0 = time.perf_counter()
+                result = run_block(b, folder, python, env, args.timeout)
+                status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
+                with lock:
+                    ran += 1
+                    print(f"doc_blocks: {b.where:28} {b.lang:8} {time.perf_counter() - t0:6.1f} s  {status}",
+                          flush=True)
+                    if result.returncode != 0:
+                        failures.append(b)
+                        print(f"---- {b.where} ----\n{b.code.rstrip()}\n---- stdout ----\n{tail(result.stdout)}\n"
+                              f"---- stderr ----\n{tail(result.stderr)}\n----", flush=True)
+
+        # Files are independent, so they run side by side (a Spark block mostly waits for its JVM).
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for future in [pool.submit(run_file, path) for path in by_file]:
+                future.result()
     finally:
         if args.keep:
             print(f"doc_blocks: scratch kept in {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
+    failures.sort(key=lambda b: (b.path, b.line))
     skipped = [b for b in blocks if b.norun is not None]
     print(f"doc_blocks: {ran} blocks run, {len(failures)} failed, {len(skipped)} marked norun, "
           f"{time.perf_counter() - started:.0f} s")
