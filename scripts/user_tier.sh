@@ -40,11 +40,16 @@ grep -q '/petastorm_balanced/tools/spark_job.py$' <<<"$listing" || { echo "sdist
 grep -q '/LICENSE$' <<<"$listing" || { echo "sdist lacks LICENSE"; exit 1; }
 if grep -q '/tests/' <<<"$listing"; then echo "sdist ships tests"; exit 1; fi
 
-key=$( ("$tools/bin/python" - "$wheel" <<'EOF'
-import sys, zipfile
+# The venv's key: the wheel's requirements that this install uses (the core and the chosen extras).
+key=$( ("$tools/bin/python" - "$wheel" "$EXTRAS" <<'EOF'
+import re, sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
+extras = set(sys.argv[2].split(","))
 meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
-print("\n".join(line for line in meta.splitlines() if line.startswith(("Requires-Dist:", "Requires-Python:"))))
+for line in meta.splitlines():
+    extra = re.search(r"extra == ['\"]([^'\"]+)['\"]", line)
+    if line.startswith("Requires-Python:") or line.startswith("Requires-Dist:") and (not extra or extra[1] in extras):
+        print(line)
 EOF
   echo "$EXTRAS $TORCH"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
 venv=$cache/user-$key
