@@ -24,6 +24,9 @@ t0=$SECONDS
 step() { echo "== user tier [$((SECONDS - t0)) s]: $*"; }
 
 tools=$("$root/scripts/tools_venv.sh")
+# Everything runs from outside the clone: `python -m pip` puts the current folder on sys.path, and a
+# petastorm_balanced.egg-info there would pass for an installed petastorm-balanced (pip would skip the wheel).
+cd "$work"
 
 step "build sdist and wheel from a clean copy of the clone"
 mkdir -p "$work/src"
