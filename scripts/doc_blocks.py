@@ -7,14 +7,16 @@ Fence syntax (the one every doc follows):
   ```python / ```bash / ```sh / ```console   run, in order, one process per block, from a scratch folder per file
   ```python norun: REASON                    not run; the reason is required (``norun`` alone is an error)
   ```text, ```json, a bare ``` ...           never run (program output, file contents)
-A ``console`` block runs its ``$ `` lines only. Blocks of one file share that file's scratch folder (a plan written by
-one block is read by the next) but no Python state. Before a file's first block the folder holds a small generated
-dataset at ``data/reviews``, ``reviews`` and ``datasets/clicks`` (what the docs' examples name), and cluster URLs are mapped to it:
-``hdfs://host/p`` and ``s3://bucket/p`` become ``file://<folder>/p``, ``/tmp/p`` becomes ``<folder>/tmp/p``, ``--master
-yarn`` becomes ``--master local[2]``. Python blocks start with the names a training loop example assumes
-(``epochs = 1``, ``rank``/``world_size`` 0/1, a no-op ``train_step``), and RANK=0/WORLD_SIZE=1 are set, as for a
-single-process run. ``pip install petastorm-balanced[X]`` installs the wheel under test (``--wheel``). Commands come from ``--bin`` (the user venv's bin folder; default: this interpreter's): the
-checkout is never on the path, so a block only passes against the installed package.
+A ``console`` block runs its ``$ `` lines only. Blocks of one file share that file's scratch folder (a plan
+written by one block is read by the next) but no Python state; files run side by side (``--jobs``). Before a
+file's first block the folder holds a small generated dataset at ``data/reviews``, ``reviews`` and
+``datasets/clicks`` (what the docs' examples name), and cluster URLs are mapped to it: ``hdfs://host/p`` and
+``s3://bucket/p`` become ``file://<folder>/p``, ``/tmp/p`` becomes ``<folder>/tmp/p``, ``--master yarn`` becomes
+``--master local[2]``. Python blocks start with the names a training loop example assumes (``epochs = 1``,
+``rank``/``world_size`` 0/1, a no-op ``train_step``), and RANK=0/WORLD_SIZE=1 are set, as for a single-process
+run. ``pip install petastorm-balanced[X]`` installs the wheel under test (``--wheel``). Commands come from
+``--bin`` (the user venv's bin folder; default: this interpreter's): the checkout is never on the path, so a
+block only passes against the installed package.
 
 Exit 1 when any block fails (each failure is printed with its file:line, the block and its output's tail), 2 on a
 malformed fence.
@@ -34,7 +36,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
 
 RUNNABLE = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash", "console": "console"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
@@ -62,7 +63,7 @@ class Block:
     path: str
     line: int  # 1-based line of the opening fence
     lang: str  # python, bash, console, or the info string's first word for blocks never run
-    norun: Optional[str]
+    norun: str | None
     code: str
 
     @property
@@ -74,7 +75,7 @@ class Block:
         return self.lang in ("python", "bash", "console") and self.norun is None
 
 
-def parse(path: str, text: str) -> List[Block]:
+def parse(path: str, text: str) -> list[Block]:
     """The fenced blocks of a Markdown file, with what the fence says about running them."""
     blocks, lines, i = [], text.splitlines(), 0
     while i < len(lines):
@@ -160,7 +161,7 @@ def run_block(block: Block, folder: Path, python: str, env: dict, timeout: float
         raise
 
 
-def block_env(bindir: str, wheel: Optional[str]) -> dict:
+def block_env(bindir: str, wheel: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     python = os.path.join(bindir, "python")
     env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=os.path.dirname(bindir),
@@ -176,7 +177,7 @@ def tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parent.parent
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("files", nargs="*", help="Markdown files (default: README.md and docs/*.md)")

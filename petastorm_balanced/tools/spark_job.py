@@ -47,10 +47,11 @@ def main(argv=None) -> int:
         ours.addHandler(handler)
         ours.propagate = False
     ours.setLevel(logging.INFO)
-    from petastorm_balanced.errors import BadInputError, InvalidWhereError, PlanError
-    from petastorm_balanced.planning.plan_shards import plan_shards
-    from petastorm_balanced.planning.engines.spark import get_session
     from pyspark.sql import SparkSession
+
+    from petastorm_balanced.errors import BadInputError, InvalidWhereError, PlanError
+    from petastorm_balanced.planning.engines.spark import get_session
+    from petastorm_balanced.planning.plan_shards import plan_shards
 
     owned = SparkSession.getActiveSession() is None  # stop only a session this job started
     started = time.perf_counter()
