@@ -13,13 +13,18 @@ from typing import Mapping, Optional
 from .params import check_int
 from .errors import InvalidValueError
 
-# (rank variable, size variable, launcher), in the order they are trusted.
+# (rank variable, size variable, launcher), in the order they are trusted: the most specific launcher first. A
+# torchrun, horovodrun or mpirun started inside a SLURM job (by srun or in an sbatch script) inherits SLURM's
+# variables, which then describe SLURM's tasks rather than these processes, so SLURM comes last.
 _ENV_PAIRS = (
     ("RANK", "WORLD_SIZE", "torchrun"),
     ("HOROVOD_RANK", "HOROVOD_SIZE", "Horovod"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"),
     ("PMI_RANK", "PMI_SIZE", "MPICH"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM (srun)"),
 )
+# Read and checked with SLURM's pair (a malformed value is an error like the others), though World keeps no local rank.
+_SLURM_LOCAL = "SLURM_LOCALID"
 
 
 # Frameworks start the process group late, or launch with no distributed environment at all.
@@ -41,9 +46,17 @@ class World:
 
     @classmethod
     def detect(cls, environ: Optional[Mapping[str, str]] = None) -> "World":
-        """An initialized ``torch.distributed`` wins, then torchrun, Horovod and MPI variables.
+        """Rank and world size from the job's launcher, trusted in this order (the first one present decides):
 
-        Raises ``RuntimeError`` when nothing names the world: pass ``rank``/``world`` explicitly in that case.
+        1. an initialized ``torch.distributed`` process group (only when ``environ`` is not given);
+        2. torchrun: ``RANK``/``WORLD_SIZE`` (also when torchrun itself was started by srun);
+        3. Horovod: ``HOROVOD_RANK``/``HOROVOD_SIZE``;
+        4. Open MPI: ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``;
+        5. MPICH/PMI: ``PMI_RANK``/``PMI_SIZE``;
+        6. SLURM: ``SLURM_PROCID``/``SLURM_NTASKS`` (``srun python train.py``; ``SLURM_LOCALID`` is checked too).
+
+        A launcher with one of its pair missing, or a value that is not an integer or out of range, is an error, never
+        a silent rank 0. Raises ``RuntimeError`` when nothing names the world: pass ``rank``/``world`` explicitly.
         """
         if environ is None:
             environ = os.environ
@@ -56,6 +69,8 @@ class World:
                     missing = size_var if rank_var in environ else rank_var
                     raise RuntimeError(f"{launcher} environment is incomplete: {missing} is not set "
                                        f"(set both {rank_var} and {size_var}, or pass rank= and world=)")
+                if rank_var == "SLURM_PROCID" and _SLURM_LOCAL in environ:
+                    _parse_env_int(environ, _SLURM_LOCAL)
                 return cls(_parse_env_int(environ, rank_var), _parse_env_int(environ, size_var))
         raise RuntimeError("cannot detect rank and world size: torch.distributed is not initialized and none of "
                            + ", ".join(f"{r}/{s}" for r, s, _ in _ENV_PAIRS)

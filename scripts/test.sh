@@ -5,6 +5,10 @@
 # On the modern stack the slow tests run only where the stack matters (marker `stack`: reading, planning, Spark,
 # torchrun); Petastorm-only tests skip there by themselves. The cross-stack test (same plan, same batches on both)
 # runs on the modern stack with the petastorm stack's python as the other side.
+# Around the suites (scripts/lint.sh first, scripts/user_tier.sh last):
+#   PB_LINT=0          skip ruff and mypy (they report but fail only with PB_LINT_STRICT=1)
+#   PB_USER_TIER=0|1   skip or force the "as a user" tier (build the wheel, fresh venv, console command, every doc
+#                      block, mkdocs --strict); by default it runs when no pytest arguments are given (what CI runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stacks=${PB_STACKS:-petastorm modern}
@@ -12,6 +16,9 @@ status=0
 for stack in $stacks; do
   ./scripts/setup.sh "$stack"
 done
+if [ "${PB_LINT:-1}" != 0 ]; then
+  ./scripts/lint.sh || status=1
+fi
 for stack in $stacks; do
   echo "== tests on the $stack stack"
   (
@@ -26,4 +33,8 @@ for stack in $stacks; do
     fi
   ) || status=1
 done
+if [ "${PB_USER_TIER:-$([ $# -eq 0 ] && echo 1 || echo 0)}" = 1 ]; then
+  echo "== the user tier (scripts/user_tier.sh)"
+  ./scripts/user_tier.sh || status=1
+fi
 exit $status

@@ -5,7 +5,8 @@ from petastorm_balanced import World
 from petastorm_balanced.world import resolve_world
 
 LAUNCHERS = [("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"),
-             ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")]
+             ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+             ("SLURM_PROCID", "SLURM_NTASKS")]
 ALL_VARS = [v for pair in LAUNCHERS for v in pair]
 
 
@@ -14,6 +15,7 @@ def clean_env(monkeypatch):
     """os.environ without any launcher variable (the test runner may itself run under one)."""
     for name in ALL_VARS + ["LOCAL_RANK", "LOCAL_WORLD_SIZE"]:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
     return monkeypatch
 
 
@@ -104,3 +106,33 @@ def test_initialized_torch_distributed_wins_over_environment(clean_env):
     finally:
         dist.destroy_process_group()
     assert World.detect() == World(3, 8)
+
+
+def test_slurm_after_every_other_launcher():
+    """srun python train.py sets SLURM's variables only; a torchrun (or horovodrun, mpirun) that srun started
+    inherits them, and its own per-process variables win."""
+    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}
+    assert World.detect(slurm) == World(3, 8)
+    assert World.detect({**slurm, "RANK": "5", "WORLD_SIZE": "16"}) == World(5, 16)
+    assert World.detect({**slurm, "HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}) == World(0, 2)
+    assert World.detect({**slurm, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == World(1, 2)
+    assert World.detect({**slurm, "PMI_RANK": "6", "PMI_SIZE": "8"}) == World(6, 8)
+
+
+def test_slurm_from_os_environ(clean_env):
+    clean_env.setenv("SLURM_PROCID", "1")
+    clean_env.setenv("SLURM_NTASKS", "2")
+    assert World.detect() == World(1, 2)
+
+
+@pytest.mark.parametrize("env, error, pattern", [
+    ({"SLURM_PROCID": "x", "SLURM_NTASKS": "4"}, RuntimeError, "SLURM_PROCID='x'"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4(x2)"}, RuntimeError, "SLURM_NTASKS='4\\(x2\\)'"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": ""}, RuntimeError, "SLURM_LOCALID=''"),
+    ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, ValueError, "rank=4"),
+    ({"SLURM_PROCID": "0"}, RuntimeError, "SLURM_NTASKS is not set"),
+    ({"SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, RuntimeError, "SLURM_PROCID is not set"),
+])
+def test_malformed_slurm_environment_is_an_error(env, error, pattern):
+    with pytest.raises(error, match=pattern):
+        World.detect(env)

@@ -200,6 +200,12 @@ def cmd_compare(args) -> int:
     return OK
 
 
+def cmd_spark_job_path(args) -> int:
+    """The installed job's file (tools/spark_job.py): what a pip user hands to spark-submit (docs/spark.md)."""
+    print(os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_job.py"))  # not imported: it imports us
+    return OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Equal steps on every rank over Parquet: plan shards, "
                                      "inspect and verify plans, compare with Petastorm's own sharding.")
@@ -240,6 +246,10 @@ def _parser() -> argparse.ArgumentParser:
     add_planning_arguments(p, default_engine=None)
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.set_defaults(run=cmd_compare)
+
+    p = sub.add_parser("spark-job-path", help="print the path of the spark-submit planning job installed with the "
+                       "package: spark-submit \"$(petastorm-balanced spark-job-path)\" DATASET_URL ...")
+    p.set_defaults(run=cmd_spark_job_path)
     return parser
 
 

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The "as a user" tier (issue 20): what a pip user gets must work as the README says.
+#   1. build the sdist and, from it, the wheel (python -m build) out of a clean copy of the clone
+#   2. install the wheel into a fresh venv: torch==2.13.0 first, then the wheel with the README's extras and no
+#      other constraint (pip resolves the extras' own bounds); `pip check`
+#   3. from a folder outside the clone: the INSTALLED console command (plan, inspect, verify --read), then every
+#      code block of README.md and docs/*.md (scripts/doc_blocks.py; a stale example fails), among them the
+#      installed planning job under spark-submit (README's "The planning job on a cluster")
+#   4. the API reference: mkdocs build --strict (docs/api.md, mkdocstrings)
+# The user venv is cached outside the clone, keyed by a hash of the wheel's requirements and the extras
+# (${PB_CACHE:-~/.cache/petastorm-balanced}/user-<hash>); a rerun only reinstalls the wheel. scripts/test.sh runs
+# this tier last; PB_USER_TIER=0 skips it there (daily work).
+#   scripts/user_tier.sh [doc_blocks.py arguments, e.g. --only docs/spark.md:29]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+EXTRAS=${PB_USER_EXTRAS:-petastorm,spark,torch,plot}
+TORCH=${PB_USER_TORCH:-torch==2.13.0}
+cache=${PB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/petastorm-balanced}
+work=$(mktemp -d "${TMPDIR:-/tmp}/pb-user-tier.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+t0=$SECONDS
+step() { echo "== user tier [$((SECONDS - t0)) s]: $*"; }
+
+tools=$("$root/scripts/tools_venv.sh")
+# Everything runs from outside the clone: `python -m pip` puts the current folder on sys.path, and a
+# petastorm_balanced.egg-info there would pass for an installed petastorm-balanced (pip would skip the wheel).
+cd "$work"
+
+step "build sdist and wheel from a clean copy of the clone"
+mkdir -p "$work/src"
+(cd "$root" && git ls-files -z -co --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null) \
+  | tar -xf - -C "$work/src"
+"$tools/bin/python" -m build --outdir "$work/dist" "$work/src" > "$work/build.log" 2>&1 \
+  || { tail -30 "$work/build.log"; exit 1; }
+wheel=$(ls "$work"/dist/petastorm_balanced-*.whl)
+sdist=$(ls "$work"/dist/petastorm_balanced-*.tar.gz)
+echo "built $(basename "$sdist") and $(basename "$wheel")"
+# The sdist: the Spark job and the licence in, no tests (they need the checkout's conftest and both stacks).
+listing=$(tar tzf "$sdist")
+grep -q '/petastorm_balanced/tools/spark_job.py$' <<<"$listing" || { echo "sdist lacks the Spark job"; exit 1; }
+grep -q '/LICENSE$' <<<"$listing" || { echo "sdist lacks LICENSE"; exit 1; }
+if grep -q '/tests/' <<<"$listing"; then echo "sdist ships tests"; exit 1; fi
+
+# The venv's key: the wheel's requirements that this install uses (the core and the chosen extras).
+key=$( ("$tools/bin/python" - "$wheel" "$EXTRAS" <<'EOF'
+import re, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+extras = set(sys.argv[2].split(","))
+meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+for line in meta.splitlines():
+    extra = re.search(r"extra == ['\"]([^'\"]+)['\"]", line)
+    if line.startswith("Requires-Python:") or line.startswith("Requires-Dist:") and (not extra or extra[1] in extras):
+        print(line)
+EOF
+  echo "$EXTRAS $TORCH"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
+venv=$cache/user-$key
+if [ ! -f "$venv/.complete" ]; then
+  step "fresh user venv $venv: $TORCH, then the wheel[$EXTRAS] (first time: a few minutes)"
+  rm -rf "$venv"; mkdir -p "$cache"
+  "$PY" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "$TORCH"
+  "$venv/bin/python" -m pip install -q "$wheel[$EXTRAS]"
+  touch "$venv/.complete"
+else
+  step "cached user venv $venv (same requirements): reinstall this wheel only"
+  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
+fi
+"$venv/bin/python" -m pip check
+"$venv/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm|petastorm-balanced|pyarrow|numpy|pandas|pyspark|torch) '
+
+step "the installed console command, from outside the clone"
+mkdir -p "$work/user"; cd "$work/user"
+export PATH="$venv/bin:$PATH" PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python"
+export SPARK_LOCAL_IP=127.0.0.1
+unset PYTHONPATH VIRTUAL_ENV
+where=$(python -c 'import petastorm_balanced; print(petastorm_balanced.__file__)')
+case "$where" in "$venv"/*) ;; *) echo "imported petastorm_balanced from $where, not the wheel"; exit 1 ;; esac
+petastorm-balanced --help > /dev/null
+python -m petastorm_balanced.datagen reviews --rows 20000 --files 6 > /dev/null
+petastorm-balanced plan reviews --world-size 4 --batch-size 64 --engine local --output plan
+petastorm-balanced inspect plan --json > inspect.json
+petastorm-balanced verify plan --read --epochs 1 | tail -2
+step "every code block of README.md and docs/*.md (scripts/doc_blocks.py)"
+"$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" --wheel "$wheel" "$@"
+
+step "API reference: mkdocs build --strict"
+(cd "$root" && "$tools/bin/mkdocs" build --strict --quiet --site-dir "$work/site")
+step "done"
