@@ -7,13 +7,14 @@ list datasets here, so they agree on what a data file is.
 from __future__ import annotations
 
 import pickle
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from . import fs as fsutil
+from .partitions import partition_values  # noqa: F401 - re-exported: hive values, decoded (partitions.py)
 from ..errors import InvalidValueError, MissingDependencyError
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
@@ -26,11 +27,6 @@ def is_data_name(name: str) -> bool:
     if name.startswith("_") and "=" not in name:
         return False
     return not name.endswith(".crc")
-
-
-def partition_values(relative_path: str) -> Dict[str, str]:
-    """Hive partition values from the ``key=value`` folders of a relative path."""
-    return dict(part.split("=", 1) for part in relative_path.split("/")[:-1] if "=" in part)
 
 
 def list_data_files(url: str) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]]:
