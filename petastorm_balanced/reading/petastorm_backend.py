@@ -330,6 +330,9 @@ def quiet_legacy_pyarrow():
     they say nothing the user can act on, so they are silenced while a reader is built."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"(petastorm|pyarrow)(\.|$)")
+        # Petastorm's schema inference skips types it does not know (dictionaries, large_string); our workers read
+        # and convert every column themselves (loader.schema), so its warning is about nothing that is lost.
+        warnings.filterwarnings("ignore", message=r"Column .* has an unsupported field", category=UserWarning)
         yield
 
 
