@@ -32,7 +32,7 @@ torch = pytest.importorskip("torch")
 WRITERS = ["pyarrow"] + [w for w in ("polars", "duckdb") if __import__("importlib").util.find_spec(w)]
 BACKENDS = ["arrow"] + (["petastorm"] if petastorm_importable() else [])
 WORLD, BATCH = 2, 3
-FAST = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+FAST = settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -233,7 +233,7 @@ def _table_dataset(tmp_path, tables, row_group_size=3):
 def test_nulls_in_some_files_give_one_schema_and_exact_int64(tmp_path):
     """An int64 column with nulls in one file only: every batch int64 with a mask, 2**60 + 20 exact."""
     big = 2**60 + 20
-    root = _table_dataset(tmp_path, [pa.table({"id": list(range(0, 9)), "x": [big] * 9}),
+    root = _table_dataset(tmp_path, [pa.table({"id": list(range(9)), "x": [big] * 9}),
                                      pa.table({"id": list(range(9, 18)), "x": [None, big + 1] * 4 + [None]})])
     plan = plan_shards(root, 1, batch_size=3, engine="local")
     loader = make_loader(0, 1, plan=plan, backend="arrow", shuffle=False)

@@ -40,9 +40,9 @@ class ColumnSchema:
 
     ``kind`` is ``'tensor'`` (a torch tensor of ``dtype`` with ``shape`` per row, so ``(batch, *shape)``) or
     ``'list'`` (a Python list with one value per row; ``item`` says what a value is: ``'str'``, ``'bytes'``,
-    ``'python'`` (the value ``pyarrow``'s ``to_pylist()`` gives) or ``'numpy'`` (a decoded Unischema cell)). ``nulls`` is how a null is shown: ``'never'`` (the
-    column holds none), ``'nan'``, ``'mask'`` (False in the tensor named ``mask``; the value there is 0) or
-    ``'None'``.
+    ``'python'``, the value ``pyarrow``'s ``to_pylist()`` gives, or ``'numpy'``, a decoded Unischema cell).
+    ``nulls`` is how a null is shown: ``'never'`` (the column holds none), ``'nan'``, ``'mask'`` (False in the
+    tensor named ``mask``; the value there is 0) or ``'None'``.
     """
 
     name: str
