@@ -17,6 +17,7 @@ from ..errors import InvalidValueError
 from .schema import LIST, ColumnSchema
 
 Values = Union[np.ndarray, pa.Array]
+_DTYPES: Dict[str, np.dtype] = {}
 
 
 def one_array(column) -> pa.Array:
@@ -49,8 +50,11 @@ def to_values(column, spec: ColumnSchema) -> Dict[str, Values]:
         out[spec.name] = array.fill_null(False if pa.types.is_boolean(t) else 0).to_numpy(zero_copy_only=False)
     else:
         out[spec.name] = array.to_numpy(zero_copy_only=False)
-    if out[spec.name].dtype.name != spec.dtype:
-        out[spec.name] = out[spec.name].astype(spec.dtype)
+    want = _DTYPES.get(spec.dtype)
+    if want is None:
+        want = _DTYPES.setdefault(spec.dtype, np.dtype(spec.dtype))
+    if out[spec.name].dtype != want:  # temporal int32 storage, a Unischema dtype (``dtype.name`` is slow: compare)
+        out[spec.name] = out[spec.name].astype(want)
     if spec.mask is not None:
         out[spec.mask] = _validity(array)
     return out
