@@ -8,6 +8,7 @@ and nulls. Both backends, in-thread and threaded reading, and ``BalancedIterable
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shutil
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
@@ -29,7 +30,7 @@ from petastorm_balanced.reading.schema import LIST, delivered_type
 from strategies import COLUMN_KINDS, DatasetSpec, dataset_specs
 
 torch = pytest.importorskip("torch")
-WRITERS = ["pyarrow"] + [w for w in ("polars", "duckdb") if __import__("importlib").util.find_spec(w)]
+WRITERS = ["pyarrow"] + [w for w in ("polars", "duckdb") if importlib.util.find_spec(w)]  # skipped if absent
 BACKENDS = ["arrow"] + (["petastorm"] if petastorm_importable() else [])
 WORLD, BATCH = 2, 3
 FAST = settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
@@ -172,7 +173,7 @@ def check_dataset(root: str, *, iterable_workers=0) -> None:
 
 @pytest.mark.parametrize("writer", WRITERS)
 @FAST
-@given(data=__import__("hypothesis").strategies.data())
+@given(data=st.data())
 def test_every_value_equals_pyarrow_dataset(writer, data):
     spec = data.draw(dataset_specs(writers=(writer,)))
     root = tempfile.mkdtemp(prefix="conf-", dir=_tmp())
@@ -188,7 +189,7 @@ def test_every_value_equals_pyarrow_dataset(writer, data):
 @pytest.mark.stack
 @pytest.mark.parametrize("writer", WRITERS)
 @SLOW
-@given(data=__import__("hypothesis").strategies.data())
+@given(data=st.data())
 def test_every_value_equals_pyarrow_dataset_more_examples(writer, data):
     spec = data.draw(dataset_specs(writers=(writer,), max_rows=80))
     root = tempfile.mkdtemp(prefix="conf-", dir=_tmp())
