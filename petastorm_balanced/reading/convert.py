@@ -50,9 +50,10 @@ def to_values(column, spec: ColumnSchema) -> Dict[str, Values]:
         out[spec.name] = array.fill_null(False if pa.types.is_boolean(t) else 0).to_numpy(zero_copy_only=False)
     else:
         out[spec.name] = array.to_numpy(zero_copy_only=False)
-    want = _DTYPES.get(spec.dtype)
+    dtype = spec.dtype or "int64"  # a tensor column always has one
+    want = _DTYPES.get(dtype)
     if want is None:
-        want = _DTYPES.setdefault(spec.dtype, np.dtype(spec.dtype))
+        want = _DTYPES.setdefault(dtype, np.dtype(dtype))
     if out[spec.name].dtype != want:  # temporal int32 storage, a Unischema dtype (``dtype.name`` is slow: compare)
         out[spec.name] = out[spec.name].astype(want)
     if spec.mask is not None:
