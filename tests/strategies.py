@@ -120,6 +120,9 @@ def _column_kinds():
         "date": (pa.date32(), st.integers(-100_000, 100_000).map(
             lambda d: datetime.date(1970, 1, 1) + datetime.timedelta(days=d)), every),
         "dur": (pa.duration("ms"), st.integers(-2**40, 2**40), ("pyarrow", "polars")),
+        "time_us": (pa.time64("us"), st.integers(0, 86_400 * 10**6 - 1), ("pyarrow",)),
+        "time_s": (pa.time32("s"), st.integers(0, 86_399), ("pyarrow",)),
+        "date_ms": (pa.date64(), st.integers(-10**5, 10**5).map(lambda d: d * 86_400_000), ("pyarrow",)),
         "dec": (pa.decimal128(10, 2), st.decimals(-10**7, 10**7, places=2, allow_nan=False,
                                                   allow_infinity=False).map(decimal.Decimal), every),
         "list_i32": (pa.list_(pa.int32()), st.lists(st.one_of(st.none(), small), max_size=3), every),
