@@ -148,9 +148,9 @@ def decode_work(plain_url, petastorm_url, args):
     converted = []
     original_to_columns = fragments.to_columns
 
-    def counting_to_columns(table, fields=None):
+    def counting_to_columns(table, *args, **kwargs):
         converted.append(table.num_rows)
-        return original_to_columns(table, fields)
+        return original_to_columns(table, *args, **kwargs)
 
     calls = [0]
     original_decode = NdarrayCodec.decode

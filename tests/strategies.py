@@ -91,3 +91,91 @@ def positions_in_row_group(draw, max_rows=5_000):
     if not mask.any():
         mask[draw(st.integers(0, total - 1))] = True
     return np.flatnonzero(mask).astype(np.int64), total
+
+
+# ------------------------------------------------------------------------------------ conformance (G13)
+# Column kinds of the differential suite (tests/test_conformance.py): Arrow type, a strategy for one non-null value,
+# and the writers that take the kind as it is (polars and DuckDB rewrite some types; the oracle reads what they wrote).
+def _column_kinds():
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    small = st.integers(-2**31, 2**31 - 1)
+    text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=5)
+    every = ("pyarrow", "polars", "duckdb")
+    return {
+        "i8": (pa.int8(), st.integers(-128, 127), every),
+        "i64": (pa.int64(), st.integers(-2**63, 2**63 - 1), every),
+        "u64": (pa.uint64(), st.integers(0, 2**64 - 1), every),
+        "f32": (pa.float32(), st.floats(width=32, allow_nan=False), every),
+        "f64": (pa.float64(), st.floats(allow_nan=False), every),
+        "bool": (pa.bool_(), st.booleans(), every),
+        "str": (pa.string(), text, every),
+        "large_str": (pa.large_string(), text, ("pyarrow", "duckdb")),
+        "bin": (pa.binary(), st.binary(max_size=4), every),
+        "dict": (pa.dictionary(pa.int32(), pa.string()), st.sampled_from(["red", "green", "blue"]), every),
+        "ts_utc": (pa.timestamp("us", "UTC"), st.integers(-2**50, 2**50), every),
+        "ts_ns": (pa.timestamp("ns"), st.integers(-2**62, 2**62), ("pyarrow", "polars")),
+        "date": (pa.date32(), st.integers(-100_000, 100_000).map(
+            lambda d: datetime.date(1970, 1, 1) + datetime.timedelta(days=d)), every),
+        "dur": (pa.duration("ms"), st.integers(-2**40, 2**40), ("pyarrow", "polars")),
+        "time_us": (pa.time64("us"), st.integers(0, 86_400 * 10**6 - 1), ("pyarrow",)),
+        "time_s": (pa.time32("s"), st.integers(0, 86_399), ("pyarrow",)),
+        "date_ms": (pa.date64(), st.integers(-10**5, 10**5).map(lambda d: d * 86_400_000), ("pyarrow",)),
+        "dec": (pa.decimal128(10, 2), st.decimals(-10**7, 10**7, places=2, allow_nan=False,
+                                                  allow_infinity=False).map(decimal.Decimal), every),
+        "list_i32": (pa.list_(pa.int32()), st.lists(st.one_of(st.none(), small), max_size=3), every),
+        "large_list": (pa.large_list(pa.int64()), st.lists(st.integers(-2**63, 2**63 - 1), max_size=3),
+                       ("pyarrow", "polars")),
+        "ragged": (pa.list_(pa.list_(pa.int32())), st.lists(st.lists(small, max_size=3), max_size=3), every),
+        "fixed": (pa.list_(pa.float32(), 2), st.lists(st.floats(width=32, allow_nan=False), min_size=2,
+                                                       max_size=2), ("pyarrow",)),
+        "struct": (pa.struct([("a", pa.int32()), ("b", pa.string())]),
+                   st.fixed_dictionaries({"a": st.one_of(st.none(), small), "b": st.one_of(st.none(), text)}), every),
+        "map": (pa.map_(pa.string(), pa.int32()), st.lists(st.tuples(st.sampled_from("abc"), small), max_size=2,
+                                                           unique_by=lambda kv: kv[0]), ("pyarrow", "duckdb")),
+    }
+
+
+COLUMN_KINDS = _column_kinds()
+NULL_FREE = ("fixed",)  # pyarrow 14 cannot write a fixed_size_list with null rows
+PARTITION_VALUES = {"string": ["a/b", "50%", "x y", "ü", "1", None], "int": [1, 2, -3, 40, None]}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of the conformance suite: a writer, columns and their per-file values, hive partitioning."""
+
+    writer: str
+    columns: tuple  # kind names
+    files: tuple  # per file: dict of column name -> list of values (None = null); "id" unique over the dataset
+    row_group_rows: tuple  # per file
+    partition: str = ""  # "" (none), "string" or "int": a column "part" holding hive values
+
+
+@st.composite
+def dataset_specs(draw, writers=("pyarrow", "polars", "duckdb"), max_rows=40):
+    writer = draw(st.sampled_from(writers))
+    names = sorted(k for k, (_, _, allowed) in COLUMN_KINDS.items() if writer in allowed)
+    columns = tuple(draw(st.lists(st.sampled_from(names), min_size=1, max_size=5, unique=True)))
+    partition = draw(st.sampled_from(["", "string", "int"])) if writer in ("pyarrow", "duckdb") else ""
+    sizes = draw(st.lists(st.integers(0 if writer == "pyarrow" else 1, max_rows // 2), min_size=1, max_size=4))
+    if sum(sizes) < 8:
+        sizes[0] += 8 - sum(sizes)
+    files, next_id = [], 0
+    for size in sizes:
+        values = {"id": list(range(next_id, next_id + size))}
+        next_id += size
+        for name in columns:
+            null_rate = 0.0 if name in NULL_FREE else draw(st.sampled_from([0.0, 0.0, 0.3, 1.0]))
+            strategy = COLUMN_KINDS[name][1]
+            values[name] = [None if draw(st.floats(0, 1)) < null_rate else draw(strategy) for _ in range(size)]
+        if partition:
+            choices = PARTITION_VALUES[partition]
+            values["part"] = [draw(st.sampled_from(choices)) for _ in range(size)]
+        files.append(values)
+    if partition and all(v is None for f in files for v in f["part"]):
+        files[0]["part"][0] = PARTITION_VALUES[partition][0]  # pyarrow.dataset cannot type an all-null column
+    row_groups = tuple(draw(st.integers(1, 7)) for _ in sizes)
+    return DatasetSpec(writer, columns, tuple(files), row_groups, partition)

@@ -135,11 +135,14 @@ def test_added_file_and_stale_plan_url_are_refused(own_dataset, tmp_path):
         make_loader(0, 1, plan=str(tmp_path / "plan"))
 
 
-def test_list_columns_stack_like_make_batch_reader():
-    """Equal-length list columns become (rows, length) arrays after the cut; ragged ones stay per-row arrays."""
+def test_list_columns_keep_one_representation_whatever_the_rows():
+    """A variable-length list column is a list of Python lists even when this batch's lists are equal (G13: the
+    type never depends on the rows); a fixed_size_list column is a (rows, size) array."""
     import pyarrow as pa
-    from petastorm_balanced.reading.fragments import to_columns
-    table = pa.table({"fixed": pa.array([[1, 2], [3, 4], [5, 6]]), "ragged": pa.array([[1], [2, 3], None])})
+    from petastorm_balanced.reading.fragments import as_list, to_columns
+    table = pa.table({"equal": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32())),
+                      "ragged": pa.array([[1], [2, 3], None]),
+                      "fixed": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32(), 2))})
     out = to_columns(table.slice(1, 2))
-    assert out["fixed"].tolist() == [[3, 4], [5, 6]] and out["fixed"].dtype == np.int64
-    assert out["ragged"].dtype == object and out["ragged"][0].tolist() == [2, 3] and out["ragged"][1] is None
+    assert as_list(out["equal"]) == [[3, 4], [5, 6]] and as_list(out["ragged"]) == [[2, 3], None]
+    assert out["fixed"].tolist() == [[3, 4], [5, 6]] and out["fixed"].dtype == np.int32

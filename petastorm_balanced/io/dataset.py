@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from . import fs as fsutil
 from . import tables
-from .hive import partition_values  # noqa: F401 - re-exported: planners and readers import it from here
+from .partitions import partition_values  # noqa: F401 - re-exported: hive values, decoded (partitions.py)
 from ..errors import InvalidValueError, MissingDependencyError
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pyarrow.fs as pafs
 
 from . import fs as fsutil
-from .hive import partition_values  # the reader's own rule
+from .partitions import partition_values  # the reader's own rule (decoded, None for a null)
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..params import check_int
 

@@ -9,15 +9,23 @@ has in ``make_reader``/``make_batch_reader``:
   fall back to calling them once per row instead of failing, since the intent is unambiguous.
 
 Only the predicate's ``get_fields()`` columns are read; hive partition columns come from the file's path.
+
+A predicate sees the values the loader delivers (G13): hive partition values decoded and typed for the whole
+dataset (``io.partitions``: an int column gives ints, ``__HIVE_DEFAULT_PARTITION__`` gives None), dictionary
+columns decoded, and None for every null (never pandas' NaN, which would make ``s is None`` match nothing and
+``s.startswith`` raise).
 """
 from __future__ import annotations
 
 from typing import Iterable
 
+from typing import Mapping, Optional
+
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .scan import partition_values
+from ..io.partitions import partition_types as infer_partition_types, typed_partition_values
 from ..errors import InvalidTypeError, InvalidValueError
 
 
@@ -37,19 +45,25 @@ def check_fields(predicate, columns: Iterable[str], url: str) -> list:
     return fields
 
 
-def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unischema=None) -> np.ndarray:
-    """Boolean match mask (rows,) of one row group of an open Parquet file."""
+def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unischema=None,
+                   partition_types: Optional[Mapping[str, str]] = None) -> np.ndarray:
+    """Boolean match mask (rows,) of one row group of an open Parquet file. ``partition_types`` are the hive
+    columns' types over the whole dataset (``io.partitions.partition_types``; this path's alone if None)."""
     import pandas as pd  # here, not at module level: pandas costs ~1 s of every CLI start and plan import
-    partitions = partition_values(path)
+    partitions = typed_partition_values(path, partition_types if partition_types is not None else
+                                        infer_partition_types([path]))
     stored = [f for f in fields if f not in partitions]
     parquet = pq.ParquetFile(handle)
+    rows = parquet.metadata.row_group(row_group).num_rows
+    frame = pd.DataFrame(index=range(rows))
     if stored:
-        frame = parquet.read_row_group(row_group, columns=stored).to_pandas(integer_object_nulls=True)
-    else:
-        frame = pd.DataFrame(index=range(parquet.metadata.row_group(row_group).num_rows))
+        table = parquet.read_row_group(row_group, columns=stored)
+        for name in stored:
+            frame[name] = _series(table.column(name), pd)
     for name in fields:
         if name in partitions:
-            frame[name] = partitions[name]
+            frame[name] = pd.Series([partitions[name]] * rows, dtype=object) if partitions[name] is None or \
+                isinstance(partitions[name], str) else partitions[name]
     if unischema is not None:
         return _per_row(frame, predicate, unischema)
     try:
@@ -60,6 +74,15 @@ def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unis
     except Exception:  # noqa: BLE001 - a row-wise predicate handed a DataFrame; evaluate it row by row instead
         pass
     return _per_row(frame, predicate, None)
+
+
+def _series(column, pd):
+    """A column for the predicate's DataFrame: numbers without nulls as numpy (fast), anything else as Python
+    objects with None for nulls (dictionaries decoded, no NaN standing for a null string or int)."""
+    t = column.type
+    if column.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        return column.to_numpy()
+    return pd.Series(column.to_pylist(), dtype=object)
 
 
 def _per_row(frame, predicate, unischema) -> np.ndarray:

@@ -34,10 +34,10 @@ class BundleReader:
     """Reads bundles of fragments as column dicts; each thread keeps its own few open files (footers parsed once
     per thread: a ``ParquetFile`` is not safe to share between threads)."""
 
-    def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None):
+    def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=()):
         self._plan = plan
         self._filesystem, self._root = fsutil.resolve(plan.dataset_url)
-        self._spec, self._fields = spec, fields
+        self._spec, self._fields, self._schemas = spec, fields, schemas
         self._local = threading.local()
 
     def _files(self) -> fr.FileCache:
@@ -64,7 +64,7 @@ class BundleReader:
                 tables.append(fr.read_fragment(handle, fragment, self._spec))
             except (OSError, pa.ArrowException) as exc:  # name the file and row group
                 raise fr.read_error(fragment, exc) from exc
-        return fr.to_columns(fr.concat_tables(tables), self._fields)
+        return fr.to_columns(fr.concat_tables(tables), self._fields, self._schemas)
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
@@ -75,7 +75,7 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
     ahead = max_ahead or workers_count + 2
 
     def chunks(todo: List[Fragment]):
-        reader = BundleReader(plan, columns.spec, columns.fields)
+        reader = BundleReader(plan, columns.spec, columns.fields, columns.schemas)
         bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
         if inline:
             for bundle in bundles:

@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 
 from ..errors import InvalidTypeError, InvalidValueError, StalePlanError
 from ..plan.model import Fragment
-from ..io.dataset import partition_values
+from ..io import partitions
+from . import convert
+from .schema import LIST, ColumnSchema, column_schema, delivered_type
 
 OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
 BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
@@ -31,8 +33,9 @@ class ReadSpec:
     """What a worker reads for every fragment: stored columns, and hive partition columns typed once."""
 
     columns: Tuple[str, ...]  # output column order
-    partition_types: Tuple[Tuple[str, str], ...] = ()  # (name, 'int64' | 'string')
+    partition_types: Tuple[Tuple[str, str], ...] = ()  # (name, 'int32' | 'string'), io.partitions
     fields: Optional[dict] = field(default=None, compare=False)  # Unischema fields by name, to decode
+    target: Optional[pa.Schema] = field(default=None, compare=False)  # delivered types of the stored columns
 
     @property
     def stored_columns(self) -> List[str]:
@@ -41,16 +44,9 @@ class ReadSpec:
 
 
 def partition_types(paths: Sequence[str]) -> Dict[str, str]:
-    """Type of each hive partition column: int64 when every value parses as an integer, else string.
-
-    This is pyarrow's inference for ``key=value`` folders, which Petastorm's schema also follows.
-    """
-    values: Dict[str, set] = {}
-    for path in paths:
-        for key, value in partition_values(path).items():
-            values.setdefault(key, set()).add(value)
-    return {key: "int64" if all(re.fullmatch(r"[+-]?\d+", v) for v in vals) else "string"
-            for key, vals in sorted(values.items())}
+    """Type of each hive partition column over the whole dataset, as ``pyarrow.dataset`` infers it
+    (``io.partitions``: ``'int32'`` or ``'string'``)."""
+    return partitions.partition_types(paths)
 
 
 def select_columns(available: Sequence[str], schema_fields) -> List[str]:
@@ -88,19 +84,20 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
         table = table.slice(fragment.start, fragment.num_rows)
     else:
         table = _cut(table, fragment.row_indices() if indices is None else indices)
-    if not spec.partition_types:
+    target = spec.target
+    if not spec.partition_types and (target is None or table.schema.equals(target)):
         return table
-    rows = range(table.num_rows)
-    values = partition_values(fragment.path)
+    kinds = dict(spec.partition_types)
+    values = partitions.typed_partition_values(fragment.path, kinds)
     arrays = []
     for name in spec.columns:
-        kind = dict(spec.partition_types).get(name)
-        if kind is None:
-            arrays.append(table.column(name))
-        elif kind == "int64":
-            arrays.append(pa.array(np.full(len(rows), int(values[name]), dtype=np.int64)))
-        else:
-            arrays.append(pa.array([values[name]] * len(rows), type=pa.string()))
+        kind = kinds.get(name)
+        if kind is not None:
+            arrays.append(convert.partition_array(values.get(name), kind, table.num_rows))
+            continue
+        column = table.column(name)
+        wanted = target.field(name).type if target is not None else column.type
+        arrays.append(column if column.type == wanted else column.cast(wanted))  # one type in every file
     return pa.Table.from_arrays(arrays, names=list(spec.columns))
 
 
@@ -119,13 +116,22 @@ def bundle(fragments: Sequence[Fragment], rows: int) -> List[List[Fragment]]:
 
 
 def concat_tables(tables: List[pa.Table]) -> pa.Table:
-    """One table from fragments of several files (types unified if the files disagree, e.g. int32 and int64)."""
+    """One table from fragments of several files. The loader's fragments already have the dataset's delivered
+    types (``ReadSpec.target``); elsewhere files that disagree are first brought to one variant of each type
+    (``string_view`` and ``large_string`` to ``string``, dictionaries decoded), then widened (int32 and int64)."""
     if len(tables) == 1:
         return tables[0]
+    if any(not t.schema.equals(tables[0].schema) for t in tables[1:]):
+        tables = [_delivered(t) for t in tables]
     try:
         return pa.concat_tables(tables)
     except pa.ArrowInvalid:
         return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _delivered(table: pa.Table) -> pa.Table:
+    schema = pa.schema([pa.field(f.name, delivered_type(f.type), f.nullable) for f in table.schema])
+    return table if schema.equals(table.schema) else table.cast(schema)
 
 
 def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
@@ -135,32 +141,36 @@ def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return table.take(pa.array(rows))
 
 
-def to_columns(table: pa.Table, fields: Optional[dict] = None) -> Dict[str, np.ndarray]:
-    """Column arrays with rows on axis 0; Unischema ``fields`` are decoded (after the cut, so only delivered
-    rows pay for codecs).
-
-    String and binary columns stay ``pyarrow`` arrays: the shuffle permutes them inside Arrow (contiguous
-    buffers) and Python ``str`` objects are made once, for the rows handed out (``as_list``).
-    """
-    out = {}
+def to_columns(table: pa.Table, fields: Optional[dict] = None,
+               schemas: Sequence[ColumnSchema] = ()) -> Dict[str, np.ndarray]:
+    """Column values with rows on axis 0, as ``schemas`` (the loader's ``ColumnSchema`` per column) declare:
+    numpy arrays for tensors (plus ``<name>__valid`` masks), Arrow arrays for list columns (permuted inside
+    Arrow, turned into Python values only for the rows handed out: ``as_list``). Unischema ``fields`` are decoded
+    after the cut, so only delivered rows pay for codecs. Without ``schemas`` each column is taken as this table
+    has it (for one-off conversions; the loaders always pass their schema)."""
+    out: Dict[str, np.ndarray] = {}
+    declared = {c.name: c for c in schemas}
     for name in table.column_names:
         column = table.column(name)
         unischema_field = fields.get(name) if fields else None
-        if _is_text(column.type) and (unischema_field is None or _is_scalar(unischema_field)):
-            out[name] = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        elif unischema_field is None and _is_list(column.type):
-            out[name] = _list_values(column)
-        elif unischema_field is None or _is_scalar(unischema_field):
-            values = column.to_numpy(zero_copy_only=False) if column.num_chunks != 1 else \
-                column.chunk(0).to_numpy(zero_copy_only=False)
-            dtype = getattr(unischema_field, "numpy_dtype", None)
-            if dtype is not None and values.dtype != object and np.dtype(dtype) != values.dtype \
-                    and np.dtype(dtype).kind in "biuf":
-                values = values.astype(dtype)
-            out[name] = values
-        else:
-            out[name] = _decode_cells(column, unischema_field)
+        spec = declared.get(name)
+        if spec is None:
+            spec = column_schema(name, column.type, nullable=column.null_count > 0)
+        if unischema_field is not None and not is_scalar(unischema_field):
+            out[name] = _decode_cells(column, unischema_field, spec)
+            continue
+        out.update(convert.to_values(column, spec))
     return out
+
+
+def as_list(values) -> list:
+    """Python values of a column: ``str``/``bytes`` for Arrow text arrays, ``to_pylist()`` for other Arrow arrays
+    (None for nulls), items of numpy arrays."""
+    if isinstance(values, pa.Array):
+        if _is_text(values.type):
+            return values.to_numpy(zero_copy_only=False).tolist()  # far faster than to_pylist in pyarrow 14
+        return values.to_pylist()
+    return values.tolist()
 
 
 def _is_text(arrow_type) -> bool:
@@ -168,38 +178,7 @@ def _is_text(arrow_type) -> bool:
             pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type))
 
 
-def as_list(values) -> list:
-    """Python values of a column: ``str``/``bytes`` for Arrow text arrays, items of numpy arrays."""
-    if isinstance(values, pa.Array):
-        return values.to_numpy(zero_copy_only=False).tolist()  # far faster than to_pylist in pyarrow 14
-    return values.tolist()
-
-
-def _is_list(arrow_type) -> bool:
-    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
-        pa.types.is_fixed_size_list(arrow_type)
-
-
-def _list_values(column) -> np.ndarray:
-    """A list column as a (rows, length) array when every list has the same length and no nulls (as
-    ``make_batch_reader`` stacks them); otherwise an object array of per-row arrays."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if len(array) and array.null_count == 0 and not pa.types.is_fixed_size_list(array.type):
-        lengths = np.diff(array.offsets.to_numpy())
-        if np.all(lengths == lengths[0]):
-            flat = array.flatten()
-            if flat.null_count == 0:
-                return flat.to_numpy(zero_copy_only=False).reshape(len(array), int(lengths[0]))
-    elif len(array) and array.null_count == 0:
-        flat = array.flatten()
-        if flat.null_count == 0:
-            return flat.to_numpy(zero_copy_only=False).reshape(len(array), array.type.list_size)
-    out = np.empty(len(array), dtype=object)
-    out[:] = [None if v is None else np.asarray(v) for v in array.to_pylist()]
-    return out
-
-
-def _is_scalar(unischema_field) -> bool:
+def is_scalar(unischema_field) -> bool:
     from petastorm.codecs import ScalarCodec
     codec = unischema_field.codec
     if codec is None or isinstance(codec, ScalarCodec):
@@ -208,14 +187,21 @@ def _is_scalar(unischema_field) -> bool:
     return False
 
 
-def _decode_cells(column, unischema_field) -> np.ndarray:
-    """Decode codec cells one by one and stack them; ragged or missing cells stay an object array."""
+def _decode_cells(column, unischema_field, spec: ColumnSchema) -> np.ndarray:
+    """Decode codec cells one by one: stacked when the schema declares a tensor (the field's shape is fixed and
+    it holds no nulls), else an object array (one array or None per row) whatever this batch's cells are."""
     codec = unischema_field.codec
     cells = [None if v is None else codec.decode(unischema_field, v) for v in column.to_pylist()]
-    if cells and all(c is not None for c in cells) and all(np.shape(c) == np.shape(cells[0]) for c in cells):
-        return np.stack(cells)
+    if spec.kind != LIST:
+        wrong = [i for i, c in enumerate(cells) if c is None or np.shape(c) != spec.shape]
+        if wrong:
+            raise InvalidValueError(f"column {spec.name!r} row {wrong[0]} decodes to shape "
+                                    f"{None if cells[wrong[0]] is None else np.shape(cells[wrong[0]])}, not the "
+                                    f"Unischema's {spec.shape}")
+        return np.stack(cells).astype(spec.dtype, copy=False) if cells else np.empty((0, *spec.shape), spec.dtype)
     out = np.empty(len(cells), dtype=object)
-    out[:] = cells
+    for i, cell in enumerate(cells):
+        out[i] = cell
     return out
 
 

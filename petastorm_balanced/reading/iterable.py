@@ -111,7 +111,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
-                keep = {k: v if isinstance(v, np.ndarray) else np.array(as_list(v), dtype=object)
+                keep = {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
                         for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
                 batches = split_batches(keep, settings.batch_size)
             else:

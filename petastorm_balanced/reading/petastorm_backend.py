@@ -86,6 +86,8 @@ class ReadTask:
     mode: str
     columns: Optional[Tuple[str, ...]] = None  # None: the reader's schema view, in its order
     partition_types: Tuple[Tuple[str, str], ...] = ()
+    target: Optional[pa.Schema] = None  # the loader's delivered types of the stored columns
+    schemas: tuple = ()  # the loader's ColumnSchemas (Unischema columns are converted inside the workers)
     shuffle_key: Optional[Tuple[int, ...]] = None  # make_reader(shuffle_rows=True): permute inside fragments
 
 
@@ -98,7 +100,7 @@ class _PlannedWorkerMixin:
             raise PlanError(f"piece {piece_index} is row group {piece.row_group} of {piece.path!r}, expected "
                             f"{fragment.row_group} of {fragment.path!r}: Petastorm's piece list changed")
         columns = task.columns or tuple(self._schema.fields)
-        spec = fr.ReadSpec(columns, task.partition_types)
+        spec = fr.ReadSpec(columns, task.partition_types, target=task.target)
         indices = None  # the fragment's own rows (read_fragment slices them when they are one run)
         if task.shuffle_key is not None:
             indices = fragment.row_indices()
@@ -156,7 +158,7 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
     def process(self, piece_indexes, sequence, fragments, task):
         table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in zip(piece_indexes, fragments)])
         if task.mode == "columns":
-            payload = fr.to_columns(table, self._schema.fields)
+            payload = fr.to_columns(table, self._schema.fields, task.schemas)
         else:
             payload = [decode_row(row, self._schema) for row in table.to_pylist()]
             if self._transform_spec:
@@ -328,6 +330,9 @@ def quiet_legacy_pyarrow():
     they say nothing the user can act on, so they are silenced while a reader is built."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"(petastorm|pyarrow)(\.|$)")
+        # Petastorm's schema inference skips types it does not know (dictionaries, large_string); our workers read
+        # and convert every column themselves (loader.schema), so its warning is about nothing that is lost.
+        warnings.filterwarnings("ignore", message=r"Column .* has an unsupported field", category=UserWarning)
         yield
 
 
@@ -369,13 +374,15 @@ def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: d
             holder.reader.rearm(todo)
         else:
             holder.close()
-            task = ReadTask("columns", columns=columns.names, partition_types=columns.partition_types)
+            task = ReadTask("columns", columns=columns.names, partition_types=columns.partition_types,
+                            target=columns.target, schemas=columns.schemas)
             holder.reader = open_reader(plan, todo, task, schema_fields=[re.escape(n) for n in columns.names],
                                         **reader_options)
         reader, finished = holder.reader, False
         try:
             for sequence, payload in reader:
-                yield reader.bundles[sequence], payload if isinstance(payload, dict) else fr.to_columns(payload)
+                yield reader.bundles[sequence], payload if isinstance(payload, dict) else \
+                    fr.to_columns(payload, None, columns.schemas)
             finished = True
         finally:
             if not finished or slot is None:

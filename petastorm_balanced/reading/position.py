@@ -16,6 +16,8 @@ from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..world import World
 from .cost_batching import resolve_cost
+from .schema import BatchSchema, extra_column
+from ..plan.cost import COST_COLUMN
 from ..params import check_int
 from ..plan import balance as balance_module
 from .options import resolve_plan
@@ -59,6 +61,9 @@ class Settings(Layout):
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
         self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, schema_fields),
                                                           self.plan, self.cost)
+        extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
+            ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
+        self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
         self._checksum = None
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
@@ -217,6 +222,13 @@ class PlannedView:
     rank = property(lambda self: self._settings.rank)
     world_size = property(lambda self: self._settings.world_size)
     batch_size = property(lambda self: self._settings.batch_size)
+
+    @property
+    def schema(self) -> BatchSchema:
+        """What every batch of every epoch holds, decided before the first one from the dataset's Arrow types and
+        its footers' null counts: each key's tensor dtype and shape, or list of Python values, and how nulls are
+        shown (docs/loader.md, "Batch schema")."""
+        return self._settings.schema
 
     @property
     def epoch(self) -> int:

@@ -7,7 +7,7 @@ the same ``WindowBatcher``, so for the same slot they deliver the same batches, 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -21,6 +21,8 @@ from .cost_batching import CostOptions
 from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
 from ..io.dataset import load_unischema, partition_values
+from .dataset_schema import partition_columns, read_stored_columns
+from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 from ..errors import InvalidValueError
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -32,37 +34,59 @@ Chunks = Callable[[List[Fragment]], Iterable[Tuple[List[Fragment], dict]]]
 
 @dataclass(frozen=True)
 class Columns:
-    """The columns a loader delivers, in dataset order, and the Unischema fields that decode them."""
+    """The columns a loader reads, in dataset order, with their delivered types and representations (decided once,
+    ``dataset_schema``), and the Unischema fields that decode them."""
 
     names: Tuple[str, ...]
     partition_types: Tuple[Tuple[str, str], ...]
     fields: Optional[dict] = None  # Unischema fields by name (Petastorm datasets only)
+    target: Optional[pa.Schema] = field(default=None, compare=False)  # delivered Arrow types of stored columns
+    schemas: Tuple[ColumnSchema, ...] = ()  # one per name
 
     @property
     def spec(self) -> fr.ReadSpec:
-        return fr.ReadSpec(self.names, self.partition_types, self.fields)
+        return fr.ReadSpec(self.names, self.partition_types, self.fields, self.target)
+
+    def batch_schema(self, drop: Sequence[str] = (), extras: Sequence[ColumnSchema] = ()) -> BatchSchema:
+        """What every batch holds: these columns but ``drop`` (with their masks), then ``extras``."""
+        return batch_schema([c for c in self.schemas if c.name not in set(drop)], extras)
 
 
 def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
-    """The requested columns in dataset order: the Unischema's order, or partition folders then the footer's."""
-    types = fr.partition_types([f.path for f in plan.catalog.files])
-    if plan.catalog.kind == "petastorm":
-        unischema = load_unischema(plan.dataset_url)
-        names, fields = list(unischema.fields), dict(unischema.fields)
-    else:
-        filesystem, root = fsutil.resolve(plan.dataset_url)
-        first = plan.catalog.row_groups[0].path
-        try:
-            with filesystem.open_input_file(f"{root}/{first}") as handle:
+    """The requested columns in dataset order (the Unischema's order, or partition folders then the footer's),
+    with one delivered type and representation each, from every planned file's footer (read here, once)."""
+    paths = [f.path for f in plan.catalog.files]
+    read = sorted({g.path for g in plan.catalog.row_groups}) or paths[:1]
+    try:
+        if plan.catalog.kind == "petastorm":
+            unischema = load_unischema(plan.dataset_url)
+            names, fields = list(unischema.fields), dict(unischema.fields)
+        else:
+            filesystem, root = fsutil.resolve(plan.dataset_url)
+            with filesystem.open_input_file(f"{root}/{read[0]}") as handle:
                 stored = pq.ParquetFile(handle).schema_arrow.names
-        except (OSError, pa.ArrowException) as exc:
-            raise fr.unreadable_dataset_error(plan, exc) from exc
-        names, fields = [n for n in partition_values(first) if n not in stored] + list(stored), None
-    names = fr.select_columns(names, schema_fields)
-    if PADDING in names:
-        raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding flags")
-    used = tuple((k, v) for k, v in types.items() if k in names)
-    return Columns(tuple(names), used, {n: fields[n] for n in names} if fields else None)
+            names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
+        names = fr.select_columns(names, schema_fields)
+        if PADDING in names:
+            raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
+                                    "flags")
+        hive = partition_columns(paths, names)
+        stored_columns = read_stored_columns(plan.dataset_url, read, [n for n in names if n not in hive])
+    except (OSError, pa.ArrowException) as exc:
+        raise fr.unreadable_dataset_error(plan, exc) from exc
+    fields = {n: fields[n] for n in names} if fields else None
+    schemas = []
+    for name in names:
+        if name in hive:
+            schemas.append(hive[name][1])
+        elif fields is not None and name in fields:
+            schemas.append(unischema_column(fields[name], stored_columns.schema.field(name).type,
+                                            stored_columns.nullable[name], fr.is_scalar(fields[name])))
+        else:
+            schemas.append(column_schema(name, stored_columns.schema.field(name).type,
+                                         nullable=stored_columns.nullable[name]))
+    used = tuple((k, kind) for k, (kind, _) in hive.items())
+    return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas))
 
 
 def with_cost_source(columns: Columns, plan: ShardPlan, cost: Optional[CostOptions]) -> Tuple[Columns, tuple]:
@@ -75,8 +99,11 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: Optional[CostOptio
         return columns, ()
     source = dataset_columns(plan, [re.escape(cost.column)])
     fields = None if columns.fields is None else {**columns.fields, **(source.fields or {})}
-    return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields), \
-        source.names
+    target = columns.target
+    if target is not None and source.target is not None:
+        target = pa.schema(list(target) + [f for f in source.target if f.name not in target.names])
+    return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields, target,
+                   columns.schemas + source.schemas), source.names
 
 
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: Optional[int], shuffle: bool,
@@ -116,9 +143,15 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: Opti
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
             if spec is not None:
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
-                columns[COST_COLUMN] = check_costs(evaluate(spec, columns[spec.column]), where)
+                raw = evaluate(spec, columns[spec.column])
+                valid = columns.get(spec.column + MASK_SUFFIX)
+                if valid is not None and not valid.all():  # a null cost: refused by check_costs, not taken as 0
+                    raw = raw.astype(object)
+                    raw[~valid] = None
+                columns[COST_COLUMN] = check_costs(raw, where)
                 for name in drop:
                     del columns[name]
+                    columns.pop(name + MASK_SUFFIX, None)
             yield from batcher.push(columns)
     finally:
         close = getattr(stream, "close", None)

@@ -43,6 +43,7 @@ from ..scan import footer_error, read_footer
 from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
 from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
+from ...io.partitions import partition_types
 
 try:
     from pyspark.errors import (AnalysisException, ArithmeticException, DateTimeException,
@@ -244,7 +245,8 @@ def _quiet_pyspark_error_logs():
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
                    partition_columns: Sequence[str], timings: dict, table=None) -> List[RowGroupMatch]:
     started = time.perf_counter()
-    frame = _read_for_where(spark, url, files if table is not None else None)
+    frame = _read_for_where(spark, url, partition_types([f.path for f in files]),
+                            files if table is not None else None)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
@@ -384,17 +386,36 @@ def _changed_while_planning() -> InvalidValueError:
                              "list); the dataset changed while planning: re-run planning")
 
 
-def _read_for_where(spark, url: str, files: Optional[Sequence[FileInfo]] = None):
+def _read_for_where(spark, url: str, hive_types: Optional[Dict[str, str]] = None,
+                    files: Optional[Sequence[FileInfo]] = None):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
     have no S3A) is reported as what to install instead of a Java stack trace.
 
+    With ``hive_types`` (``io.partitions.partition_types``) the hive partition columns get the types the loader
+    delivers instead of Spark's own inference (which makes ``1.5`` a double and ``2021-01-01`` a date): strings,
+    or ints where pyarrow infers int32; Spark URL-decodes values and reads ``__HIVE_DEFAULT_PARTITION__`` as NULL
+    as pyarrow does, so a where sees the values the loader delivers (G13).
+
     ``files`` (a table snapshot's): Spark reads exactly those, partitions discovered below ``url`` as for a folder;
     no Delta or Iceberg jar is involved."""
+    base = spark_url(url)
+    paths = [f"{base}/{f.path}" for f in files] if files is not None else [base]
+
+    def read(reader):
+        return (reader.option("basePath", base) if files is not None else reader).parquet(*paths)
+
     try:
-        if files is not None:
-            base = spark_url(url)
-            return spark.read.option("basePath", base).parquet(*[f"{base}/{f.path}" for f in files])
-        return spark.read.parquet(spark_url(url))
+        if not hive_types:
+            return read(spark.read)
+        with _sql_conf(spark, {"spark.sql.sources.partitionColumnTypeInference.enabled": "false"}):
+            frame = read(spark.read)
+            ints = [name for name, kind in hive_types.items() if kind == "int32" and name in frame.columns]
+            if ints:
+                from pyspark.sql.types import IntegerType, StructField, StructType
+                schema = StructType([StructField(f.name, IntegerType(), True) if f.name in ints else f
+                                     for f in frame.schema.fields])
+                frame = read(spark.read.schema(schema))
+        return frame
     except Exception as exc:  # noqa: BLE001 - py4j wraps Hadoop's ClassNotFoundException / UnsupportedFileSystem
         text = str(exc)
         if "S3AFileSystem not found" in text or "No FileSystem for scheme" in text:
@@ -427,7 +448,9 @@ def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> List
     if not work:
         return []
     slices = max(1, min(len(work), sc.defaultParallelism * 4))
-    out = sc.parallelize(work, slices).mapPartitions(_predicate_task(url, root, predicate, fields, kind)).collect()
+    types = partition_types([f.path for f in files])  # the whole dataset's, as the local engine passes them
+    out = sc.parallelize(work, slices).mapPartitions(_predicate_task(url, root, predicate, fields, kind,
+                                                                     types)).collect()
     errors = [r for r in out if r[0] is None]
     if errors:
         raise InvalidValueError(f"predicate={predicate!r} failed on {errors[0][1]}; fix the predicate so do_include "
@@ -435,7 +458,7 @@ def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> List
     return [RowGroupMatch(*r) for r in out]
 
 
-def _predicate_task(url, root, predicate, fields, kind):
+def _predicate_task(url, root, predicate, fields, kind, types):
     def task(items):
         filesystem, _ = fsutil.resolve(url)
         unischema = load_unischema(url) if kind == "petastorm" else None
@@ -445,7 +468,8 @@ def _predicate_task(url, root, predicate, fields, kind):
                     if n == 0:
                         continue
                     try:
-                        mask = row_group_mask(handle, relpath, i, predicate, fields, unischema=unischema)
+                        mask = row_group_mask(handle, relpath, i, predicate, fields, unischema=unischema,
+                                              partition_types=types)
                     except Exception as exc:  # noqa: BLE001 - reported on the driver with the file named
                         yield None, f"{relpath!r} row group {i} ({type(exc).__name__}: {exc})"
                         return

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import InvalidValueError, InvalidWhereError
+from ...io.partitions import partition_types
 from ...plan.catalog import FileInfo
 from ...plan.cost import CostSpec, check_costs
 from ..costs import Stats
@@ -27,7 +28,8 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
                      where: Optional[str] = None, table=None) -> Stats:
     """``(sum, max)`` of the cost of the rows ``where`` keeps, per row group; a NULL, negative or fractional cost
     is a ``ValueError`` naming file and row group."""
-    frame = _read_for_where(spark, url, files if table is not None else None)  # a table: its snapshot's files
+    frame = _read_for_where(spark, url, partition_types([f.path for f in files]),  # typed as the loader delivers
+                            files if table is not None else None)  # a table: its snapshot's files
     columns = frame.columns
     lookup = {f.path: f.row_group_rows for f in files if f.num_rows > 0}
     shared = spark.sparkContext.broadcast(lookup)

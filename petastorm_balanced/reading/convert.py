@@ -1,0 +1,89 @@
+"""Arrow columns to the representation ``loader.schema`` declares (``schema.ColumnSchema``): no I/O, no torch.
+
+A tensor column becomes a numpy array with rows on axis 0 (zero-copy where Arrow allows); a list column stays an
+Arrow array (the shuffle permutes it inside Arrow; ``as_list`` makes Python values only for the rows handed out).
+Nulls follow the schema: NaN in floating arrays, a ``<name>__valid`` boolean array beside the values (which are 0
+there), or None in lists. A column holding nulls where its footers' statistics said it had none is refused rather
+than shown as a value.
+"""
+from __future__ import annotations
+
+from typing import Dict, Union
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import InvalidValueError
+from .schema import LIST, ColumnSchema
+
+Values = Union[np.ndarray, pa.Array]
+_DTYPES: Dict[str, np.dtype] = {}
+
+
+def one_array(column) -> pa.Array:
+    """A chunked column as one array (a single chunk as is)."""
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            return column.chunk(0)
+        return column.combine_chunks() if column.num_chunks else pa.array([], type=column.type)
+    return column
+
+
+def to_values(column, spec: ColumnSchema) -> Dict[str, Values]:
+    """``{name: values}`` and, for a masked column, ``{mask name: validity}``."""
+    array = one_array(column)
+    if array.null_count and not spec.nullable:
+        raise InvalidValueError(f"column {spec.name!r} holds nulls although the files' statistics say it has none "
+                                "(a writer that records no null counts?); rewrite the files with statistics")
+    if spec.kind == LIST:
+        return {spec.name: array}
+    if spec.shape:
+        return {spec.name: _fixed_lists(array, spec.shape)}
+    out: Dict[str, Values] = {}
+    t = array.type
+    if pa.types.is_floating(t):
+        out[spec.name] = array.to_numpy(zero_copy_only=False)  # nulls are NaN
+        return out
+    if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):  # temporal: the integers Arrow stores
+        array = array.view(pa.int64() if t.bit_width == 64 else pa.int32())
+    if array.null_count:
+        out[spec.name] = array.fill_null(False if pa.types.is_boolean(t) else 0).to_numpy(zero_copy_only=False)
+    else:
+        out[spec.name] = array.to_numpy(zero_copy_only=False)
+    dtype = spec.dtype or "int64"  # a tensor column always has one
+    want = _DTYPES.get(dtype)
+    if want is None:
+        want = _DTYPES.setdefault(dtype, np.dtype(dtype))
+    if out[spec.name].dtype != want:  # temporal int32 storage, a Unischema dtype (``dtype.name`` is slow: compare)
+        out[spec.name] = out[spec.name].astype(want)
+    if spec.mask is not None:
+        out[spec.mask] = _validity(array)
+    return out
+
+
+def _validity(array: pa.Array) -> np.ndarray:
+    if not array.null_count:
+        return np.ones(len(array), dtype=bool)
+    return array.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _fixed_lists(array: pa.Array, shape) -> np.ndarray:
+    """A fixed_size_list column (at any depth) as an array of ``(rows, *shape)``; null rows are NaN (floats only:
+    the schema gives other nullable fixed-size lists as lists)."""
+    size = shape[0]
+    child = array.values.slice(array.offset * size, len(array) * size)
+    inner = _fixed_lists(child, shape[1:]) if len(shape) > 1 else child.to_numpy(zero_copy_only=False)
+    out = inner.reshape(len(array), *shape)
+    if array.null_count:
+        out = out.copy()
+        out[~array.is_valid().to_numpy(zero_copy_only=False)] = np.nan
+    return out
+
+
+def partition_array(value, kind: str, rows: int) -> pa.Array:
+    """``rows`` copies of one partition value (None: nulls) as an Arrow array of the partition column's type."""
+    if kind == "int32":
+        if value is None:
+            return pa.nulls(rows, pa.int32())
+        return pa.array(np.full(rows, value, dtype=np.int32))
+    return pa.array([value] * rows, type=pa.string())

@@ -1,0 +1,128 @@
+"""The dataset's columns as the loader delivers them, read once per loader from every planned file's footer.
+
+Why every footer: one file's schema says nothing of the others (a column ``int32`` here and ``int64`` there,
+``string`` in one and ``string_view`` in another after a rewrite, nulls in some files only), and deciding from the
+rows of a batch would change the batch type from one step to the next. The footers give each file's Arrow schema
+and each column chunk's null count; files that share a schema are compared in C++ and converted to Arrow once.
+Columns whose types cannot be unified are refused here, when the loader is made, naming both files.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..io import fs as fsutil
+from ..io.partitions import arrow_type, partition_types, partition_values
+from .schema import ColumnSchema, column_schema, delivered_type, unify_types
+
+FOOTER_THREADS = 8
+
+
+@dataclass(frozen=True)
+class StoredColumns:
+    """Delivered Arrow type (unified over files) and "may hold nulls" of every stored column, in file order."""
+
+    schema: pa.Schema
+    nullable: Dict[str, bool]
+
+
+def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Optional[Sequence[str]] = None,
+                        threads: int = FOOTER_THREADS) -> StoredColumns:
+    """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
+    filesystem, root = fsutil.resolve(dataset_url)
+
+    def footer(path):
+        with filesystem.open_input_file(f"{root}/{path}") as handle:
+            return pq.ParquetFile(handle).metadata
+
+    with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
+        metas = list(pool.map(footer, paths))
+    return stored_columns(list(zip(paths, metas)), names)
+
+
+def stored_columns(footers: Sequence[Tuple[str, pq.FileMetaData]],
+                   names: Optional[Sequence[str]] = None) -> StoredColumns:
+    """``StoredColumns`` from ``(path, footer)`` pairs (the first file's column order)."""
+    distinct: List[Tuple[pq.FileMetaData, pa.Schema, str]] = []  # one per distinct file schema
+    nullable: Dict[str, bool] = {}
+    for path, meta in footers:
+        arrow = None
+        for known, known_arrow, _ in distinct:
+            if meta.schema.equals(known.schema) and _arrow_key(meta) == _arrow_key(known):
+                arrow = known_arrow
+                break
+        if arrow is None:
+            arrow = meta.schema.to_arrow_schema()
+            distinct.append((meta, arrow, path))
+        _null_flags(meta, arrow, names, nullable)
+    first = distinct[0][1]
+    wanted = list(first.names) if names is None else [n for n in first.names if n in set(names)]
+    fields = []
+    for name in wanted:
+        typed = [(path, arrow.field(name).type) for _, arrow, path in distinct if name in arrow.names]
+        nullable_field = any(arrow.field(name).nullable for _, arrow, _ in distinct if name in arrow.names)
+        fields.append(pa.field(name, unify_types(name, typed), nullable_field))
+        nullable[name] = nullable_field and nullable.get(name, False)
+    return StoredColumns(pa.schema(fields), {n: nullable[n] for n in wanted})
+
+
+def _arrow_key(meta) -> bytes:
+    return (meta.metadata or {}).get(b"ARROW:schema", b"")
+
+
+def _null_flags(meta, arrow: pa.Schema, names, nullable: Dict[str, bool]) -> None:
+    """Mark in ``nullable`` the columns that may hold nulls in this file: a chunk counting nulls, or one whose
+    statistics do not say (then nulls are possible)."""
+    leaves = _leaf_ranges(arrow)
+    wanted = set(arrow.names if names is None else names)
+    for name, (begin, end) in leaves.items():
+        if name not in wanted or nullable.get(name):
+            continue
+        found = False
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            if group.num_rows == 0:
+                continue
+            for j in range(begin, end):
+                stats = group.column(j).statistics
+                if stats is None or not stats.has_null_count or stats.null_count > 0:
+                    found = True
+                    break
+            if found:
+                break
+        nullable[name] = found
+
+
+def _leaf_ranges(arrow: pa.Schema) -> Dict[str, Tuple[int, int]]:
+    """Parquet leaf column positions of each top-level field (Parquet flattens nested types depth first)."""
+    out, at = {}, 0
+    for field in arrow:
+        count = _leaves(field.type)
+        out[field.name] = (at, at + count)
+        at += count
+    return out
+
+
+def _leaves(t: pa.DataType) -> int:
+    if pa.types.is_struct(t):
+        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _leaves(t.key_type) + _leaves(t.item_type)
+    if hasattr(t, "value_type") and not pa.types.is_dictionary(t):  # list, large_list, fixed_size_list, views
+        return _leaves(t.value_type)
+    return 1
+
+
+def partition_columns(paths: Sequence[str], names: Sequence[str]) -> Dict[str, Tuple[str, ColumnSchema]]:
+    """``{name: (kind, ColumnSchema)}`` of the hive partition columns among ``names``."""
+    kinds = partition_types(paths)
+    with_nulls = {k for path in paths for k, v in partition_values(path).items() if v is None}
+    return {name: (kind, column_schema(name, arrow_type(kind), nullable=name in with_nulls))
+            for name, kind in kinds.items() if name in names}
+
+
+__all__ = ["StoredColumns", "delivered_type", "partition_columns", "read_stored_columns", "stored_columns"]
