@@ -51,8 +51,12 @@ def list_data_files(url: str) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]
 
 
 def has_unischema(url: str) -> bool:
-    """Whether the dataset is a Petastorm dataset (a Unischema in ``_common_metadata``); needs no Petastorm."""
-    return _unischema_bytes(url) is not None
+    """Whether the dataset is a Petastorm dataset (a Unischema in ``_common_metadata``); needs no Petastorm.
+
+    The Unischema is loaded through the allow-list (``load_unischema``), so planning refuses a hostile pickle
+    (``UnsafeDatasetError``) whether or not a predicate will decode rows.
+    """
+    return load_unischema(url) is not None
 
 
 def load_unischema(url: str):

@@ -65,6 +65,6 @@ def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unis
 def _per_row(frame, predicate, unischema) -> np.ndarray:
     records = frame.to_dict("records")
     if unischema is not None:
-        from petastorm.utils import decode_row
+        from ..unischema.decode import decode_row
         records = [decode_row(r, unischema) for r in records]
     return np.fromiter((bool(predicate.do_include(r)) for r in records), dtype=bool, count=len(records))

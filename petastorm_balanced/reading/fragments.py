@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from ..errors import InvalidTypeError, InvalidValueError, StalePlanError
 from ..plan.model import Fragment
 from ..io.dataset import partition_values
+from ..unischema.decode import decode_column, is_scalar
 
 OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
 BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
@@ -199,23 +200,12 @@ def _list_values(column) -> np.ndarray:
 
 
 def _is_scalar(unischema_field) -> bool:
-    from petastorm.codecs import ScalarCodec
-    codec = unischema_field.codec
-    if codec is None or isinstance(codec, ScalarCodec):
-        dtype = unischema_field.numpy_dtype
-        return dtype is None or np.dtype(dtype).kind in "biufUSO"
-    return False
+    return is_scalar(unischema_field)
 
 
 def _decode_cells(column, unischema_field) -> np.ndarray:
-    """Decode codec cells one by one and stack them; ragged or missing cells stay an object array."""
-    codec = unischema_field.codec
-    cells = [None if v is None else codec.decode(unischema_field, v) for v in column.to_pylist()]
-    if cells and all(c is not None for c in cells) and all(np.shape(c) == np.shape(cells[0]) for c in cells):
-        return np.stack(cells)
-    out = np.empty(len(cells), dtype=object)
-    out[:] = cells
-    return out
+    """Decode codec cells one by one and stack them (``unischema/decode.py``, the one decode step)."""
+    return decode_column(column, unischema_field)
 
 
 class FileCache:

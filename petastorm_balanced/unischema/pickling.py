@@ -169,3 +169,27 @@ def dumps(unischema) -> bytes:
     memfile = io.BytesIO()
     _PetastormPickler(memfile, protocol=4).dump(unischema)
     return memfile.getvalue()
+
+
+def harden_petastorm_unpickler() -> None:
+    """Make Petastorm's own ``RestrictedUnpickler`` (``petastorm.etl.legacy``) refuse what ours refuses.
+
+    Petastorm 0.12.1 admits every global of its listed top-level packages, ``builtins.exec`` included. The
+    Petastorm backend checks the bytes with ``loads`` before a Reader opens the dataset; this closes the window
+    in which the file could change in between: Petastorm's loader then names the same allow-list (and still builds
+    Petastorm's own classes). Idempotent; only tightens.
+    """
+    from petastorm.etl import legacy
+    unpickler = legacy.RestrictedUnpickler
+    if getattr(unpickler, "_petastorm_balanced_hardened", False):
+        return
+    original = unpickler.find_class
+
+    def find_class(self, module, name):
+        if (module, name) not in ALLOWED:
+            raise UnsafeDatasetError(f"the stored Unischema names {module}.{name}, which is not a Unischema, codec, "
+                                     "numpy or Spark SQL type; refused before Petastorm loads it")
+        return original(self, module, name)
+
+    unpickler.find_class = find_class
+    unpickler._petastorm_balanced_hardened = True

@@ -70,3 +70,12 @@ def _state(value: object) -> Dict[str, Any]:
 
 STAND_INS: Dict[str, type] = {name: type(name, (SparkType,), {"name": name, "__module__": __name__})
                               for name in NAMES}
+DEFAULTS: Dict[str, Dict[str, Any]] = {"StringType": {"collation": "UTF8_BINARY"}}  # pyspark 4's attributes
+
+
+def spark_type(name: str, **attributes: Any) -> SparkType:
+    """A stand-in ``pyspark.sql.types.<name>`` with pyspark 4's default attributes, e.g. ``spark_type('LongType')``
+    (for writing a schema without pyspark; it pickles as the real type)."""
+    if name not in STAND_INS:
+        raise KeyError(f"{name!r} is not a Spark SQL type name; one of {NAMES}")
+    return STAND_INS[name](**{**DEFAULTS.get(name, {}), **attributes})
