@@ -20,7 +20,7 @@ __all__ = sorted([
 # package (and the Spark executors that run it) never pays for torch.
 _LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "reading.iterable",
          "BalancedLoader": "reading.loader", "make_loader": "reading.loader",
-         "make_reader": "reading.petastorm_backend"}
+         "make_reader": "reading.reader"}
 __all__ = sorted(__all__ + list(_LAZY))
 
 
