@@ -180,6 +180,7 @@ def test_schema_pickles_under_petastorms_class_paths_and_loads_back():
     assert {m for m, _ in named} == {"petastorm.unischema", "petastorm.codecs", "pyspark.sql.types", "numpy",
                                      "collections", "decimal"}
     assert named <= set(pickling.ALLOWED)
+    assert ("numpy", "bool") not in globals_named(pickling.dumps(Unischema("B", [UnischemaField("b", np.bool_, ())])))
     loaded = pickling.loads(payload)
     assert str(loaded) == str(schema) and list(loaded.fields.values()) == list(schema.fields.values())
     assert loaded.price.codec._spark_type.scale == 2 and loaded.jpg.codec._quality == 90

@@ -38,8 +38,9 @@ NUMPY_TYPES = ("bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "u
                "float32", "float64", "longdouble", "complex64", "complex128", "str_", "bytes_", "object_",
                "datetime64", "timedelta64", "void", "intc", "uintc", "int_", "uint", "longlong", "ulonglong",
                "half", "single", "double", "csingle", "cdouble", "byte", "ubyte", "short", "ushort")
+# Names other numpy versions pickle: numpy 1's aliases, and numpy 2's ``numpy.bool`` (which numpy 1.26 lacks).
 NUMPY_ALIASES = {"unicode_": "str_", "string_": "bytes_", "bool8": "bool_", "float_": "float64",
-                 "complex_": "complex128", "object0": "object_"}  # numpy 1 names pickled by old writers
+                 "complex_": "complex128", "object0": "object_", "bool": "bool_"}
 SAFE_BUILTINS = ("str", "bytes", "bytearray", "int", "float", "complex", "bool", "object", "tuple", "list", "dict",
                  "set", "frozenset")
 
@@ -139,6 +140,7 @@ def check_loaded(value, where: str) -> None:
 _WRITE_AS = {getattr(PETASTORM_MODULES[m], n): (m, n) for (m, n) in ALLOWED
              if m in PETASTORM_MODULES}
 _WRITE_AS.update({cls: ("pyspark.sql.types", name) for name, cls in spark_types.STAND_INS.items()})
+_WRITE_AS[np.bool_] = ("numpy", "bool_")  # numpy 2 names it numpy.bool, which numpy 1 (Petastorm's stack) cannot load
 
 
 _Python = pickle._Pickler  # type: ignore[attr-defined]  # the Python pickler, whose save_global can be overridden
