@@ -74,6 +74,8 @@ def canonical(value) -> str:
         return f"ndarray:{value.dtype.str}:{value.shape}:{hashlib.sha256(value.tobytes()).hexdigest()}"
     if isinstance(value, float) and value != value or isinstance(value, np.floating) and np.isnan(value):
         return f"{type(value).__name__}:nan"
+    if isinstance(value, np.generic):  # numpy 1 and 2 print scalars differently: compare dtype and Python value
+        return f"{type(value).__name__}:{value.dtype.str}:{value.item()!r}"
     return f"{type(value).__name__}:{value!r}"
 
 
