@@ -30,7 +30,9 @@ def written(spark, tmp_path_factory):
 
 def cells(batch, name):
     values = batch[name]
-    return values.to_pylist() if isinstance(values, (pa.Array, pa.ChunkedArray)) else list(values)
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values.to_pylist()
+    return list(values.numpy() if hasattr(values, "numpy") else values)  # torch tensors: their numpy view
 
 
 def loader_rows(batches):
@@ -44,6 +46,9 @@ def loader_rows(batches):
 
 
 def value_equal(a, b):
+    """A loader cell ``a`` holds the reader's value ``b`` (dates arrive as days since the epoch in tensors)."""
+    if isinstance(b, np.datetime64) and not isinstance(a, np.datetime64):
+        return int(a) == b.astype("datetime64[D]").astype(np.int64)
     if isinstance(b, np.ndarray):
         return isinstance(a, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
     if b is None or (isinstance(b, float) and b != b):
@@ -69,6 +74,13 @@ def test_our_writer_stores_the_inputs_and_petastorms_metadata_keys(written):
         assert got.name == want["name"] and got.price == want["price"] and got.i16 == want["i16"]
         assert (np.isnan(got.f64) if want["f64"] is None else got.f64 == want["f64"])
         assert got.day == np.datetime64(want["day"]) and bool(got.flag) == want["flag"]
+    for what, batches in {"loader": make_loader(0, 1, plan=plan, backend="arrow", shuffle=False, batch_size=4),
+                          "iterable": BalancedIterableDataset(plan, 0, 1, shuffle=False, batch_size=4)}.items():
+        delivered = loader_rows(batches)  # the loaders' column arrays hold make_reader's values
+        assert sorted(delivered) == sorted(rows), what
+        for i, row in delivered.items():
+            for name, value in rows[i]._asdict().items():
+                assert value_equal(row[name], value), (what, i, name, row[name], value)
 
 
 @petastorm_only
