@@ -75,7 +75,7 @@ def canonical(value) -> str:
     if isinstance(value, float) and value != value or isinstance(value, np.floating) and np.isnan(value):
         return f"{type(value).__name__}:nan"
     if isinstance(value, np.generic):  # numpy 1 and 2 print scalars differently: compare dtype and Python value
-        return f"{type(value).__name__}:{value.dtype.str}:{value.item()!r}"
+        return f"numpy:{value.dtype.str}:{value.item()!r}"  # np.bool_ is named bool_ in numpy 1, bool in 2
     return f"{type(value).__name__}:{value!r}"
 
 
