@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, List, Sequence
+from typing import Callable, Generator, List, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -98,7 +98,7 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
     return chunks
 
 
-def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: int) -> Iterator:
+def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: int) -> Generator:
     """``function(item)`` for every item, in order, computed by ``workers_count`` threads (0: inline) at most
     ``ahead`` items beyond the one being consumed; closing the generator cancels what was not started."""
     if workers_count < 1:

@@ -101,7 +101,7 @@ def _schema_of(columns: stream.Columns, plan: ShardPlan, viewed: bool) -> Unisch
 def batch_columns(table: pa.Table) -> dict:
     """A table's columns as ``make_batch_reader`` gives them: pandas' values, strings as a ``str_`` array, equal
     length lists stacked into a matrix."""
-    out = {}
+    out: dict = {}
     for name in table.column_names:
         column = table.column(name)
         values = (column.chunk(0) if column.num_chunks == 1 else column).to_pandas()
@@ -149,7 +149,7 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
         raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
                                "(NGram is not supported by planned readers)")
     if schema_fields is not None:
-        schema_fields = [re.escape(f.name) if isinstance(f, tuple) else f for f in schema_fields]
+        schema_fields = [re.escape(getattr(f, "name")) if isinstance(f, tuple) else f for f in schema_fields]
     return ArrowReader(plan, frags, schema_fields=schema_fields, workers_count=reader_kwargs.get("workers_count", 10),
                        reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key)
 

@@ -24,7 +24,7 @@ import copyreg
 import decimal
 import io
 import pickle
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -143,7 +143,7 @@ _WRITE_AS.update({cls: ("pyspark.sql.types", name) for name, cls in spark_types.
 _WRITE_AS[np.bool_] = ("numpy", "bool_")  # numpy 2 names it numpy.bool, which numpy 1 (Petastorm's stack) cannot load
 
 
-_Python = pickle._Pickler  # type: ignore[attr-defined]  # the Python pickler, whose save_global can be overridden
+_Python: Any = pickle._Pickler  # type: ignore[attr-defined]  # the Python pickler, whose save_global can be overridden
 
 
 class _PetastormPickler(_Python):

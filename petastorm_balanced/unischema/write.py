@@ -47,7 +47,7 @@ def dict_to_spark_row(unischema, row_dict: dict):
     unknown = sorted(set(values) - set(unischema.fields))
     if unknown:
         raise InvalidValueError(f"row fields {unknown} are not in the schema (fields: {list(unischema.fields)})")
-    encoded = []
+    encoded: list = []
     for name, field in unischema.fields.items():
         value = values[name]
         if value is None:
