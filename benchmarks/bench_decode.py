@@ -75,9 +75,9 @@ def measure(name, run, rows):
     start_wall, start_cpu = time.perf_counter(), cpu()
     seen = run()
     wall, used = time.perf_counter() - start_wall, cpu() - start_cpu
-    assert seen == rows, (name, seen, rows)
-    return {"reader": name, "rows_s": rows / wall, "images_s": 2 * rows / wall, "cpu_s": used,
-            "rows_per_cpu_s": rows / used, "wall_s": wall}
+    assert rows - 256 < seen <= rows, (name, seen, rows)  # a planned loader drops the last partial step
+    return {"reader": name, "rows": seen, "rows_s": seen / wall, "images_s": 2 * seen / wall, "cpu_s": used,
+            "rows_per_cpu_s": seen / used, "wall_s": wall}
 
 
 def ours_loader(url, workers, batch):
