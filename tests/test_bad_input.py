@@ -21,7 +21,6 @@ from petastorm_balanced.predicates import in_lambda, in_set
 import petastorm_balanced as pb
 from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, datagen, load_plan,
                                 plan_shards)
-from stacks import HAVE_PETASTORM
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
