@@ -42,6 +42,12 @@ class PlanVersionError(PlanError):
     """The plan was written in a format version this package does not read."""
 
 
+class UnsafeDatasetError(PlanError):
+    """A dataset's ``_common_metadata`` holds a Unischema pickle naming something outside the allow-list of schema
+    classes (Petastorm's schema and codecs, numpy dtypes, Spark SQL types): loading it could run code, so it is
+    refused before anything in it runs."""
+
+
 class InvalidWhereError(InvalidValueError):
     """``where`` is not a Spark SQL boolean expression over the dataset's columns, or it fails on its rows."""
 

@@ -6,6 +6,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # unischema_data
 
 import pyarrow as pa  # noqa: E402
 
@@ -67,6 +68,27 @@ def main(argv):
             out["steps"] = len(make_loader(0, 2, plan=args[0], batch_size=16, backend="auto"))
         except (ValueError, ImportError) as exc:  # named by the builtin it is (our typed errors subclass them)
             out["error"] = f"{'ImportError' if isinstance(exc, ImportError) else 'ValueError'}: {exc}"
+    elif command == "unischema-write":  # DIR WRITER: all codecs through materialize_dataset ('petastorm' or 'ours')
+        import unischema_data
+        from pyspark.sql import SparkSession
+        os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable  # this stack's workers
+        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                 .config("spark.driver.host", "127.0.0.1").config("spark.sql.session.timeZone", "UTC").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        unischema_data.write(spark, args[0], args[1])
+        spark.stop()
+    elif command == "unischema-read":  # DIR READER: decoded rows by id ('petastorm': its make_reader; 'ours')
+        import unischema_data
+        url = "file://" + args[0]
+        if args[1] == "petastorm":
+            from petastorm import make_reader
+            with make_reader(url, reader_pool_type="dummy", num_epochs=1) as reader:
+                out["rows"] = unischema_data.row_digests(reader)
+        else:
+            from petastorm_balanced import make_reader, plan_shards
+            plan = plan_shards(url, 1, batch_size=1, engine="local")
+            with make_reader(0, 1, plan=plan, backend="arrow") as reader:
+                out["rows"] = unischema_data.row_digests(reader)
     else:
         raise SystemExit(f"unknown command {command!r}")
     print(json.dumps(out))

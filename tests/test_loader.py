@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
 from petastorm_balanced.reading import fragments as fragments_module
-from petastorm_balanced.reading.options import OWNED_ARGUMENTS, petastorm_importable
+from petastorm_balanced.reading.options import OWNED_ARGUMENTS
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
 from resume_contract import check_resume_contract, fingerprint
 from stacks import petastorm_only
@@ -35,7 +35,7 @@ def english(lang):
 @pytest.fixture(scope="module")
 def plans(request, plain_dataset, hive_dataset):
     """(plan, matching ids) per dataset case; plans from the in-process engine (no Spark needed here). The
-    Petastorm (Unischema) case exists only where Petastorm imports."""
+    Petastorm (Unischema) case runs on every stack (our codecs decode it without Petastorm)."""
     def ids_of(info, where=None):
         table = pads.dataset(info.path, format="parquet", partitioning="hive").to_table(columns=["id", "lang"])
         ids = table.column("id").to_numpy()
@@ -50,10 +50,9 @@ def plans(request, plain_dataset, hive_dataset):
                      ids_of(plain_dataset, "en")),
         "hive": (plan_shards(hive_dataset.url, 2, batch_size=BATCH, seed=3, engine="local"), ids_of(hive_dataset)),
     }
-    if petastorm_importable():
-        petastorm_dataset = request.getfixturevalue("petastorm_dataset")
-        cases["petastorm"] = (plan_shards(petastorm_dataset.url, 2, batch_size=16, predicate=en, policy="pad",
-                                          engine="local"), ids_of(petastorm_dataset, "en"))
+    petastorm_dataset = request.getfixturevalue("petastorm_dataset")
+    cases["petastorm"] = (plan_shards(petastorm_dataset.url, 2, batch_size=16, predicate=en, policy="pad",
+                                      engine="local"), ids_of(petastorm_dataset, "en"))
     return cases
 
 

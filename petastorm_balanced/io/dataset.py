@@ -6,7 +6,6 @@ list datasets here, so they agree on what a data file is.
 """
 from __future__ import annotations
 
-import pickle
 from typing import List, Optional, Tuple
 
 import pyarrow as pa
@@ -16,7 +15,8 @@ import pyarrow.parquet as pq
 from . import fs as fsutil
 from . import tables
 from .partitions import partition_values  # noqa: F401 - re-exported: hive values, decoded (partitions.py)
-from ..errors import InvalidValueError, MissingDependencyError
+from ..errors import InvalidValueError
+from ..unischema.pickling import loads
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 
@@ -56,27 +56,25 @@ def list_data_files(url: str, *, table: Optional[tables.TableRef] = None
 
 
 def has_unischema(url: str) -> bool:
-    """Whether the dataset is a Petastorm dataset (a Unischema in ``_common_metadata``); needs no Petastorm."""
-    return _unischema_bytes(url) is not None
+    """Whether the dataset is a Petastorm dataset (a Unischema in ``_common_metadata``); needs no Petastorm.
+
+    The Unischema is loaded through the allow-list (``load_unischema``), so planning refuses a hostile pickle
+    (``UnsafeDatasetError``) whether or not a predicate will decode rows.
+    """
+    return load_unischema(url) is not None
 
 
 def load_unischema(url: str):
-    """The Petastorm Unischema in ``_common_metadata``, or None for plain Parquet.
+    """The Petastorm Unischema in ``_common_metadata`` (our classes: no Petastorm needed), or None for plain Parquet.
 
-    Unpickling it needs Petastorm (its fields hold Petastorm codecs); without Petastorm this raises an
-    ``ImportError`` that says what to install, since no other code can decode such a dataset's cells.
+    Loaded through the allow-list of ``unischema/pickling.py``: a pickle naming anything but schema, codec, numpy
+    and Spark SQL types raises ``UnsafeDatasetError`` and nothing in it runs. Every path that opens a Petastorm
+    dataset (planning, ``load_plan``, both backends) calls this before anything else reads the pickle.
     """
     payload = _unischema_bytes(url)
     if payload is None:
         return None
-    try:
-        import petastorm  # noqa: F401  (the pickle names Petastorm's classes)
-    except ImportError as exc:
-        raise MissingDependencyError(f"{url} is a Petastorm dataset (a Unischema in _common_metadata): its cells are "
-                                     f"encoded by Petastorm codecs, and Petastorm cannot be imported here ({exc}). "
-                                     "Install the petastorm stack (pip install 'petastorm-balanced[petastorm]', "
-                                     "pyarrow < 15; docs/stacks.md), or rewrite the dataset as plain Parquet") from None
-    return pickle.loads(payload)
+    return loads(payload, where=url)
 
 
 def _unischema_bytes(url: str) -> Optional[bytes]:

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from .._version import __version__
 from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
+from ..io.dataset import load_unischema
 from ..io.tables import TableRef
 from . import balance
 from .catalog import Catalog, FileInfo
@@ -42,6 +43,8 @@ def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: 
         check_predicate(plan, predicate_info(where, predicate))
     if check_dataset:
         _check_dataset(plan)
+        if plan.catalog.kind == "petastorm":
+            load_unischema(plan.dataset_url)  # UnsafeDatasetError for a stored schema off the allow-list
     return plan
 
 

@@ -24,6 +24,7 @@ import ast
 import functools
 import hashlib
 import inspect
+import linecache
 import re
 import types
 from dataclasses import dataclass
@@ -143,16 +144,31 @@ def _source_of(fn) -> str:
 
 
 def _module_tree(fn):
-    try:
-        source = inspect.getsource(inspect.getmodule(fn) or fn)
-    except (OSError, TypeError):
-        source = None
+    """The syntax tree of the source that defines ``fn``: its module's file, or, for code with no file of its own
+    (an IPython/Jupyter/Databricks notebook cell, whose module is ``__main__``), the cell's text, which IPython
+    keeps in ``linecache`` under the name in ``fn.__code__.co_filename``. Code with no source anywhere (``exec``
+    of a string, a plain ``python`` prompt) is refused: it cannot be fingerprinted stably."""
+    filename = fn.__code__.co_filename
+    module = inspect.getmodule(fn)
+    own_file = module is not None and getattr(module, "__file__", None) == filename
+    source = _module_source(module) if own_file else None
+    if source is None:  # a notebook cell (or code compiled from another file name): linecache holds its text
+        source = "".join(linecache.getlines(filename)) or None
+    if source is None and module is not None and not own_file:
+        source = _module_source(module)
     if source is None:
-        raise InvalidTypeError(f"predicate function {fn.__qualname__!r} has no source file (defined in an interactive "
-                               "session or by exec?), so it cannot be fingerprinted stably; define it in a module "
-                               "file, or use petastorm.predicates.in_set / a PredicateBase subclass with plain "
-                               "attributes")
+        raise InvalidTypeError(f"predicate function {fn.__qualname__!r} has no source ({filename!r}: defined by exec "
+                               "or at a plain python prompt?), so it cannot be fingerprinted stably; define it in a "
+                               "module file or a notebook cell, or use petastorm_balanced.predicates.in_set / a "
+                               "PredicateBase subclass with plain attributes")
     return ast.parse(source)
+
+
+def _module_source(module) -> Optional[str]:
+    try:
+        return inspect.getsource(module)
+    except (OSError, TypeError):
+        return None
 
 
 def _encloses(node, fn) -> bool:

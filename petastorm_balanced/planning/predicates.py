@@ -88,6 +88,6 @@ def _series(column, pd):
 def _per_row(frame, predicate, unischema) -> np.ndarray:
     records = frame.to_dict("records")
     if unischema is not None:
-        from petastorm.utils import decode_row
+        from ..unischema.decode import decode_row
         records = [decode_row(r, unischema) for r in records]
     return np.fromiter((bool(predicate.do_include(r)) for r in records), dtype=bool, count=len(records))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import List
+from typing import Callable, Generator, List, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 from ..io import fs as fsutil
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
-
 
 
 class BundleReader:
@@ -54,6 +53,10 @@ class BundleReader:
         return files
 
     def read(self, bundle: List[Fragment]) -> dict:
+        return fr.to_columns(self.table(bundle), self._fields, self._schemas)
+
+    def table(self, bundle: List[Fragment], indices=None) -> pa.Table:
+        """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
         files, tables = self._files(), []
         for fragment in bundle:
             try:
@@ -61,10 +64,10 @@ class BundleReader:
             except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
                 raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
             try:
-                tables.append(fr.read_fragment(handle, fragment, self._spec))
+                tables.append(fr.read_fragment(handle, fragment, self._spec, indices=indices))
             except (OSError, pa.ArrowException) as exc:  # name the file and row group
                 raise fr.read_error(fragment, exc) from exc
-        return fr.to_columns(fr.concat_tables(tables), self._fields, self._schemas)
+        return fr.concat_tables(tables)
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
@@ -77,27 +80,36 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
     def chunks(todo: List[Fragment]):
         reader = BundleReader(plan, columns.spec, columns.fields, columns.schemas)
         bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
-        if inline:
-            for bundle in bundles:
-                yield bundle, reader.read(bundle)
-            return
-        pool = ThreadPoolExecutor(max(1, min(workers_count, len(bundles))), thread_name_prefix="pb-arrow")
-        pending = deque()
+        results = in_order(reader.read, bundles, workers_count=0 if inline else workers_count, ahead=ahead)
         try:
-            upcoming = iter(bundles)
-            for bundle in upcoming:
-                pending.append((bundle, pool.submit(reader.read, bundle)))
-                if len(pending) > ahead:
-                    break
-            while pending:
-                bundle, future = pending.popleft()
-                columns_of_bundle = future.result()
-                nxt = next(upcoming, None)
-                if nxt is not None:
-                    pending.append((nxt, pool.submit(reader.read, nxt)))
-                yield bundle, columns_of_bundle
+            yield from zip(bundles, results)
         finally:
-            for _, future in pending:
-                future.cancel()
-            pool.shutdown(wait=True)  # a read in flight finishes (at most one bundle per thread), then threads end
+            results.close()  # cancels the reads not started, waits for those in flight
     return chunks
+
+
+def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: int) -> Generator:
+    """``function(item)`` for every item, in order, computed by ``workers_count`` threads (0: inline) at most
+    ``ahead`` items beyond the one being consumed; closing the generator cancels what was not started."""
+    if workers_count < 1:
+        for item in items:
+            yield function(item)
+        return
+    pool = ThreadPoolExecutor(max(1, min(workers_count, len(items))), thread_name_prefix="pb-arrow")
+    pending: deque = deque()
+    try:
+        upcoming = iter(items)
+        for item in upcoming:
+            pending.append(pool.submit(function, item))
+            if len(pending) > ahead:
+                break
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(upcoming, None)
+            if nxt is not None:
+                pending.append(pool.submit(function, nxt))
+            yield result
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)  # a read in flight finishes (at most one item per thread), then threads end

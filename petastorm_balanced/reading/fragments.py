@@ -23,6 +23,7 @@ from ..plan.model import Fragment
 from ..io import partitions
 from . import convert
 from .schema import LIST, ColumnSchema, column_schema, delivered_type
+from ..unischema.decode import decode_value, is_scalar
 
 OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
 BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
@@ -178,20 +179,10 @@ def _is_text(arrow_type) -> bool:
             pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type))
 
 
-def is_scalar(unischema_field) -> bool:
-    from petastorm.codecs import ScalarCodec
-    codec = unischema_field.codec
-    if codec is None or isinstance(codec, ScalarCodec):
-        dtype = unischema_field.numpy_dtype
-        return dtype is None or np.dtype(dtype).kind in "biufUSO"
-    return False
-
-
 def _decode_cells(column, unischema_field, spec: ColumnSchema) -> np.ndarray:
     """Decode codec cells one by one: stacked when the schema declares a tensor (the field's shape is fixed and
     it holds no nulls), else an object array (one array or None per row) whatever this batch's cells are."""
-    codec = unischema_field.codec
-    cells = [None if v is None else codec.decode(unischema_field, v) for v in column.to_pylist()]
+    cells = [decode_value(unischema_field, v) for v in column.to_pylist()]  # the one decode step
     if spec.kind != LIST:
         wrong = [i for i, c in enumerate(cells) if c is None or np.shape(c) != spec.shape]
         if wrong:

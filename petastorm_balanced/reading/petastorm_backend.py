@@ -41,6 +41,8 @@ except ImportError as _missing:
 
 from . import fragments as fr
 from . import stream
+from ..io.dataset import load_unischema
+from ..unischema.pickling import harden_petastorm_unpickler
 from .batching import window_permutation
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 from ..params import check_int
@@ -74,7 +76,9 @@ PETASTORM_PRIVATE = (
     ("petastorm.workers_pool.thread_pool.WorkerThread", "_stop_event", "attribute"),
     ("petastorm.workers_pool.thread_pool.WorkerThread", "_ventilator_queue", "attribute"),
     ("petastorm.workers_pool.thread_pool.WorkerThread", "_results_queue", "attribute"),
+    ("petastorm.etl.legacy.RestrictedUnpickler", "find_class", "method"),
 )
+harden_petastorm_unpickler()
 
 MODES = ("rows", "batches", "columns")  # make_reader on Unischema / on plain Parquet / the loader's columns
 
@@ -312,6 +316,9 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     else:
         raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of 'thread', 'process', 'dummy'")
     unischema = plan.catalog.kind == "petastorm"
+    # Petastorm's Reader unpickles any Unischema in _common_metadata (plain plans too, if one was added since):
+    # our allow-list sees the bytes first, and harden_petastorm_unpickler() guards Petastorm's own load after it.
+    load_unischema(plan.dataset_url)
     try:
         with quiet_legacy_pyarrow():
             return BalancedReader(fs, path, fragments=fragments, task=task,

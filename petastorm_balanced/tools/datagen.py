@@ -10,7 +10,6 @@ the planned ones rather than whatever the writer's byte-size heuristics choose.
 import argparse
 import json
 import os
-import pickle
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -18,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from ..errors import InvalidValueError
+from ..unischema.pickling import dumps
 
 __all__ = ["DatasetInfo", "make_plain_dataset", "make_petastorm_dataset", "main"]
 
@@ -167,13 +167,12 @@ def make_unischema():
     """The Unischema of ``make_petastorm_dataset``.  Built lazily so plain datasets need no petastorm/pyspark
     import.  ``image`` uses the plain ``NdarrayCodec`` because ``make_reader`` decodes every cell in Python and
     tests read every row; ``CompressedNdarrayCodec`` would add zip/zlib cost for no coverage gain."""
-    from petastorm.codecs import NdarrayCodec, ScalarCodec
-    from petastorm.unischema import Unischema, UnischemaField
-    from pyspark.sql.types import IntegerType, LongType, StringType
+    from ..unischema import NdarrayCodec, ScalarCodec, Unischema, UnischemaField
+    from ..unischema.spark_types import spark_type
     return Unischema("SkewedSchema", [
-        UnischemaField("id", np.int64, (), ScalarCodec(LongType()), False),
-        UnischemaField("lang", np.str_, (), ScalarCodec(StringType()), False),
-        UnischemaField("label", np.int32, (), ScalarCodec(IntegerType()), False),
+        UnischemaField("id", np.int64, (), ScalarCodec(spark_type("LongType")), False),
+        UnischemaField("lang", np.str_, (), ScalarCodec(spark_type("StringType")), False),
+        UnischemaField("label", np.int32, (), ScalarCodec(spark_type("IntegerType")), False),
         UnischemaField("vec", np.float32, (4,), NdarrayCodec(), False),
         UnischemaField("image", np.uint8, (8, 8), NdarrayCodec(), False),
     ])
@@ -212,7 +211,7 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
     per_file = {f: 0 for f in info.files}
     for rel, _, _ in info.row_groups:
         per_file[rel] += 1
-    metadata = {UNISCHEMA_KEY: pickle.dumps(schema),
+    metadata = {UNISCHEMA_KEY: dumps(schema),  # Petastorm's class paths: Petastorm reads it as its own
                 ROW_GROUPS_PER_FILE_KEY: json.dumps(per_file, sort_keys=True).encode()}
     pq.write_metadata(PETASTORM_SCHEMA.with_metadata(metadata), os.path.join(info.path, "_common_metadata"))
     return info

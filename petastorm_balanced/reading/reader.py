@@ -1,0 +1,157 @@
+"""``make_reader`` on any stack: Petastorm's reader where Petastorm imports, else the same rows through pyarrow.
+
+What the Arrow reader yields is what Petastorm's readers yield, so a loop written for ``petastorm.make_reader``
+runs unchanged on pyarrow >= 16: a namedtuple per row, decoded by the Unischema's codecs (``unischema/decode.py``
+gives Petastorm's ``decode_row`` values), for Petastorm datasets; one namedtuple of column arrays per fragment
+(``make_batch_reader``'s conversion) for plain Parquet. The rows are the plan's, in plan order, padding included,
+with the same ``shuffle_rows`` permutation as the Petastorm backend; fragments are read (and rows decoded) by a
+few threads, in order, at most ``workers_count + 2`` fragments ahead.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterator, List, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from . import stream
+from .arrow_backend import BundleReader, check_pool_type, in_order
+from .batching import window_permutation
+from .options import check_petastorm_kwargs, resolve_backend, resolve_plan
+from ..errors import InvalidTypeError, InvalidValueError
+from ..params import check_int
+from ..plan.model import Fragment, ShardPlan
+from ..unischema import Unischema, UnischemaField
+from ..unischema.decode import rows as decoded_rows
+from ..world import resolve_world
+
+ARROW_READER_ARGUMENTS = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size",
+                          "shuffle_rows", "seed", "transform_spec")
+
+
+class ArrowReader:
+    """Iterate for rows (Unischema datasets) or per-fragment batches (plain Parquet); a context manager, with
+    Petastorm's ``stop()``, ``join()``, ``schema`` and ``batched_output``."""
+
+    def __init__(self, plan: ShardPlan, fragments: List[Fragment], *, schema_fields=None, workers_count: int = 10,
+                 reader_pool_type: str = "thread", shuffle_key=None):
+        check_pool_type(reader_pool_type)
+        check_int("workers_count", workers_count, minimum=1)
+        self.fragments = list(fragments)
+        self._columns = stream.dataset_columns(plan, schema_fields)
+        self.batched_output = plan.catalog.kind != "petastorm"
+        self.schema = _schema_of(self._columns, plan, schema_fields is not None)
+        self._reader = BundleReader(plan, self._columns.spec, self._columns.fields)
+        self._shuffle_key = shuffle_key
+        self._results = in_order(self._read, list(enumerate(self.fragments)),
+                                 workers_count=0 if reader_pool_type == "dummy" else workers_count,
+                                 ahead=workers_count + 2)
+        self._pending: Iterator = iter(())
+        self.stopped = False
+
+    def _read(self, item) -> list:
+        sequence, fragment = item
+        indices = None
+        if self._shuffle_key is not None:
+            indices = fragment.row_indices()
+            indices = indices[window_permutation(len(indices), (*self._shuffle_key, sequence))]
+        table = self._reader.table([fragment], indices=indices)
+        if self.batched_output:
+            return [self.schema.make_namedtuple(**batch_columns(table))]
+        make = self.schema._get_namedtuple()
+        return [make(**row) for row in decoded_rows(table, self.schema)]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self.stopped:
+            for value in self._pending:
+                return value
+            self._pending = iter(next(self._results))  # StopIteration ends the reader
+        raise StopIteration
+
+    def stop(self) -> None:
+        """Stop reading: iteration ends; reads in flight finish and the threads end at ``join()``."""
+        self.stopped = True
+
+    def join(self) -> None:
+        self.stopped = True
+        self._results.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop()
+        self.join()
+
+
+def _schema_of(columns: stream.Columns, plan: ShardPlan, viewed: bool) -> Unischema:
+    """The Unischema rows carry: the stored one (its view with ``schema_fields``, named as Petastorm names it) for
+    Petastorm datasets; for plain Parquet one like ``make_batch_reader``'s inferred schema (names only)."""
+    if columns.fields:
+        from ..io.dataset import load_unischema
+        name = load_unischema(plan.dataset_url)._name
+        return Unischema(f"{name}_view" if viewed else name, [columns.fields[n] for n in columns.names])
+    return Unischema("inferred_schema", [UnischemaField(n, None, ()) for n in columns.names])
+
+
+def batch_columns(table: pa.Table) -> dict:
+    """A table's columns as ``make_batch_reader`` gives them: pandas' values, strings as a ``str_`` array, equal
+    length lists stacked into a matrix."""
+    out: dict = {}
+    for name in table.column_names:
+        column = table.column(name)
+        values = (column.chunk(0) if column.num_chunks == 1 else column).to_pandas()
+        values = values.values if hasattr(values, "values") else values
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            out[name] = np.asarray(values).astype(np.str_)
+        elif pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            out[name] = np.vstack(list(values)) if len(values) else np.empty((0, 0))
+        else:
+            out[name] = np.asarray(values)
+    return out
+
+
+def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,
+                reshuffle: str = "epoch", backend: str = "auto", **reader_kwargs):
+    """Rank ``rank``'s planned rows of ``epoch``, as Petastorm's ``make_reader`` (Unischema datasets) or
+    ``make_batch_reader`` (plain Parquet) yields them.
+
+    ``backend='auto'`` takes Petastorm's reader where Petastorm imports (its pools, cache and ``transform_spec``),
+    else the Arrow reader; ``'arrow'`` and ``'petastorm'`` choose. Both give the same rows in the same order.
+    """
+    backend = resolve_backend(backend)
+    if backend == "petastorm":
+        from .petastorm_backend import make_reader as petastorm_make_reader
+        return petastorm_make_reader(rank, world, plan=plan, epoch=epoch, batch_size=batch_size, reshuffle=reshuffle,
+                                     **reader_kwargs)
+    check_petastorm_kwargs(reader_kwargs)
+    refused = sorted(set(reader_kwargs) - set(ARROW_READER_ARGUMENTS))
+    if refused:
+        raise InvalidValueError(f"{refused[0]}={reader_kwargs[refused[0]]!r} is not accepted by make_reader with "
+                                "backend='arrow': it configures Petastorm's reader; use backend='petastorm' (the "
+                                "petastorm stack), or leave it out")
+    if reader_kwargs.get("transform_spec") is not None:
+        raise InvalidValueError("transform_spec is not accepted by make_reader with backend='arrow' yet; apply the "
+                                "function to the rows in the loop, or use backend='petastorm' (the petastorm stack)")
+    who = resolve_world(rank, world)
+    plan = resolve_plan(plan)
+    frags = plan.assignment(who.rank, epoch=epoch, world_size=who.size, batch_size=batch_size, reshuffle=reshuffle)
+    seed = reader_kwargs.get("seed")
+    if seed is not None:
+        check_int("seed", seed, minimum=0, hint=" (or None for the plan's seed)")
+    key = (plan.seed if seed is None else seed, epoch, who.rank) if reader_kwargs.get("shuffle_rows") else None
+    schema_fields = reader_kwargs.get("schema_fields")
+    if schema_fields is not None and not isinstance(schema_fields, (list, tuple)):
+        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
+                               "(NGram is not supported by planned readers)")
+    if schema_fields is not None:
+        schema_fields = [re.escape(getattr(f, "name")) if isinstance(f, tuple) else f for f in schema_fields]
+    return ArrowReader(plan, frags, schema_fields=schema_fields, workers_count=reader_kwargs.get("workers_count", 10),
+                       reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key)
+
+
+__all__ = ["ArrowReader", "make_reader"]
