@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from . import stream
-from .arrow_backend import BundleReader, check_pool_type, in_order
+from .arrow_backend import BundleReader, in_order
 from .batching import window_permutation
-from .options import check_petastorm_kwargs, resolve_backend, resolve_plan
+from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from ..errors import InvalidTypeError, InvalidValueError
 from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
@@ -36,8 +36,7 @@ class ArrowReader:
 
     def __init__(self, plan: ShardPlan, fragments: List[Fragment], *, schema_fields=None, workers_count: int = 10,
                  reader_pool_type: str = "thread", shuffle_key=None):
-        check_pool_type(reader_pool_type)
-        check_int("workers_count", workers_count, minimum=1)
+        check_pool_options(reader_pool_type, workers_count, "arrow")
         self.fragments = list(fragments)
         self._columns = stream.dataset_columns(plan, schema_fields)
         self.batched_output = plan.catalog.kind != "petastorm"
