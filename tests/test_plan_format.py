@@ -109,7 +109,7 @@ CORRUPTIONS = {
     "empty plan.json": (replace(plan_format.PLAN_JSON, b""), PlanIntegrityError),
     "json list": (replace(plan_format.PLAN_JSON, b"[1, 2]"), PlanIntegrityError),
     "foreign json": (replace(plan_format.PLAN_JSON, b'{"format": "mds", "version": 2}'), PlanError),
-    "newer format": (json_edit(lambda d: d.update(format_version=2)), PlanVersionError),
+    "newer format": (json_edit(lambda d: d.update(format_version=plan_format.FORMAT_VERSION + 1)), PlanVersionError),
     "newer algorithm": (json_edit(lambda d: d["parameters"].update(algorithm_version=2)), PlanVersionError),
     "catalog of another plan": (replace(plan_format.CATALOG, lambda b: pq_bytes_with_extra_row(b)),
                                 PlanIntegrityError),

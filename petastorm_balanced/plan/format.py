@@ -1,4 +1,4 @@
-"""Plan format version 1: how plans are written and checked (spec: docs/plan-format.md; ``load.py`` reads them).
+"""Plan format version 2: how plans are written and checked (spec: docs/plan-format.md; ``load.py`` reads them).
 
 A plan is a directory holding ``catalog.parquet``, ``assignment.parquet`` and ``plan.json``. ``plan.json`` is
 written last and records the sha256 of the other two, so its presence commits the plan and a plan cut short by a
@@ -33,7 +33,9 @@ if TYPE_CHECKING:  # the model calls into this module (save, checksum); load.py 
     from .predicate import PredicateInfo
 
 FORMAT_NAME = "petastorm-balanced-plan"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 plans still load: their dataset_files lack the footer digest and modification time (G15 unchecked).
+READABLE_VERSIONS = (1, 2)
 PLAN_JSON = "plan.json"
 CATALOG = "catalog.parquet"
 ASSIGNMENT = "assignment.parquet"
@@ -46,8 +48,10 @@ _CATALOG_SCHEMA = pa.schema([("file", pa.string()), ("row_group", pa.int32()), (
 _COST_SCHEMA = _CATALOG_SCHEMA.append(pa.field("cost_sum", pa.int64())).append(pa.field("cost_max", pa.int64()))
 
 
-def dataset_fingerprint(files) -> str:
-    """sha256 over every data file's path, size and row group sizes (each as ``json.dumps([path, size, rows])``).
+def dataset_fingerprint(files, version: int = FORMAT_VERSION) -> str:
+    """sha256 over every data file's path, size and row group sizes (each as ``json.dumps([path, size, rows])``),
+    and from format version 2 its footer digest and modification time (``json.dumps([path, size, rows, footer,
+    mtime_ns])``), so an edited digest or time is an edited plan.
 
     The text is built column-wise with Arrow (same bytes as formatting each file in Python, several times faster
     for a million row groups).
@@ -60,13 +64,17 @@ def dataset_fingerprint(files) -> str:
     text = pc.binary_join_element_wise(
         "[", pa.array([_json_str(f.path) for f in files], pa.string()), ", ",
         pc.cast(pa.array([int(f.size) for f in files], pa.int64()), pa.string()), ", [",
-        pc.binary_join(lists, ", "), "]]", "")
+        pc.binary_join(lists, ", "), "]" if version >= 2 else "]]", "")
+    if version >= 2:
+        footers = pa.array([_json_str(f.footer) for f in files], pa.string())
+        mtimes = pa.array(["null" if f.mtime_ns is None else str(int(f.mtime_ns)) for f in files], pa.string())
+        text = pc.binary_join_element_wise(text, ", ", footers, ", ", mtimes, "]", "")
     digest = hashlib.sha256()
     digest.update(_values(text))
     return digest.hexdigest()
 
 
-def content_checksum(plan: ShardPlan) -> str:
+def content_checksum(plan: ShardPlan, version: int = FORMAT_VERSION) -> str:
     """sha256 over everything that decides what rows go where; not over file bytes, which writers may vary.
 
     Per row group it hashes ``json.dumps([path, row_group, total_rows, matching_rows])`` and the selection's
@@ -75,7 +83,7 @@ def content_checksum(plan: ShardPlan) -> str:
     cost_max])`` per row group (and its header names the cost); a plan without a cost hashes exactly what it did
     before costs existed.
     """
-    digest = hashlib.sha256(json.dumps(_header(plan), sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(_header(plan, version), sort_keys=True).encode())
     rows = plan.catalog.row_groups
     paths = pa.array([_json_str(p) for p in rows.paths], pa.string())
     for start in range(0, len(rows), _CHECKSUM_CHUNK):
@@ -142,7 +150,7 @@ def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
         **_header(plan),
         "package_version": __version__,
         "checksum": content_checksum(plan),
-        "dataset_files": [[f.path, f.size, list(f.row_group_rows)] for f in plan.catalog.files],
+        "dataset_files": [[f.path, f.size, list(f.row_group_rows), f.footer, f.mtime_ns] for f in plan.catalog.files],
         "totals": totals(plan),
         "files": digests or {},
     }
@@ -184,9 +192,10 @@ def split_row_groups(pieces: balance.Pieces) -> int:
 def check_dataset(plan: ShardPlan, *, files=None) -> None:
     """Raise ``StalePlanError`` naming the first difference between the plan's files and the dataset's.
 
-    Without ``files`` the dataset is listed and paths and sizes are compared; ``files`` (``FileInfo``s from a fresh
-    footer scan, as ``verify`` passes) also compares row group sizes (the reader compares those anyway for the row
-    groups it reads).
+    Without ``files`` the dataset is listed and paths, sizes and modification times are compared; ``files``
+    (``FileInfo``s from a fresh footer scan, as ``verify`` passes) also compares row group sizes and footer digests
+    (the reader compares those anyway for the files it reads). A modification time or digest the plan lacks (format
+    version 1) or the filesystem does not report is not compared.
     """
     footers = files is not None
     if footers:
@@ -195,8 +204,9 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
         try:
             _, root, entries = list_data_files(plan.dataset_url)
         except ValueError as exc:
-            raise StalePlanError(f"the plan's dataset is gone: {exc}") from None
-        current = {e.path[len(root):].lstrip("/"): FileInfo(e.path[len(root):].lstrip("/"), e.size, ())
+            raise StalePlanError(f"the plan's dataset is gone or changed: {exc}") from None
+        current = {e.path[len(root):].lstrip("/"): FileInfo(e.path[len(root):].lstrip("/"), e.size, (),
+                                                            mtime_ns=e.mtime_ns)
                    for e in entries}
     planned = {f.path: f for f in plan.catalog.files}
     for path in sorted(set(planned) | set(current)):
@@ -210,6 +220,22 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
         if footers and current[path].row_group_rows != planned[path].row_group_rows:
             raise StalePlanError(f"{path!r} changed row groups ({list(planned[path].row_group_rows)} -> "
                                  f"{list(current[path].row_group_rows)} rows) since planning; re-run planning")
+        check_file(plan, planned[path], footer=current[path].footer if footers else "",
+                   mtime_ns=current[path].mtime_ns)
+
+
+def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: Optional[int] = None) -> None:
+    """``StalePlanError`` when a file's footer digest or modification time differs from the plan's (G15); a value
+    either side does not know (``""``, ``None``) is not compared. A rewrite of the same size, the same row counts
+    and even a byte-identical footer (the same rows in another order) changes the modification time; a copy that
+    does not keep modification times makes the plan stale too (docs/plan-format.md)."""
+    if footer and planned.footer and footer != planned.footer:
+        raise StalePlanError(f"{planned.path!r} in {plan.dataset_url} was rewritten since planning (its Parquet "
+                             "footer differs from the planned one); re-run planning")
+    if mtime_ns is not None and planned.mtime_ns is not None and mtime_ns != planned.mtime_ns:
+        raise StalePlanError(f"{planned.path!r} in {plan.dataset_url} was modified since planning (modification "
+                             f"time {planned.mtime_ns} -> {mtime_ns} ns; a copy that does not keep modification "
+                             "times changes them too); re-run planning")
 
 
 def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
@@ -226,7 +252,7 @@ def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
                                  f"{predicate_info.text!r}); re-run planning with the new predicate")
 
 
-def _header(plan: ShardPlan) -> dict:
+def _header(plan: ShardPlan, version: int = FORMAT_VERSION) -> dict:
     cost = {}
     if plan.catalog.cost is not None:
         from .cost import parse_cost
@@ -235,7 +261,7 @@ def _header(plan: ShardPlan) -> dict:
                          "order": NAME, "order_version": VERSION}}
     return {
         **cost,
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+        "format": FORMAT_NAME, "format_version": version,
         "dataset": {"url": plan.dataset_url, "fingerprint": plan.dataset_fingerprint, "kind": plan.catalog.kind,
                     "partition_columns": list(plan.catalog.partition_columns)},
         "predicate": {"kind": plan.predicate.kind, "text": plan.predicate.text,

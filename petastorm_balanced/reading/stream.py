@@ -20,7 +20,7 @@ from .batching import WindowBatcher, start_point, window_rows
 from .cost_batching import CostOptions
 from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
-from ..io.dataset import load_unischema, partition_values
+from ..io.dataset import dataset_root, load_unischema, partition_values
 from ..errors import InvalidValueError
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -50,10 +50,10 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
         unischema = load_unischema(plan.dataset_url)
         names, fields = list(unischema.fields), dict(unischema.fields)
     else:
-        filesystem, root = fsutil.resolve(plan.dataset_url)
+        filesystem, root = dataset_root(plan.dataset_url)
         first = plan.catalog.row_groups[0].path
         try:
-            with filesystem.open_input_file(f"{root}/{first}") as handle:
+            with filesystem.open_input_file(fsutil.join(root, first)) as handle:
                 stored = pq.ParquetFile(handle).schema_arrow.names
         except (OSError, pa.ArrowException) as exc:
             raise fr.unreadable_dataset_error(plan, exc) from exc
