@@ -25,7 +25,7 @@ from .._version import __version__
 from . import balance
 from ..io import fs as fsutil
 from .catalog import Catalog, FileInfo, RowGroups
-from ..errors import PlanIntegrityError, StalePlanError
+from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError
 from ..io.dataset import list_data_files
 
 if TYPE_CHECKING:  # the model calls into this module (save, checksum); load.py builds models from it
@@ -131,16 +131,38 @@ def _values(array: pa.Array) -> memoryview:
 
 
 def write_plan(plan: ShardPlan, output_url: str) -> str:
-    """Write ``plan`` under ``output_url``; returns the normalized URL. Overwrites an older plan there."""
-    url = fsutil.normalize_url(output_url)
-    filesystem, root = fsutil.resolve(url)
+    """Write ``plan`` under ``output_url``; returns the normalized URL. Overwrites an older plan there.
+
+    Every byte is made before the first is written (a value JSON cannot hold fails with nothing written), and a
+    location inside the dataset is refused first (``check_output``).
+    """
+    url = check_output(output_url, plan.dataset_url)
+    filesystem, root = fsutil.resolve(url, name="output_url")
+    data = {CATALOG: _parquet_bytes(_catalog_table(plan.catalog)), ASSIGNMENT: _parquet_bytes(assignment_table(plan))}
+    digests = {name: hashlib.sha256(payload).hexdigest() for name, payload in data.items()}
+    document = json.dumps(plan_document(plan, digests), indent=1, sort_keys=True, allow_nan=False).encode()
     filesystem.create_dir(root, recursive=True)
     if filesystem.get_file_info(f"{root}/{PLAN_JSON}").type != pafs.FileType.NotFound:
         filesystem.delete_file(f"{root}/{PLAN_JSON}")  # uncommit first: a crash below leaves no valid plan
-    digests = {CATALOG: _put(filesystem, f"{root}/{CATALOG}", _parquet_bytes(_catalog_table(plan.catalog))),
-               ASSIGNMENT: _put(filesystem, f"{root}/{ASSIGNMENT}", _parquet_bytes(assignment_table(plan)))}
-    document = plan_document(plan, digests)
-    _put(filesystem, f"{root}/{PLAN_JSON}", json.dumps(document, indent=1, sort_keys=True).encode(), atomic=True)
+    for name, payload in data.items():
+        _put(filesystem, f"{root}/{name}", payload)
+    _put(filesystem, f"{root}/{PLAN_JSON}", document, atomic=True)
+    return url
+
+
+def check_output(output_url, dataset_url: str) -> str:
+    """The normalized ``output_url``, refused when it is the dataset or inside it: the plan's files would become
+    data files of the dataset it describes (the plan is then stale at once, and re-planning reads plan.json as
+    Parquet)."""
+    url = fsutil.normalize_url(output_url, name="output_url")
+    dataset = fsutil.normalize_url(dataset_url)
+    inside = url == dataset or url.startswith(dataset.rstrip("/") + "/")
+    if not inside and fsutil.is_local(url) and fsutil.is_local(dataset):  # aliases through symlinks, too
+        out, data = os.path.realpath(fsutil.local_path(url)), os.path.realpath(fsutil.local_path(dataset))
+        inside = out == data or out.startswith(data.rstrip("/") + "/")
+    if inside:
+        raise InvalidValueError(f"output_url={output_url!r} is inside the dataset {dataset}; write the plan "
+                                "beside the dataset (for example <dataset>-plan), never into it")
     return url
 
 

@@ -46,15 +46,16 @@ def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: 
 
 def read_plan(plan_url: str) -> ShardPlan:
     """Load and fully check a plan; every defect raises a ``PlanError`` subclass."""
-    url = fsutil.normalize_url(plan_url)
-    filesystem, root = fsutil.resolve(url)
+    url = fsutil.normalize_url(plan_url, name="plan_url")
+    filesystem, root = fsutil.resolve(url, name="plan_url")
     raw = get_bytes(filesystem, f"{root}/{PLAN_JSON}", url)
     try:
         document = json.loads(raw.to_pybytes())
         if not isinstance(document, dict):
             raise InvalidValueError("not an object")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PlanIntegrityError(f"{url}/{PLAN_JSON} is not valid JSON ({exc}); re-run planning") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting: RecursionError
+        raise PlanIntegrityError(f"{url}/{PLAN_JSON} is not valid JSON ({type(exc).__name__}: {exc}); re-run "
+                                 "planning") from None
     if document.get("format") != FORMAT_NAME:
         raise PlanError(f"{url} is not a petastorm-balanced plan (format={document.get('format')!r})")
     version = document.get("format_version")
@@ -66,7 +67,7 @@ def read_plan(plan_url: str) -> ShardPlan:
         return _plan_from(document, filesystem, root, url, version)
     except PlanError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, pa.ArrowException) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, pa.ArrowException) as exc:
         raise PlanIntegrityError(f"{url} is malformed ({type(exc).__name__}: {exc}); re-run planning") from None
 
 
