@@ -111,3 +111,18 @@ def test_prepare_of_a_plain_dataloader_under_torchrun_is_refused_whatever_the_wo
         assert rec["type"] == "RuntimeError" and "ds.dataloader(num_workers=K)" in rec["error"], rec
     if dispatch == "none":
         assert any(r["rank"] == 0 for r in records)  # rank 0 reads for everyone in dispatch mode
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dispatched_plain_dataloader_with_workers_is_refused_in_process(data, context):
+    """accelerate's DataLoaderDispatcher over DataLoader workers: forked workers see it on their inherited stack,
+    spawned ones learn it from the stack at pickling."""
+    import torch
+    from accelerate import Accelerator
+    root, plan, _ = data
+    accelerator = Accelerator(cpu=True)  # dispatch_batches defaults to True for an IterableDataset
+    dataset = BalancedIterableDataset(plan, 0, 2, batch_size=BATCH, backend="arrow")
+    prepared = accelerator.prepare(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                                               multiprocessing_context=context))
+    with pytest.raises(RuntimeError, match=r"DataLoaderDispatcher.*ds\.dataloader\(num_workers=K\)"):
+        next(iter(prepared))
