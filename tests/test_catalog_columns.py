@@ -52,11 +52,10 @@ def reference_checksum(plan) -> str:
     return digest.hexdigest()
 
 
-def reference_fingerprint(files, version=plan_format.FORMAT_VERSION) -> str:
+def reference_fingerprint(files) -> str:
     digest = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.path):
-        extra = [f.footer, f.mtime_ns] if version >= 2 else []
-        digest.update(json.dumps([f.path, f.size, list(f.row_group_rows)] + extra).encode())
+        digest.update(json.dumps([f.path, f.size, list(f.row_group_rows)]).encode())
     return digest.hexdigest()
 
 
@@ -80,8 +79,7 @@ def test_columns_behave_as_the_tuple_of_matches(catalog):
 @settings(max_examples=60)
 @given(catalogs())
 def test_column_wise_checksum_and_fingerprint_are_format_1(catalog):
-    for version in plan_format.READABLE_VERSIONS:
-        assert plan_format.dataset_fingerprint(catalog.files, version) == reference_fingerprint(catalog.files, version)
+    assert plan_format.dataset_fingerprint(catalog.files) == reference_fingerprint(catalog.files)
     if catalog.total_rows == 0:
         return
     plan = make_plan("file:///d", catalog, world_size=1, batch_size=None, policy="drop", seed=5,

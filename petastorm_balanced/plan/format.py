@@ -48,10 +48,11 @@ _CATALOG_SCHEMA = pa.schema([("file", pa.string()), ("row_group", pa.int32()), (
 _COST_SCHEMA = _CATALOG_SCHEMA.append(pa.field("cost_sum", pa.int64())).append(pa.field("cost_max", pa.int64()))
 
 
-def dataset_fingerprint(files, version: int = FORMAT_VERSION) -> str:
-    """sha256 over every data file's path, size and row group sizes (each as ``json.dumps([path, size, rows])``),
-    and from format version 2 its footer digest and modification time (``json.dumps([path, size, rows, footer,
-    mtime_ns])``), so an edited digest or time is an edited plan.
+def dataset_fingerprint(files) -> str:
+    """sha256 over every data file's path, size and row group sizes (each as ``json.dumps([path, size, rows])``).
+
+    Footer digests and modification times are not in it (``content_fingerprint`` covers them): they do not decide
+    which rows go where, so the same data planned on a local disk and on S3 keeps one fingerprint and checksum.
 
     The text is built column-wise with Arrow (same bytes as formatting each file in Python, several times faster
     for a million row groups).
@@ -64,14 +65,17 @@ def dataset_fingerprint(files, version: int = FORMAT_VERSION) -> str:
     text = pc.binary_join_element_wise(
         "[", pa.array([_json_str(f.path) for f in files], pa.string()), ", ",
         pc.cast(pa.array([int(f.size) for f in files], pa.int64()), pa.string()), ", [",
-        pc.binary_join(lists, ", "), "]" if version >= 2 else "]]", "")
-    if version >= 2:
-        footers = pa.array([_json_str(f.footer) for f in files], pa.string())
-        mtimes = pa.array(["null" if f.mtime_ns is None else str(int(f.mtime_ns)) for f in files], pa.string())
-        text = pc.binary_join_element_wise(text, ", ", footers, ", ", mtimes, "]", "")
+        pc.binary_join(lists, ", "), "]]", "")
     digest = hashlib.sha256()
     digest.update(_values(text))
     return digest.hexdigest()
+
+
+def content_fingerprint(files) -> str:
+    """sha256 of ``json.dumps([[path, footer digest, mtime_ns], ...])`` over the files sorted by path (format
+    version 2): what makes an edited digest or time in ``plan.json`` an edited plan."""
+    rows = [[f.path, f.footer, f.mtime_ns] for f in sorted(files, key=lambda f: f.path)]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
 def content_checksum(plan: ShardPlan, version: int = FORMAT_VERSION) -> str:
@@ -172,6 +176,7 @@ def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
         **_header(plan),
         "package_version": __version__,
         "checksum": content_checksum(plan),
+        "content_fingerprint": content_fingerprint(plan.catalog.files),
         "dataset_files": [[f.path, f.size, list(f.row_group_rows), f.footer, f.mtime_ns] for f in plan.catalog.files],
         "totals": totals(plan),
         "files": digests or {},

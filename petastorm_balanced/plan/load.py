@@ -18,7 +18,8 @@ from ..io import fs as fsutil
 from . import balance
 from .catalog import Catalog, FileInfo
 from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, PLAN_JSON, READABLE_VERSIONS, assignment_table, catalog_row_groups,
-                     check_predicate, content_checksum, dataset_fingerprint, get_bytes, planned_pieces, totals)
+                     check_predicate, content_checksum, content_fingerprint,
+                     dataset_fingerprint, get_bytes, planned_pieces, totals)
 from .format import check_dataset as _check_dataset
 from .model import ShardPlan
 from .predicate import PredicateInfo, predicate_info
@@ -110,7 +111,9 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
     with ThreadPoolExecutor(1) as pool:
         checksum = pool.submit(content_checksum, plan, version)
         try:
-            fingerprint = dataset_fingerprint(files, version)
+            fingerprint = dataset_fingerprint(files)
+            if version >= 2 and document["content_fingerprint"] != content_fingerprint(files):
+                fingerprint = None  # an edited footer digest or modification time: an edited plan.json
             pieces = planned_pieces(plan)  # balanced once for both checks below
             assignment_ok = assignment_table(plan, pieces).equals(tables[ASSIGNMENT])
             totals_ok = document["totals"] == totals(plan, pieces)  # not in the checksum, but shown to users

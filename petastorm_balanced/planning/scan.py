@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..io import footer as io_footer
 from ..io import fs as fsutil

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
