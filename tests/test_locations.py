@@ -97,6 +97,23 @@ def test_spark_engine_reads_the_same_folder_as_the_local_engine(tmp_path, spark)
         assert len(got) == 100 and np.array_equal(got, np.arange(0, 300, 3)), name
 
 
+def test_spark_job_plans_and_writes_where_it_says(tmp_path, spark, capsys):
+    """spark_jobs/plan_shards.py (run in this process, on the shared session) with '#' and '%' in both paths."""
+    import importlib.util as iu
+    spec = iu.spec_from_file_location("plan_shards_job", os.path.join(ROOT, "spark_jobs", "plan_shards.py"))
+    job = iu.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    write_dataset(tmp_path / "d", 90, offset=5_000)
+    target = write_dataset(tmp_path / "d#1 %41", 300)
+    out = tmp_path / "plan#2 %41"
+    assert job.main([target, "--world-size", "2", "--batch-size", "10", "--where", "id < 150",
+                     "--output", str(out)]) == 0, capsys.readouterr().err
+    plan = load_plan(str(out), dataset_url=target)
+    assert plan.total_rows == 150 and not (tmp_path / "plan").exists() and not (tmp_path / "d#1 A").exists()
+    got = delivered_ids(plan, 2)  # policy drop: 2 ranks x 7 steps x 10 rows of the 150
+    assert len(set(got.tolist())) == len(got) == 140 and set(got.tolist()) <= set(range(150))
+
+
 def test_cli_output_with_a_hash_is_written_where_it_says(tmp_path):
     target = write_dataset(tmp_path / "d#1", 100)
     out = tmp_path / "cliplan#x"
