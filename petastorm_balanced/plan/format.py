@@ -74,8 +74,9 @@ def dataset_fingerprint(files) -> str:
 def content_fingerprint(files) -> str:
     """sha256 of ``json.dumps([[path, footer digest, mtime_ns], ...])`` over the files sorted by path (format
     version 2): what makes an edited digest or time in ``plan.json`` an edited plan."""
-    rows = [[f.path, f.footer, f.mtime_ns] for f in sorted(files, key=lambda f: f.path)]
-    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    text = ", ".join([f"[{_json_str(f.path)}, {_json_str(f.footer)}, {'null' if f.mtime_ns is None else f.mtime_ns}]"
+                      for f in sorted(files, key=lambda f: f.path)])  # json.dumps's bytes, built faster
+    return hashlib.sha256(f"[{text}]".encode()).hexdigest()
 
 
 def content_checksum(plan: ShardPlan, version: int = FORMAT_VERSION) -> str:

@@ -139,12 +139,17 @@ def check_paths(files, catalog: pa.Table, url: str) -> None:
     those files. A plan is data that may arrive over S3 or HDFS; it must not choose what a training job reads
     (``../secret.parquet``, ``/etc/x``, ``s3://other/x``), whatever its checksums say."""
     paths = [f.path for f in files]
-    for path in paths:
+    if not all(isinstance(p, str) for p in paths):
+        raise PlanIntegrityError(f"{url}/plan.json lists a data file path that is not a string; re-run planning")
+    bad = fsutil.first_not_relative(paths)
+    if bad is not None:
         try:
-            fsutil.check_relative(path)
+            fsutil.check_relative(bad)
+            detail = f"file path {bad!r} is not a plain path inside the dataset root"
         except InvalidValueError as exc:
-            raise PlanIntegrityError(f"{url}/plan.json lists a data file outside the dataset root: {exc}; the plan "
-                                     "was edited or forged: re-run planning") from None
+            detail = str(exc)
+        raise PlanIntegrityError(f"{url}/plan.json lists a data file outside the dataset root: {detail}; the plan "
+                                 "was edited or forged: re-run planning") from None
     if len(set(paths)) != len(paths):
         raise PlanIntegrityError(f"{url}/plan.json lists a data file twice; re-run planning")
     named = set(catalog.column("file").unique().to_pylist()) if "file" in catalog.schema.names else set()
