@@ -82,6 +82,8 @@ def test_file_urls_are_percent_decoded_and_fragments_refused(tmp_path):
         plan_shards("c:data-that-is-not-here", 1, engine="local")  # a relative path, not a URL scheme
 
 
+@pytest.mark.slow
+@pytest.mark.stack  # how Hadoop reads a path depends on the pyspark on the stack
 def test_spark_engine_reads_the_same_folder_as_the_local_engine(tmp_path, spark):
     """The Spark engine (a where= makes Spark read the data) plans the very plan the local engine plans (G8),
     footer digests and modification times included, for names Hadoop would misread."""
@@ -97,6 +99,8 @@ def test_spark_engine_reads_the_same_folder_as_the_local_engine(tmp_path, spark)
         assert len(got) == 100 and np.array_equal(got, np.arange(0, 300, 3)), name
 
 
+@pytest.mark.slow
+@pytest.mark.stack
 def test_spark_job_plans_and_writes_where_it_says(tmp_path, spark, capsys):
     """spark_jobs/plan_shards.py (run in this process, on the shared session) with '#' and '%' in both paths."""
     import importlib.util as iu
