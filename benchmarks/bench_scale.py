@@ -36,8 +36,10 @@ def synthesize(num_files: int, num_row_groups: int, partial: float, seed: int):
     per_file = np.bincount(rng.integers(0, num_files, num_row_groups), minlength=num_files)  # (files,)
     rows = rng.integers(1_000, 200_000, num_row_groups)  # (row groups,)
     bounds = np.concatenate(([0], np.cumsum(per_file)))
+    # each file with a footer digest and a modification time, as planning records them (plan format 2)
     files = tuple(FileInfo(f"date={i % 365:03d}/part-{i:06d}.parquet", int(rows[lo:hi].sum()) * 9 + 4096,
-                           tuple(rows[lo:hi].tolist()))
+                           tuple(rows[lo:hi].tolist()), f"{rng.integers(2**63):016x}" * 4,
+                           1_700_000_000_000_000_000 + int(rng.integers(10**15)))
                   for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])))
     order = sorted(range(num_files), key=lambda i: files[i].path)  # catalog row groups are sorted by path
     files = tuple(files[i] for i in order)

@@ -179,3 +179,13 @@ def dataset_specs(draw, writers=("pyarrow", "polars", "duckdb"), max_rows=40):
         files[0]["part"][0] = PARTITION_VALUES[partition][0]  # pyarrow.dataset cannot type an all-null column
     row_groups = tuple(draw(st.integers(1, 7)) for _ in sizes)
     return DatasetSpec(writer, columns, tuple(files), row_groups, partition)
+
+# Catalog paths a forged plan might carry (G14): escapes, absolute paths, schemes, NULs, backslashes and empty or
+# dot segments, mixed with ordinary names so that both sides of the rule are drawn.
+_segments = st.one_of(st.sampled_from(["..", ".", "", "part-0.parquet", "a", "x=1", "c:", "\\..", "..\\x", "\x00",
+                                       "s3:", "file:", "%2e%2e", "~"]),
+                      st.text(st.characters(blacklist_categories=("Cs",)), max_size=6))
+catalog_paths = st.one_of(
+    st.lists(_segments, min_size=1, max_size=5).map("/".join),
+    st.tuples(st.sampled_from(["/", "//", "s3://b/", "file:///", "hdfs://nn/", "C:\\", "../"]),
+              st.lists(_segments, min_size=1, max_size=3).map("/".join)).map("".join))

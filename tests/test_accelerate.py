@@ -78,3 +78,51 @@ def test_plain_dataloader_over_the_dataset_is_refused(data, dispatch):
         next(iter(prepared))
     loader = dataset.dataloader()
     assert accelerator.prepare(loader) is loader
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("dispatch", ["none", "false"])
+def test_prepare_of_a_plain_dataloader_under_torchrun_is_refused_whatever_the_workers(data, workers, dispatch):
+    """Two ranks under torchrun: accelerate either dispatches rank 0's batches to both ranks (rank 1's planned rows
+    were never read: half the rows lost) or wraps the dataset in IterableDatasetShard. With DataLoader workers the
+    dataset is iterated in other processes; it still finds accelerate (the forked worker's stack, or the stack at
+    pickling for spawned ones) and refuses with the fix before a batch is delivered."""
+    import subprocess
+    import sys
+    from jobs import free_port, job_env
+    root, plan, _ = data
+    record = root / f"plain-{workers}-{dispatch}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(ROOT / "tests" / "accelerate_plain_job.py"),
+           (root / "plan").as_uri(), str(record), str(BATCH), str(workers), dispatch]
+    done = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0, "the job must fail, not train on half the rows"
+    records = [json.loads(p.read_text()) for p in sorted(record.glob("rank*.json"))]
+    assert records, done.stderr[-3000:]
+    for rec in records:  # every rank that iterated refused before its first batch
+        assert rec["ids"] == [], rec
+        if dispatch == "none" and rec["rank"] != 0:
+            continue  # it waited for rank 0's broadcast; it may see the connection drop before torchrun ends it
+        if (dispatch, rec["type"]) == ("false", "TypeError"):
+            # IterableDatasetShard multiplies DataLoader(batch_size=None) by the world size and fails itself
+            # before it iterates us: loud, if not ours
+            assert "NoneType" in rec["error"], rec
+            continue
+        assert rec["type"] == "RuntimeError" and "ds.dataloader(num_workers=K)" in rec["error"], rec
+    if dispatch == "none":
+        assert any(r["rank"] == 0 for r in records)  # rank 0 reads for everyone in dispatch mode
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dispatched_plain_dataloader_with_workers_is_refused_in_process(data, context):
+    """accelerate's DataLoaderDispatcher over DataLoader workers: forked workers see it on their inherited stack,
+    spawned ones learn it from the stack at pickling."""
+    import torch
+    from accelerate import Accelerator
+    root, plan, _ = data
+    accelerator = Accelerator(cpu=True)  # dispatch_batches defaults to True for an IterableDataset
+    dataset = BalancedIterableDataset(plan, 0, 2, batch_size=BATCH, backend="arrow")
+    prepared = accelerator.prepare(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                                               multiprocessing_context=context))
+    with pytest.raises(RuntimeError, match=r"DataLoaderDispatcher.*ds\.dataloader\(num_workers=K\)"):
+        next(iter(prepared))

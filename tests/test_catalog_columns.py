@@ -26,7 +26,8 @@ def catalogs(draw):
     files, matches = [], []
     for path in paths:
         rows = draw(st.lists(st.integers(0, 3_000), max_size=4))
-        files.append(FileInfo(path, draw(st.integers(0, 2**40)), tuple(rows)))
+        files.append(FileInfo(path, draw(st.integers(0, 2**40)), tuple(rows), draw(st.sampled_from(["", "ab" * 32])),
+                              draw(st.none() | st.integers(0, 2**63 - 1))))
         for i, n in enumerate(rows):
             if n and draw(st.booleans()):
                 positions = _positions(draw, n)

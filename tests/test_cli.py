@@ -295,8 +295,10 @@ def test_plan_format_doc_example_is_what_the_code_writes(tmp_path):
                        output_url=str(tmp_path / "plan"))
     ours = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert ours.keys() == doc.keys() and ours["dataset"].keys() == doc["dataset"].keys()
-    for key in ("dataset_files", "files", "format", "format_version", "parameters", "predicate", "totals"):
+    for key in ("files", "format", "format_version", "parameters", "predicate", "totals"):
         assert ours[key] == doc[key], key
+    # modification times are the one value bound to when the files were written: take the example's
+    assert [e[:4] for e in ours["dataset_files"]] == [e[:4] for e in doc["dataset_files"]]
     assert ours["dataset"]["fingerprint"] == doc["dataset"]["fingerprint"]
     assert content_checksum(replace(plan, dataset_url=doc["dataset"]["url"])) == doc["checksum"]
     catalog = pq.read_table(tmp_path / "plan" / "catalog.parquet").to_pylist()

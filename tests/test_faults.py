@@ -125,10 +125,13 @@ def _owner(plan, path, row_group):
 
 
 def _overwrite(file_path, start, stop, byte=0xFF):
-    """Same size, different bytes: invisible to a listing (path, size), so only reading can find it."""
+    """Same size, different bytes, the old modification time (bit rot, not a rewrite): invisible to a listing
+    (path, size, mtime), so only reading can find it."""
+    before = os.stat(file_path)
     with open(file_path, "r+b") as handle:
         handle.seek(start)
         handle.write(bytes([byte]) * (stop - start))
+    os.utime(file_path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def _corrupt_row_group(file_path, row_group):

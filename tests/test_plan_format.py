@@ -3,12 +3,14 @@ import dataclasses
 import functools
 import json
 import os
+import posixpath
+import re
 import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 from petastorm_balanced.predicates import in_lambda, in_set
 
 from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan,
@@ -17,6 +19,7 @@ from petastorm_balanced.plan import format as plan_format
 from petastorm_balanced.datagen import make_plain_dataset
 from petastorm_balanced.plan.predicate import predicate_info
 from petastorm_balanced.planning.scan import check_footers
+from strategies import catalog_paths
 
 WORLD, BATCH = 3, 16
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +112,7 @@ CORRUPTIONS = {
     "empty plan.json": (replace(plan_format.PLAN_JSON, b""), PlanIntegrityError),
     "json list": (replace(plan_format.PLAN_JSON, b"[1, 2]"), PlanIntegrityError),
     "foreign json": (replace(plan_format.PLAN_JSON, b'{"format": "mds", "version": 2}'), PlanError),
-    "newer format": (json_edit(lambda d: d.update(format_version=2)), PlanVersionError),
+    "newer format": (json_edit(lambda d: d.update(format_version=plan_format.FORMAT_VERSION + 1)), PlanVersionError),
     "newer algorithm": (json_edit(lambda d: d["parameters"].update(algorithm_version=2)), PlanVersionError),
     "catalog of another plan": (replace(plan_format.CATALOG, lambda b: pq_bytes_with_extra_row(b)),
                                 PlanIntegrityError),
@@ -330,3 +333,36 @@ def test_plan_serves_other_world_sizes(saved, world, policy):
     assert len(set(real)) == len(real)
     left_out = plan.total_rows - len(real)
     assert left_out == 0 if policy == "pad" else 0 <= left_out < world * BATCH
+
+
+# ---- G14: hostile catalog paths, signed by the package's own writer ----
+
+@settings(max_examples=80, deadline=None)
+@given(path=catalog_paths)
+def test_catalog_paths_outside_the_root_never_load(saved, tmp_path_factory, path):
+    """A plan whose only defect is a catalog path (checksums, fingerprint and assignment all valid) loads iff the
+    path is a plain root-relative path, and a path that loads never names a file outside the root."""
+    plan = saved[0]
+    victim = plan.catalog.row_groups.paths[0]
+    files = tuple(dataclasses.replace(f, path=path) if f.path == victim else f for f in plan.catalog.files)
+    if len({f.path for f in files}) != len(files) or sorted(f.path for f in files) != [f.path for f in files]:
+        return  # a name that collides with or sorts before another file is a different test
+    rows = plan.catalog.row_groups
+    renamed = type(rows)([path if p == victim else p for p in rows.paths], rows.path_index, rows.row_group,
+                         rows.total_rows, rows.matching_rows, rows.selection)
+    catalog = dataclasses.replace(plan.catalog, files=files, row_groups=renamed)
+    forged = dataclasses.replace(plan, catalog=catalog, dataset_fingerprint=plan_format.dataset_fingerprint(files))
+    folder = str(tmp_path_factory.mktemp("forged"))
+    plan_format.write_plan(forged, folder)
+    plain = (bool(path) and not path.startswith("/") and "\\" not in path and "://" not in path
+             and all(part not in ("", ".", "..") for part in path.split("/"))
+             and not any(ord(c) < 32 or c == "\x7f" for c in path) and not re.match(r"[A-Za-z][A-Za-z0-9+.\-]+:/", path))
+    try:
+        loaded = load_plan(folder, check_dataset=False)
+    except PlanIntegrityError as exc:
+        assert not plain, (path, exc)
+        return
+    assert plain, path
+    root = "/data/root"
+    assert posixpath.normpath(posixpath.join(root, path)).startswith(root + "/")
+    assert loaded.catalog.files == files

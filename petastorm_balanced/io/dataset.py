@@ -6,7 +6,8 @@ list datasets here, so they agree on what a data file is.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import os
+from typing import Dict, List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -34,6 +35,11 @@ def list_data_files(url: str, *, table: Optional[tables.TableRef] = None
                     ) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]]:
     """The data files under ``url`` (a folder or a single file), sorted by relative path.
 
+    For a single file the root is its folder, so its catalog path is its name. On a local disk symlinks are
+    followed only inside the root (G14): a symlink loop, a symlink that leaves the root, a dangling symlink and two
+    names for one physical file (a symlinked folder inside the root, a hard link) are refused by name rather than
+    read twice, read from elsewhere or skipped.
+
     ``table`` (a ``tables.TableRef``): exactly that snapshot's files. Without it a Delta table folder or an Iceberg
     metadata file is refused, never listed as bare Parquet (``io/tables.py``).
     """
@@ -46,13 +52,71 @@ def list_data_files(url: str, *, table: Optional[tables.TableRef] = None
         raise InvalidValueError(f"dataset_url={url!r} does not exist; check the path or URL")
     if info.type == pafs.FileType.File:
         return filesystem, root.rsplit("/", 1)[0], [info]
-    entries = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
-    files = [e for e in entries if e.type == pafs.FileType.File
-             and all(is_data_name(part) for part in relative_path(e.path, root).split("/"))]
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        files = _local_files(url, root)
+    else:
+        entries = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+        files = [e for e in entries if e.type == pafs.FileType.File
+                 and all(is_data_name(part) for part in relative_path(e.path, root).split("/"))]
     if not files:
         raise InvalidValueError(f"dataset_url={url!r} holds no Parquet data file (files named _* or .* are metadata); "
                                 "point it at a folder of Parquet files")
     return filesystem, root, sorted(files, key=lambda e: relative_path(e.path, root))
+
+
+def dataset_root(url: str) -> Tuple[pafs.FileSystem, str]:
+    """The filesystem and the folder a plan's catalog paths are relative to: the dataset folder, or the folder of a
+    single-file dataset (as ``list_data_files`` lists it)."""
+    filesystem, root = fsutil.resolve(url)
+    if filesystem.get_file_info(root).type == pafs.FileType.File:
+        return filesystem, root.rsplit("/", 1)[0]
+    return filesystem, root
+
+
+def _local_files(url: str, root: str) -> List[pafs.FileInfo]:
+    """A local folder's data files, walked with ``os.scandir`` so symlinks can be judged (``pyarrow.fs`` follows
+    them blindly: a folder linked to its parent listed the data 41 times)."""
+    real_root = os.path.realpath(root)
+    seen: Dict[Tuple[int, int], str] = {}  # (device, inode) -> relative path: one physical file, one name
+    out: List[pafs.FileInfo] = []
+
+    def refuse(relative: str, what: str) -> InvalidValueError:
+        return InvalidValueError(f"{relative!r} in dataset_url={url!r} {what}; a dataset must hold each of its files "
+                                 "once, under its root: replace the link by the file, or point dataset_url at the "
+                                 "real folder")
+
+    def walk(folder: str, relative: str, stack: Tuple[str, ...]) -> None:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not is_data_name(entry.name):
+                    continue
+                rel = f"{relative}/{entry.name}" if relative else entry.name
+                is_dir = entry.is_dir(follow_symlinks=False)
+                if entry.is_symlink():
+                    target = os.path.realpath(entry.path)
+                    if not os.path.exists(target):
+                        raise refuse(rel, f"is a dangling symlink (to {os.readlink(entry.path)!r})")
+                    if target != real_root and not target.startswith(real_root.rstrip("/") + "/"):
+                        raise refuse(rel, f"is a symlink to {target!r}, outside the dataset root")
+                    if os.path.isdir(target):
+                        if target in stack:
+                            raise refuse(rel, f"is a symlink loop (to {target!r}, a folder that holds it)")
+                        is_dir = True
+                if is_dir:
+                    walk(entry.path, rel, stack + (os.path.realpath(entry.path),))
+                    continue
+                stat = os.stat(entry.path)
+                if not os.path.isfile(entry.path):
+                    continue  # a socket or fifo is not data
+                key = (stat.st_dev, stat.st_ino)
+                if key in seen:
+                    raise refuse(rel, f"is the same physical file as {seen[key]!r} (a symlink or hard link)")
+                seen[key] = rel
+                out.append(pafs.FileInfo(f"{root}/{rel}", pafs.FileType.File, size=stat.st_size,
+                                         mtime_ns=stat.st_mtime_ns))
+
+    walk(root, "", (real_root,))
+    return out
 
 
 def has_unischema(url: str) -> bool:

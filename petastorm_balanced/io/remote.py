@@ -92,8 +92,7 @@ def petastorm_source(url, **storage_options) -> PetastormSource:
     """The URL, filesystem and path to give Petastorm for a dataset URL of any scheme we support."""
     url = fsutil.normalize_url(url)
     if not is_s3(url):
-        parsed = urlparse(url)
-        return PetastormSource(url, None, parsed.path)
+        return PetastormSource(url, None, fsutil.resolve(url)[1])
     clean = strip_query(url)
     if urlparse(clean).scheme != "s3":  # s3a is the Hadoop spelling; s3fs and Petastorm know s3://
         clean = "s3://" + clean.split("://", 1)[1]
@@ -108,8 +107,10 @@ def petastorm_filesystem(url, *, filesystem=None, storage_options=None, hdfs_dri
         return source.filesystem, source.path
     from petastorm.fs_utils import get_filesystem_and_path_or_paths
     clean = strip_query(url) if is_s3(url) else fsutil.normalize_url(url)
-    return get_filesystem_and_path_or_paths(clean, hdfs_driver, storage_options=storage_options,
-                                            filesystem=filesystem)
+    fs, path = get_filesystem_and_path_or_paths(clean, hdfs_driver, storage_options=storage_options,
+                                                filesystem=filesystem)
+    # Petastorm takes a URL's path undecoded; ours is decoded (a local '#' or '%' is spelled %23, %25).
+    return fs, (fsutil.local_path(url) if fsutil.is_local(url) else path)
 
 
 class S3FSWrapper(legacyfs.S3FSWrapper):

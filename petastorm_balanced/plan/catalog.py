@@ -26,6 +26,8 @@ class FileInfo:
     path: str  # relative to the dataset root, '/'-separated
     size: int
     row_group_rows: Tuple[int, ...]
+    footer: str = ""  # sha256 (hex) of the footer bytes; "" when unknown (plans of format version 1)
+    mtime_ns: Optional[int] = None  # modification time as listed; None where the filesystem reports none
 
     @property
     def num_rows(self) -> int:

@@ -1,4 +1,4 @@
-"""Plan format version 1: how plans are written and checked (spec: docs/plan-format.md; ``load.py`` reads them).
+"""Plan format version 2: how plans are written and checked (spec: docs/plan-format.md; ``load.py`` reads them).
 
 A plan is a directory holding ``catalog.parquet``, ``assignment.parquet`` and ``plan.json``. ``plan.json`` is
 written last and records the sha256 of the other two, so its presence commits the plan and a plan cut short by a
@@ -25,10 +25,11 @@ from .._version import __version__
 from . import balance
 from ..io import fs as fsutil
 from .catalog import Catalog, FileInfo, RowGroups
-from ..errors import PlanIntegrityError, StalePlanError
+from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError
 from ..io.dataset import list_data_files
 
 if TYPE_CHECKING:
+    from ..io.tables import TableRef
     from .predicate import PredicateInfo
 
 
@@ -54,11 +55,15 @@ class ShardPlan(Protocol):
     def dataset_fingerprint(self) -> str: ...
     @property
     def total_rows(self) -> int: ...
+    @property
+    def table(self) -> Optional[TableRef]: ...
     def pieces(self, *, batch_size: Optional[int] = None) -> balance.Pieces: ...
 
 
 FORMAT_NAME = "petastorm-balanced-plan"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 plans still load: their dataset_files lack the footer digest and modification time (G15 unchecked).
+READABLE_VERSIONS = (1, 2)
 PLAN_JSON = "plan.json"
 CATALOG = "catalog.parquet"
 ASSIGNMENT = "assignment.parquet"
@@ -73,6 +78,9 @@ _COST_SCHEMA = _CATALOG_SCHEMA.append(pa.field("cost_sum", pa.int64())).append(p
 
 def dataset_fingerprint(files) -> str:
     """sha256 over every data file's path, size and row group sizes (each as ``json.dumps([path, size, rows])``).
+
+    Footer digests and modification times are not in it (``content_fingerprint`` covers them): they do not decide
+    which rows go where, so the same data planned on a local disk and on S3 keeps one fingerprint and checksum.
 
     The text is built column-wise with Arrow (same bytes as formatting each file in Python, several times faster
     for a million row groups).
@@ -91,7 +99,15 @@ def dataset_fingerprint(files) -> str:
     return digest.hexdigest()
 
 
-def content_checksum(plan: ShardPlan) -> str:
+def content_fingerprint(files) -> str:
+    """sha256 of ``json.dumps([[path, footer digest, mtime_ns], ...])`` over the files sorted by path (format
+    version 2): what makes an edited digest or time in ``plan.json`` an edited plan."""
+    text = ", ".join([f"[{_json_str(f.path)}, {_json_str(f.footer)}, {'null' if f.mtime_ns is None else f.mtime_ns}]"
+                      for f in sorted(files, key=lambda f: f.path)])  # json.dumps's bytes, built faster
+    return hashlib.sha256(f"[{text}]".encode()).hexdigest()
+
+
+def content_checksum(plan: ShardPlan, version: int = FORMAT_VERSION) -> str:
     """sha256 over everything that decides what rows go where; not over file bytes, which writers may vary.
 
     Per row group it hashes ``json.dumps([path, row_group, total_rows, matching_rows])`` and the selection's
@@ -100,7 +116,7 @@ def content_checksum(plan: ShardPlan) -> str:
     cost_max])`` per row group (and its header names the cost); a plan without a cost hashes exactly what it did
     before costs existed.
     """
-    digest = hashlib.sha256(json.dumps(_header(plan), sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(_header(plan, version), sort_keys=True).encode())
     rows = plan.catalog.row_groups
     paths = pa.array([_json_str(p) for p in rows.paths], pa.string())
     for start in range(0, len(rows), _CHECKSUM_CHUNK):
@@ -148,16 +164,38 @@ def _values(array: pa.Array) -> memoryview:
 
 
 def write_plan(plan: ShardPlan, output_url: str) -> str:
-    """Write ``plan`` under ``output_url``; returns the normalized URL. Overwrites an older plan there."""
-    url = fsutil.normalize_url(output_url)
-    filesystem, root = fsutil.resolve(url)
+    """Write ``plan`` under ``output_url``; returns the normalized URL. Overwrites an older plan there.
+
+    Every byte is made before the first is written (a value JSON cannot hold fails with nothing written), and a
+    location inside the dataset is refused first (``check_output``).
+    """
+    url = check_output(output_url, plan.dataset_url)
+    filesystem, root = fsutil.resolve(url, name="output_url")
+    data = {CATALOG: _parquet_bytes(_catalog_table(plan.catalog)), ASSIGNMENT: _parquet_bytes(assignment_table(plan))}
+    digests = {name: hashlib.sha256(payload).hexdigest() for name, payload in data.items()}
+    document = json.dumps(plan_document(plan, digests), indent=1, sort_keys=True, allow_nan=False).encode()
     filesystem.create_dir(root, recursive=True)
     if filesystem.get_file_info(f"{root}/{PLAN_JSON}").type != pafs.FileType.NotFound:
         filesystem.delete_file(f"{root}/{PLAN_JSON}")  # uncommit first: a crash below leaves no valid plan
-    digests = {CATALOG: _put(filesystem, f"{root}/{CATALOG}", _parquet_bytes(_catalog_table(plan.catalog))),
-               ASSIGNMENT: _put(filesystem, f"{root}/{ASSIGNMENT}", _parquet_bytes(assignment_table(plan)))}
-    document = plan_document(plan, digests)
-    _put(filesystem, f"{root}/{PLAN_JSON}", json.dumps(document, indent=1, sort_keys=True).encode(), atomic=True)
+    for name, payload in data.items():
+        _put(filesystem, f"{root}/{name}", payload)
+    _put(filesystem, f"{root}/{PLAN_JSON}", document, atomic=True)
+    return url
+
+
+def check_output(output_url, dataset_url: str) -> str:
+    """The normalized ``output_url``, refused when it is the dataset or inside it: the plan's files would become
+    data files of the dataset it describes (the plan is then stale at once, and re-planning reads plan.json as
+    Parquet)."""
+    url = fsutil.normalize_url(output_url, name="output_url")
+    dataset = fsutil.normalize_url(dataset_url)
+    inside = url == dataset or url.startswith(dataset.rstrip("/") + "/")
+    if not inside and fsutil.is_local(url) and fsutil.is_local(dataset):  # aliases through symlinks, too
+        out, data = os.path.realpath(fsutil.local_path(url)), os.path.realpath(fsutil.local_path(dataset))
+        inside = out == data or out.startswith(data.rstrip("/") + "/")
+    if inside:
+        raise InvalidValueError(f"output_url={output_url!r} is inside the dataset {dataset}; write the plan "
+                                "beside the dataset (for example <dataset>-plan), never into it")
     return url
 
 
@@ -167,7 +205,8 @@ def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
         **_header(plan),
         "package_version": __version__,
         "checksum": content_checksum(plan),
-        "dataset_files": [[f.path, f.size, list(f.row_group_rows)] for f in plan.catalog.files],
+        "content_fingerprint": content_fingerprint(plan.catalog.files),
+        "dataset_files": [[f.path, f.size, list(f.row_group_rows), f.footer, f.mtime_ns] for f in plan.catalog.files],
         "totals": totals(plan),
         "files": digests or {},
     }
@@ -209,9 +248,10 @@ def split_row_groups(pieces: balance.Pieces) -> int:
 def check_dataset(plan: ShardPlan, *, files=None) -> None:
     """Raise ``StalePlanError`` naming the first difference between the plan's files and the dataset's.
 
-    Without ``files`` the dataset is listed and paths and sizes are compared; ``files`` (``FileInfo``s from a fresh
-    footer scan, as ``verify`` passes) also compares row group sizes (the reader compares those anyway for the row
-    groups it reads).
+    Without ``files`` the dataset is listed and paths, sizes and modification times are compared; ``files``
+    (``FileInfo``s from a fresh footer scan, as ``verify`` passes) also compares row group sizes and footer digests
+    (the reader compares those anyway for the files it reads). A modification time or digest the plan lacks (format
+    version 1) or the filesystem does not report is not compared.
     """
     footers = files is not None
     if footers:
@@ -222,7 +262,8 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
         except ValueError as exc:
             what = "dataset is gone" if plan.table is None else "table snapshot can no longer be served"
             raise StalePlanError(f"the plan's {what}: {exc}") from None
-        current = {e.path[len(root):].lstrip("/"): FileInfo(e.path[len(root):].lstrip("/"), e.size, ())
+        current = {e.path[len(root):].lstrip("/"): FileInfo(e.path[len(root):].lstrip("/"), e.size, (),
+                                                            mtime_ns=e.mtime_ns)
                    for e in entries}
     planned = {f.path: f for f in plan.catalog.files}
     for path in sorted(set(planned) | set(current)):
@@ -236,6 +277,22 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
         if footers and current[path].row_group_rows != planned[path].row_group_rows:
             raise StalePlanError(f"{path!r} changed row groups ({list(planned[path].row_group_rows)} -> "
                                  f"{list(current[path].row_group_rows)} rows) since planning; re-run planning")
+        check_file(plan, planned[path], footer=current[path].footer if footers else "",
+                   mtime_ns=current[path].mtime_ns)
+
+
+def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: Optional[int] = None) -> None:
+    """``StalePlanError`` when a file's footer digest or modification time differs from the plan's (G15); a value
+    either side does not know (``""``, ``None``) is not compared. A rewrite of the same size, the same row counts
+    and even a byte-identical footer (the same rows in another order) changes the modification time; a copy that
+    does not keep modification times makes the plan stale too (docs/plan-format.md)."""
+    if footer and planned.footer and footer != planned.footer:
+        raise StalePlanError(f"{planned.path!r} in {plan.dataset_url} was rewritten since planning (its Parquet "
+                             "footer differs from the planned one); re-run planning")
+    if mtime_ns is not None and planned.mtime_ns is not None and mtime_ns != planned.mtime_ns:
+        raise StalePlanError(f"{planned.path!r} in {plan.dataset_url} was modified since planning (modification "
+                             f"time {planned.mtime_ns} -> {mtime_ns} ns; a copy that does not keep modification "
+                             "times changes them too); re-run planning")
 
 
 def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
@@ -252,7 +309,7 @@ def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
                                  f"{predicate_info.text!r}); re-run planning with the new predicate")
 
 
-def _header(plan: ShardPlan) -> dict:
+def _header(plan: ShardPlan, version: int = FORMAT_VERSION) -> dict:
     cost = {}
     if plan.catalog.cost is not None:
         from .cost import parse_cost
@@ -261,7 +318,7 @@ def _header(plan: ShardPlan) -> dict:
                          "order": NAME, "order_version": VERSION}}
     return {
         **cost,
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+        "format": FORMAT_NAME, "format_version": version,
         "dataset": {"url": plan.dataset_url, "fingerprint": plan.dataset_fingerprint, "kind": plan.catalog.kind,
                     "partition_columns": list(plan.catalog.partition_columns),
                     **({} if plan.table is None else {"table": plan.table.to_json()})},

@@ -19,8 +19,9 @@ from ..io.dataset import load_unischema
 from ..io.tables import TableRef
 from . import balance
 from .catalog import Catalog, FileInfo
-from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, FORMAT_VERSION, PLAN_JSON, assignment_table, catalog_row_groups,
-                     check_predicate, content_checksum, dataset_fingerprint, get_bytes, planned_pieces, totals)
+from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, PLAN_JSON, READABLE_VERSIONS, assignment_table, catalog_row_groups,
+                     check_predicate, content_checksum, content_fingerprint,
+                     dataset_fingerprint, get_bytes, planned_pieces, totals)
 from .format import check_dataset as _check_dataset
 from .model import ShardPlan
 from .predicate import PredicateInfo, predicate_info
@@ -62,30 +63,32 @@ def _dataset_names(plan: ShardPlan, dataset_url) -> str:
 
 def read_plan(plan_url: str) -> ShardPlan:
     """Load and fully check a plan; every defect raises a ``PlanError`` subclass."""
-    url = fsutil.normalize_url(plan_url)
-    filesystem, root = fsutil.resolve(url)
+    url = fsutil.normalize_url(plan_url, name="plan_url")
+    filesystem, root = fsutil.resolve(url, name="plan_url")
     raw = get_bytes(filesystem, f"{root}/{PLAN_JSON}", url)
     try:
         document = json.loads(raw.to_pybytes())
         if not isinstance(document, dict):
             raise InvalidValueError("not an object")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PlanIntegrityError(f"{url}/{PLAN_JSON} is not valid JSON ({exc}); re-run planning") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting: RecursionError
+        raise PlanIntegrityError(f"{url}/{PLAN_JSON} is not valid JSON ({type(exc).__name__}: {exc}); re-run "
+                                 "planning") from None
     if document.get("format") != FORMAT_NAME:
         raise PlanError(f"{url} is not a petastorm-balanced plan (format={document.get('format')!r})")
     version = document.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise PlanVersionError(f"{url} has plan format version {version!r}; this petastorm-balanced "
-                               f"{__version__} reads version {FORMAT_VERSION}; upgrade the package or re-plan")
+                               f"{__version__} reads versions {', '.join(map(str, READABLE_VERSIONS))}; upgrade the "
+                               "package or re-plan")
     try:
-        return _plan_from(document, filesystem, root, url)
+        return _plan_from(document, filesystem, root, url, version)
     except PlanError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, pa.ArrowException) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, pa.ArrowException) as exc:
         raise PlanIntegrityError(f"{url} is malformed ({type(exc).__name__}: {exc}); re-run planning") from None
 
 
-def _plan_from(document, filesystem, root, url) -> ShardPlan:
+def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
     digests = document["files"]
     tables = {}
     for name in (CATALOG, ASSIGNMENT):
@@ -103,7 +106,8 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     if (params["algorithm"], params["algorithm_version"]) != (balance.ALGORITHM, balance.ALGORITHM_VERSION):
         raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "
                                f"package has {balance.ALGORITHM} v{balance.ALGORITHM_VERSION}; re-plan")
-    files = tuple(FileInfo(p, int(s), tuple(rows)) for p, s, rows in document["dataset_files"])
+    files = tuple(_file_info(entry, version) for entry in document["dataset_files"])
+    check_paths(files, tables[CATALOG], url)
     if not set(map(type, itertools.chain.from_iterable(f.row_group_rows for f in files))) <= {int}:  # not bool
         raise PlanIntegrityError(f"{url}/plan.json lists a row group size that is not an integer; re-run planning")
     cost = document.get("cost")  # absent from plans without a cost (and from plans older than costs)
@@ -122,9 +126,11 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     # them in a row, 1.3 s side by side; benchmarks/bench_scale.py).
     edited = f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning"
     with ThreadPoolExecutor(1) as pool:
-        checksum = pool.submit(content_checksum, plan)
+        checksum = pool.submit(content_checksum, plan, version)
         try:
             fingerprint = dataset_fingerprint(files)
+            if version >= 2 and document["content_fingerprint"] != content_fingerprint(files):
+                fingerprint = None  # an edited footer digest or modification time: an edited plan.json
             pieces = planned_pieces(plan)  # balanced once for both checks below
             assignment_ok = assignment_table(plan, pieces).equals(tables[ASSIGNMENT])
             totals_ok = document["totals"] == totals(plan, pieces)  # not in the checksum, but shown to users
@@ -143,3 +149,41 @@ def _plan_from(document, filesystem, root, url) -> ShardPlan:
     # groups with mimalloc); every rank loads a plan, so give it back now.
     pa.default_memory_pool().release_unused()
     return plan
+
+
+def check_paths(files, catalog: pa.Table, url: str) -> None:
+    """G14: a plan names only plain paths inside its dataset root, each file once, and its row groups only in
+    those files. A plan is data that may arrive over S3 or HDFS; it must not choose what a training job reads
+    (``../secret.parquet``, ``/etc/x``, ``s3://other/x``), whatever its checksums say."""
+    paths = [f.path for f in files]
+    if not all(isinstance(p, str) for p in paths):
+        raise PlanIntegrityError(f"{url}/plan.json lists a data file path that is not a string; re-run planning")
+    bad = fsutil.first_not_relative(paths)
+    if bad is not None:
+        try:
+            fsutil.check_relative(bad)
+            detail = f"file path {bad!r} is not a plain path inside the dataset root"
+        except InvalidValueError as exc:
+            detail = str(exc)
+        raise PlanIntegrityError(f"{url}/plan.json lists a data file outside the dataset root: {detail}; the plan "
+                                 "was edited or forged: re-run planning") from None
+    if len(set(paths)) != len(paths):
+        raise PlanIntegrityError(f"{url}/plan.json lists a data file twice; re-run planning")
+    named = set(catalog.column("file").unique().to_pylist()) if "file" in catalog.schema.names else set()
+    stray = sorted(map(str, named - set(paths)))
+    if stray:
+        raise PlanIntegrityError(f"{url}/catalog.parquet names {stray[0]!r}, which is not one of the plan's data "
+                                 "files; re-run planning")
+
+
+def _file_info(entry, version: int) -> FileInfo:
+    """One ``dataset_files`` entry: ``[path, size, rows]`` in version 1, ``[path, size, rows, footer sha256,
+    mtime_ns or null]`` in version 2."""
+    if version == 1:
+        path, size, rows = entry
+        return FileInfo(path, int(size), tuple(rows))
+    path, size, rows, footer, mtime_ns = entry
+    if not isinstance(footer, str) or (mtime_ns is not None and type(mtime_ns) is not int):
+        raise PlanIntegrityError(f"dataset_files entry {entry!r} has a footer digest or modification time of the "
+                                 "wrong type; re-run planning")
+    return FileInfo(path, int(size), tuple(rows), footer, mtime_ns)

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
+from ..io.dataset import dataset_root
 from ..plan.catalog import Catalog
 from ..plan.cost import CostSpec, check_costs, evaluate, row_group_stats
 from ..errors import InvalidValueError
@@ -40,14 +41,14 @@ def local_cost_stats(url: str, catalog: Catalog, spec: CostSpec, *, threads: int
     if spec.column in catalog.partition_columns:
         raise InvalidValueError(f"cost={spec.text!r}: {spec.column!r} is a hive partition column; costs come from a "
                                 "stored column")
-    filesystem, root = fsutil.resolve(url)
+    filesystem, root = dataset_root(url)
     by_file: Dict[str, list] = {}
     for r in catalog.row_groups:
         by_file.setdefault(r.path, []).append(r)
 
     def read(path):
         out = {}
-        with filesystem.open_input_file(f"{root}/{path}") as handle:
+        with filesystem.open_input_file(fsutil.join(root, path)) as handle:
             parquet = pq.ParquetFile(handle)
             if spec.column not in parquet.schema_arrow.names:
                 raise InvalidValueError(f"cost={spec.text!r}: {path!r} has no column {spec.column!r}; the dataset has "

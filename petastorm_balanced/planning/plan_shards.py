@@ -12,7 +12,7 @@ from ..plan import balance
 from ..plan.catalog import Catalog
 from ..plan.deletes import without_rows
 from ..plan.cost import FUNCTIONS, parse_cost
-from ..plan.format import dataset_fingerprint
+from ..plan.format import check_output, dataset_fingerprint
 from ..plan.model import ShardPlan
 from ..plan.predicate import PredicateInfo, predicate_info
 from ..errors import InvalidValueError
@@ -41,6 +41,9 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     """
     balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
                                                                 {"batch_size": batch_size}))
+    # numpy integers are accepted as the loader accepts them, and stored as Python ints (JSON holds no numpy)
+    world_size, seed = int(world_size), int(seed)
+    batch_size = None if batch_size is None else int(batch_size)
     balance.check_policy(policy)
     if engine not in ENGINES:
         raise InvalidValueError(f"engine={engine!r} is not one of {ENGINES}")
@@ -54,6 +57,8 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
     url = fsutil.normalize_url(dataset_url) if table is None else table.location
     if table is not None:
         log.info("planning %s", table.describe())
+    if output_url is not None:
+        check_output(output_url, url)  # before any work, and long before anything is written
     timings = {"footers": 0.0}
     described = predicate_info(where, predicate)  # before scanning: a predicate we cannot fingerprint fails fast
     cost_spec = None if cost is None else parse_cost(cost)

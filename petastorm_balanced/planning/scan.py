@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from ..io import footer as io_footer
 from ..io import fs as fsutil
 from ..io.dataset import has_unischema, list_data_files, partition_values, relative_path
 from ..errors import InvalidValueError, StalePlanError
@@ -46,10 +46,10 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None) 
     def read(entry):
         path = relative_path(entry.path, root)
         try:
-            rows, meta = read_footer(filesystem, entry.path)
+            rows, meta, digest = read_footer(filesystem, entry.path)
         except (pa.ArrowException, OSError) as exc:
             raise footer_error(path, url, exc) from exc
-        return FileInfo(path, entry.size, rows), meta
+        return FileInfo(path, entry.size, rows, digest, listed_mtime(entry)), meta
 
     first, first_meta = read(entries[0])
     reference = first_meta.schema
@@ -108,13 +108,21 @@ def check_footers(plan) -> None:
 
 
 def read_footer(filesystem, path: str):
-    """``(rows per row group, FileMetaData)`` of one Parquet file; pyarrow's error if it cannot be read.
+    """``(rows per row group, FileMetaData, footer digest)`` of one Parquet file; pyarrow's error if it cannot be
+    read.
 
-    The one footer reader: the local engine, the Spark engine's tasks and ``verify`` all read footers here.
+    The local engine and the Spark engine's tasks read footers here (through ``io.footer``, as the reader does), so
+    both engines record the same footer digests (G8, G15).
     """
     with filesystem.open_input_file(path) as handle:
-        meta = pq.ParquetFile(handle).metadata
-    return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), meta
+        footer = io_footer.read_footer(handle)
+    meta = footer.metadata
+    return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), meta, footer.digest
+
+
+def listed_mtime(entry) -> Optional[int]:
+    """A listed file's modification time in nanoseconds, or None where the filesystem reports none."""
+    return entry.mtime_ns
 
 
 def footer_error(path: str, url: str, exc) -> InvalidValueError:

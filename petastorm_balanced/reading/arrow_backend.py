@@ -22,11 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Generator, List, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
+from ..io.dataset import dataset_root
+from ..io.footer import open_parquet
+from ..plan.format import check_file
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
+from ..errors import StalePlanError
 
 
 class BundleReader:
@@ -35,20 +38,24 @@ class BundleReader:
 
     def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=()):
         self._plan = plan
-        self._filesystem, self._root = fsutil.resolve(plan.dataset_url)
+        self._filesystem, self._root = dataset_root(plan.dataset_url)
+        self._planned = {f.path: f for f in plan.catalog.files}
         self._spec, self._fields, self._schemas = spec, fields, schemas
         self._local = threading.local()
 
     def _files(self) -> fr.FileCache:
         files = getattr(self._local, "files", None)
         if files is None:
-            filesystem, root = self._filesystem, self._root
-            if isinstance(filesystem, pa.fs.LocalFileSystem):
-                def opener(path):
-                    return pq.ParquetFile(f"{root}/{path}")  # native local reads (memory-mapped off)
-            else:
-                def opener(path):
-                    return pq.ParquetFile(filesystem.open_input_file(f"{root}/{path}"))
+            filesystem, root, plan, planned = self._filesystem, self._root, self._plan, self._planned
+
+            def opener(path):
+                # Only a path the plan lists, checked again (G14); its footer read once, hashed and compared with
+                # the planned footer (G15) before a row of it is used.
+                if path not in planned:
+                    raise StalePlanError(f"{path!r} is not a data file of the plan; re-run planning")
+                parquet, footer = open_parquet(filesystem, fsutil.join(root, path))
+                check_file(plan, planned[path], footer=footer.digest)
+                return parquet
             files = self._local.files = fr.FileCache(opener)
         return files
 

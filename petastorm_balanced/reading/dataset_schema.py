@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
+from ..io.dataset import dataset_root
 from ..io.partitions import arrow_type, partition_types, partition_values
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
@@ -33,10 +34,10 @@ class StoredColumns:
 def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Optional[Sequence[str]] = None,
                         threads: int = FOOTER_THREADS) -> StoredColumns:
     """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
-    filesystem, root = fsutil.resolve(dataset_url)
+    filesystem, root = dataset_root(dataset_url)
 
     def footer(path):
-        with filesystem.open_input_file(f"{root}/{path}") as handle:
+        with filesystem.open_input_file(fsutil.join(root, path)) as handle:
             return pq.ParquetFile(handle).metadata
 
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:

@@ -58,11 +58,18 @@ def select_columns(available: Sequence[str], schema_fields) -> List[str]:
     if isinstance(schema_fields, (str, bytes)) or not hasattr(schema_fields, "__iter__"):
         raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of column names or patterns")
     wanted = set()
+    schema_fields = list(schema_fields)
+    if not schema_fields:
+        raise InvalidValueError("schema_fields=[] selects no column; pass None for every column, or name some")
     for item in schema_fields:
         name = getattr(item, "name", item)
         if not isinstance(name, str):
             raise InvalidTypeError(f"schema_fields item {item!r} is neither a column name nor a UnischemaField")
-        matches = [c for c in available if c == name or re.fullmatch(name, c)]
+        try:
+            matches = [c for c in available if c == name or re.fullmatch(name, c)]
+        except re.error as exc:
+            raise InvalidValueError(f"schema_fields item {name!r} is not a column name and not a valid regular "
+                                    f"expression ({exc}); escape it with re.escape or name the column exactly") from None
         if not matches:
             raise InvalidValueError(f"schema_fields item {name!r} matches no column; the dataset has {list(available)}")
         wanted.update(matches)

@@ -75,12 +75,25 @@ class BalancedIterableDataset(PlannedView, _Base):
         A position loaded from a state saved with another number of slots continues elastically.
         """
         info = torch.utils.data.get_worker_info()
-        wrapper = _rewrapper() if info is None else (
-            None if isinstance(info.dataset, BalancedIterableDataset) else _name(type(info.dataset)))
+        if info is None:
+            wrapper = _rewrapper()
+        else:
+            # A wrapper around us (IterableDatasetShard), or one that iterates the DataLoader on one rank and hands
+            # its batches to the others (accelerate's DataLoaderDispatcher): a forked worker still holds the stack
+            # of the parent that forked it; a spawned one got what the parent's stack held when it pickled us.
+            wrapper = (None if isinstance(info.dataset, BalancedIterableDataset) else _name(type(info.dataset))) \
+                or self.__dict__.get("_pickled_under") or _rewrapper()
         if wrapper is not None:
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         return self._slot(num_workers, worker, self._numpy_out, info is not None)
+
+    def __getstate__(self):
+        """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
+        worker's fresh stack cannot show it."""
+        state = self.__dict__.copy()
+        state["_pickled_under"] = _rewrapper()
+        return state
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
         settings = self._settings

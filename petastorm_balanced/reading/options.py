@@ -6,6 +6,8 @@ without Petastorm installed.
 """
 from __future__ import annotations
 
+import os
+
 from typing import Optional
 
 from ..params import check_int
@@ -99,6 +101,9 @@ def resolve_plan(plan) -> ShardPlan:
         return plan
     if plan is None:
         raise InvalidValueError("plan=None: pass a ShardPlan or the URL of a saved plan (plan_shards(output_url=...))")
+    if not isinstance(plan, (str, os.PathLike)) or isinstance(plan, bytes) or not plan:
+        raise InvalidTypeError(f"plan={plan!r} ({type(plan).__name__}) must be a ShardPlan or the URL or path of a "
+                               "saved plan (plan_shards(output_url=...))")
     return load_plan(plan)
 
 

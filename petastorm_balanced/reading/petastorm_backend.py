@@ -278,6 +278,8 @@ def piece_indexes(fragments: Sequence[Fragment], row_groups, root, plan_files, d
 
 def _relative(path: str, root: str) -> str:
     path = str(path)
+    if root and path == root:  # a single-file dataset: its catalog path is its name (io.dataset.list_data_files)
+        return posixpath.basename(path)
     if root and path.startswith(root + "/"):
         return path[len(root) + 1:]
     return posixpath.relpath(path, root or "/")

@@ -20,7 +20,7 @@ from .batching import WindowBatcher, start_point, window_rows
 from .cost_batching import CostOptions
 from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
-from ..io.dataset import load_unischema, partition_values
+from ..io.dataset import dataset_root, load_unischema, partition_values
 from .dataset_schema import partition_columns, read_stored_columns
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 from ..errors import InvalidValueError
@@ -62,8 +62,8 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
             unischema = load_unischema(plan.dataset_url)
             names, fields = list(unischema.fields), dict(unischema.fields)
         else:
-            filesystem, root = fsutil.resolve(plan.dataset_url)
-            with filesystem.open_input_file(f"{root}/{read[0]}") as handle:
+            filesystem, root = dataset_root(plan.dataset_url)
+            with filesystem.open_input_file(fsutil.join(root, read[0])) as handle:
                 stored = pq.ParquetFile(handle).schema_arrow.names
             names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
         names = fr.select_columns(names, schema_fields)

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ..plan import balance
 from ..io import fs as fsutil
+from ..io.dataset import dataset_root
 from ..errors import InvalidValueError, PlanError
 from ..plan.model import ShardPlan
 from ..plan.format import split_row_groups
@@ -124,12 +125,12 @@ class _RowReader:
 
     def __init__(self, plan: ShardPlan):
         self.plan = plan
-        self.filesystem, self.root = fsutil.resolve(plan.dataset_url)
+        self.filesystem, self.root = dataset_root(plan.dataset_url)
         self._meta: Dict[str, pq.FileMetaData] = {}
         self._offsets: Dict[Tuple[str, int], int] = {}
         base = 0
         for f in sorted(plan.catalog.files, key=lambda f: f.path):
-            with self.filesystem.open_input_file(f"{self.root}/{f.path}") as handle:
+            with self.filesystem.open_input_file(fsutil.join(self.root, f.path)) as handle:
                 meta = self._meta[f.path] = pq.ParquetFile(handle).metadata
             for i in range(meta.num_row_groups):
                 self._offsets[(f.path, i)] = base
@@ -153,7 +154,7 @@ class _RowReader:
             raise PlanError(f"{where} has {meta.row_group(frag.row_group).num_rows} rows, the plan says "
                             f"{frag.total_rows}")
         positions = frag.row_indices()
-        with self.filesystem.open_input_file(f"{self.root}/{frag.path}") as handle:
+        with self.filesystem.open_input_file(fsutil.join(self.root, frag.path)) as handle:
             parquet = pq.ParquetFile(handle, metadata=meta)
             table = parquet.read_row_group(frag.row_group, columns=[parquet.schema_arrow.names[0]])
         if len(positions) and (positions.min() < 0 or positions.max() >= table.num_rows):

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ...io import fs as fsutil
 from ...plan.catalog import Catalog, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
-from ...io.dataset import load_unischema
+from ...io.dataset import dataset_root, load_unischema
 from ...io.partitions import partition_types
 from ..scan import scan
 
@@ -20,11 +20,11 @@ def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None, 
         return full_catalog(listing.files, listing.kind, listing.partition_columns)
     fields = check_fields(predicate, list(listing.schema.names) + list(listing.partition_columns), url)
     unischema = load_unischema(url) if listing.kind == "petastorm" else None
-    filesystem, root = fsutil.resolve(url)
+    filesystem, root = dataset_root(url)
     types = partition_types([f.path for f in listing.files])  # one type per hive column for the whole dataset
 
     def evaluate(file):
-        with filesystem.open_input_file(f"{root}/{file.path}") as handle:
+        with filesystem.open_input_file(fsutil.join(root, file.path)) as handle:
             return [match_from_mask(file.path, i, row_group_mask(handle, file.path, i, predicate, fields,
                                                                  unischema=unischema, partition_types=types))
                     for i, n in enumerate(file.row_group_rows) if n > 0]

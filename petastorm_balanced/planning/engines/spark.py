@@ -39,7 +39,7 @@ import numpy as np
 
 from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
-from ..scan import footer_error, read_footer
+from ..scan import footer_error, listed_mtime, read_footer
 from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
 from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
@@ -113,6 +113,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     _, root, entries = list_data_files(url, table=table)  # table: exactly a Delta/Iceberg snapshot's files
     relpaths = [relative_path(e.path, root) for e in entries]
     sizes = {p: e.size for p, e in zip(relpaths, entries)}
+    mtimes = {p: listed_mtime(e) for p, e in zip(relpaths, entries)}
     in_tasks = footers_in_tasks
     if in_tasks is None:
         in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX and not fsutil.is_local(url)
@@ -129,7 +130,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         results = sc.parallelize(relpaths, slices).mapPartitions(_footer_task(url, root)).collect()
     else:
         results = read_footers(url, root, relpaths)
-    files = _file_infos(url, results, sizes)
+    files = _file_infos(url, results, sizes, mtimes)
     kind = "petastorm" if has_unischema(url) else "plain"
     partition_columns = tuple(sorted({k for f in files for k in partition_values(f.path)}))
     timings["footers"] = time.perf_counter() - listed - timings["session"]
@@ -158,17 +159,18 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
 # ---------------------------------------------------------------------------------------------- footers
 
 def read_footers(url: str, root: str, relpaths: Sequence[str], threads: int = FOOTER_THREADS) -> List[tuple]:
-    """``(relpath, row group rows, column names)`` per file, or ``(relpath, None, error text)`` for a file that is
-    not Parquet: errors travel back as values so the driver raises one clear ``ValueError``, not a task failure."""
+    """``(relpath, row group rows, column names, footer digest)`` per file, or ``(relpath, None, error text, "")``
+    for a file that is not Parquet: errors travel back as values so the driver raises one clear ``ValueError``,
+    not a task failure."""
     import pyarrow as pa
     filesystem, _ = fsutil.resolve(url)
 
     def footer(relpath):
         try:
-            rows, meta = read_footer(filesystem, f"{root}/{relpath}" if root else relpath)
+            rows, meta, digest = read_footer(filesystem, f"{root}/{relpath}" if root else relpath)
         except (pa.ArrowException, OSError) as exc:
-            return relpath, None, f"{type(exc).__name__}: {exc}"
-        return relpath, rows, tuple(meta.schema.to_arrow_schema().names)
+            return relpath, None, f"{type(exc).__name__}: {exc}", ""
+        return relpath, rows, tuple(meta.schema.to_arrow_schema().names), digest
 
     with ThreadPoolExecutor(max(1, min(threads, len(relpaths)))) as pool:
         return list(pool.map(footer, relpaths))
@@ -180,24 +182,30 @@ def _footer_task(url, root):
     return task
 
 
-def _file_infos(url: str, results: Sequence[tuple], sizes: Dict[str, int]) -> List[FileInfo]:
+def _file_infos(url: str, results: Sequence[tuple], sizes: Dict[str, int],
+                mtimes: Dict[str, Optional[int]]) -> List[FileInfo]:
     """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns."""
     results = sorted(results, key=lambda r: r[0])
-    for relpath, rows, detail in results:
+    for relpath, rows, detail, _ in results:
         if rows is None:
             raise footer_error(relpath, url, detail)
     first = results[0]
-    for relpath, _, names in results:
+    for relpath, _, names, _ in results:
         if set(names) != set(first[2]):
             raise InvalidValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} "
                                     f"has {sorted(first[2])}; all files of a dataset must share one schema")
-    return [FileInfo(relpath, sizes[relpath], rows) for relpath, rows, _ in results]
+    return [FileInfo(relpath, sizes[relpath], rows, digest, mtimes[relpath]) for relpath, rows, _, digest in results]
 
 
 # ---------------------------------------------------------------------------------------------- where (SQL)
 
 def spark_url(url: str) -> str:
-    """The URL Spark's Hadoop filesystems understand for a normalized dataset URL (``s3://`` -> ``s3a://``)."""
+    """The location Spark's Hadoop filesystems read as the same folder as ``fs.resolve(url)`` (``s3://`` ->
+    ``s3a://``). Hadoop's ``Path`` does not percent-decode (it reads ``file:///a%2523`` as a folder named
+    ``a%2523``), so a local dataset is handed over as its decoded path: ``#``, ``%`` and spaces stay characters.
+    ``_read_for_where`` also turns Spark's globbing off, so ``?``, ``*`` and ``[`` are characters too."""
+    if fsutil.is_local(url):
+        return "file://" + fsutil.local_path(url)
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
 
 
@@ -402,6 +410,7 @@ def _read_for_where(spark, url: str, hive_types: Optional[Dict[str, str]] = None
     paths = [f"{base}/{f.path}" for f in files] if files is not None else [base]
 
     def read(reader):
+        reader = reader.option("__globPaths__", "false")  # a path, not a pattern (``q?x`` would read ``qAx`` too)
         return (reader.option("basePath", base) if files is not None else reader).parquet(*paths)
 
     try:

@@ -1,0 +1,60 @@
+"""Parquet footers read once, with a fingerprint of their bytes (G15).
+
+Planning and the reader both parse every footer they use; reading the footer's bytes here (one read of the file's
+tail, as Arrow itself does) lets both hash exactly what the writer wrote and parse it without a second read. The
+bytes, not a re-serialized ``FileMetaData``: a pyarrow that does not know a newer writer's footer fields drops
+them when re-serializing, so the same file would hash differently on the petastorm and the modern stack.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TAIL_READ = 1 << 16  # bytes read from a file's end: most footers fit, as in Arrow's own first read
+_MAGIC = b"PAR1"
+
+
+@dataclass(frozen=True)
+class Footer:
+    """A parsed footer and the sha256 (hex) of its bytes as stored in the file."""
+
+    metadata: pq.FileMetaData
+    digest: str
+
+
+def read_footer(handle) -> Footer:
+    """The footer of an open random-access file (a ``pyarrow`` ``NativeFile``); pyarrow's error types for a file
+    that is not Parquet (``ArrowInvalid``) or cannot be read (``OSError``)."""
+    size = handle.size()
+    if size < 12:
+        raise pa.ArrowInvalid(f"Parquet file size is {size} bytes, smaller than the minimum file footer (12 bytes)")
+    take = min(size, TAIL_READ)
+    handle.seek(size - take)
+    tail = handle.read(take)
+    if tail[-4:] != _MAGIC:
+        what = "an encrypted footer, which is not supported" if tail[-4:] == b"PARE" else "no Parquet magic bytes"
+        raise pa.ArrowInvalid(f"Parquet magic bytes not found in footer ({what}); the file is corrupted or is not a "
+                              "parquet file")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 12 > size:
+        raise pa.ArrowInvalid(f"Parquet footer length {length} is larger than the file ({size} bytes)")
+    if length + 8 > take:
+        handle.seek(size - length - 8)
+        tail = handle.read(length + 8)
+    stored = tail[len(tail) - length - 8:]
+    metadata = pq.read_metadata(pa.BufferReader(_MAGIC + stored))
+    return Footer(metadata, hashlib.sha256(stored[:length]).hexdigest())
+
+
+def open_parquet(filesystem, path: str) -> tuple:
+    """``(ParquetFile, Footer)`` for ``path``: the footer is read and hashed once and handed to the reader."""
+    handle = filesystem.open_input_file(path)
+    try:
+        footer = read_footer(handle)
+        return pq.ParquetFile(handle, metadata=footer.metadata), footer
+    except BaseException:
+        handle.close()
+        raise
