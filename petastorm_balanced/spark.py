@@ -241,7 +241,9 @@ def _plan_text(spark, df) -> Tuple[str, bool, object]:
     """
     from .planning.engines.spark import is_connect
     if is_connect(spark):
-        proto = df._plan.to_proto(spark.client).SerializeToString(deterministic=True)
+        plan = df._plan.to_proto(spark.client)
+        _canonical_proto(plan, {})
+        proto = plan.SerializeToString(deterministic=True)
         analyzed = df._explain_string(mode="extended")
         analyzed = analyzed.split("== Analyzed Logical Plan ==")[-1].split("== Optimized Logical Plan ==")[0]
         return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), True, None
@@ -251,6 +253,25 @@ def _plan_text(spark, df) -> Tuple[str, bool, object]:
     for covered in COVERED_NULLS:
         unknown = unknown.replace(f'"{covered}":null', "")
     return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown, jplan
+
+
+def _canonical_proto(message, seen: dict) -> None:
+    """Make equal Connect plans serialize equally: the client's plan ids (a process-wide counter: the same
+    DataFrame built twice gets other ids) become their order of first appearance, so references between nodes
+    still hold, and call-site origins (the file and line that built a column) are dropped."""
+    for field, value in message.ListFields():
+        if field.name == "origin":
+            message.ClearField(field.name)
+        elif field.name == "plan_id" and field.type == field.TYPE_INT64:
+            setattr(message, field.name, seen.setdefault(value, len(seen)))
+        elif field.type == field.TYPE_MESSAGE:
+            repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+            if not repeated:
+                _canonical_proto(value, seen)
+                continue
+            for item in (value.values() if hasattr(value, "values") else value):  # a map or a list
+                if hasattr(item, "ListFields"):
+                    _canonical_proto(item, seen)
 
 
 def _input_files(df) -> List[list]:

@@ -10,6 +10,7 @@ import petastorm_balanced only from what the client ships (``spark.addArtifacts`
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -30,12 +31,40 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+MODE = "SPARK_CONNECT_MODE_ENABLED"  # pyspark.sql.functions build Connect columns while this is set
+
+
+@contextlib.contextmanager
+def classic_mode():
+    """Inside a ``connect`` test: build classic DataFrames and columns (pyspark decides by this variable)."""
+    before = os.environ.pop(MODE, None)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.environ[MODE] = before
+
+
+@pytest.fixture
+def connect(spark_connect):
+    """The Connect session, with pyspark in Connect mode for the test (a process that has used Connect builds
+    Connect columns; classic and Connect DataFrames cannot be mixed in one call): ``classic_mode()`` switches back."""
+    before = os.environ.get(MODE)
+    os.environ[MODE] = "1"
+    try:
+        yield spark_connect
+    finally:
+        if before is None:
+            os.environ.pop(MODE, None)
+
+
 @pytest.fixture(scope="session")
-def spark_connect(tmp_path_factory):
+def spark_connect(spark, tmp_path_factory):
+    """Needs the classic session first: pyspark refuses a classic session in a process once Connect is used."""
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio, grpcio-status, "
                                        "googleapis-common-protos)")
     import pyspark
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
     home = Path(pyspark.__file__).parent
     if not list((home / "jars").glob("spark-connect_*.jar")):
         pytest.skip("this pyspark has no spark-connect jar")
@@ -55,7 +84,10 @@ def spark_connect(tmp_path_factory):
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"Spark Connect server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
-        session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+        before = os.environ.get(MODE)
+        session = RemoteSparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        if before is None:  # pyspark marks the process as Connect-only; subprocesses and later tests are classic
+            os.environ.pop(MODE, None)
         yield session
         session.stop()
     finally:
