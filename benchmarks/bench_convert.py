@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from petastorm_balanced.spark import DEFAULT_ROW_GROUP_SIZE_BYTES, make_spark_converter  # noqa: E402
+from petastorm_balanced.spark import DEFAULT_ROW_GROUP_SIZE_BYTES, make_spark_converter
 
 
 def frame(spark, rows: int, partitions: int):

@@ -22,7 +22,7 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
 from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
@@ -53,7 +53,7 @@ _EXPLAIN_ID = re.compile(r"#\d+L?")
 
 log = logging.getLogger(__name__)
 _memo_lock = threading.Lock()
-_in_process: List[Tuple[object, str]] = []  # (analyzed JVM plan, key) of plans only this process can compare
+_in_process: List[Tuple[Any, str]] = []  # (analyzed JVM plan, key) of plans only this process can compare
 
 
 def _pyspark():
@@ -150,7 +150,7 @@ def make_spark_converter(df, *, world_size: Optional[int] = None, batch_size: Op
     become arrays of ``dtype``; every array column must hold arrays of one length with no null (fixed-shape
     tensors), else the conversion is refused naming the column.
     """
-    F, _ = _pyspark()
+    _pyspark()
     if not hasattr(df, "sparkSession") or not hasattr(df, "write"):
         raise InvalidTypeError(f"df={df!r} is not a pyspark.sql.DataFrame")
     spark = df.sparkSession
@@ -230,7 +230,7 @@ def _cache_key(spark, df, options: ConvertOptions) -> str:
     return key
 
 
-def _plan_text(spark, df) -> Tuple[str, bool, object]:
+def _plan_text(spark, df) -> Tuple[str, bool, Any]:
     """Text describing ``df``'s content, whether it describes all of it, and the JVM plan (classic Spark).
 
     Classic: the canonicalized analyzed plan as JSON (expression ids normalized by Spark, the JVM id removed);

@@ -65,7 +65,7 @@ def test_a_writer_killed_mid_write_is_never_served(tmp_path):
     half = [p for p in tmp_path.iterdir()]
     assert len(half) == 1 and half[0].name.startswith(".k.") and len(list(half[0].iterdir())) == 1
     fresh = _start(tmp_path, pause=0)
-    out, err = fresh.communicate(timeout=60)
+    _, err = fresh.communicate(timeout=60)
     assert fresh.returncode == 0, err
     assert _complete(tmp_path / "k") and (tmp_path / "k" / "part-0").read_text() == str(fresh.pid)
     assert cache.sweep(older_than=3600) == 0  # the dead writer's folder is recent: kept

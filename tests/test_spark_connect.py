@@ -23,7 +23,7 @@ def test_the_session_is_connect(connect):
 
 @pytest.mark.parametrize("where", ["lang = 'en' AND value > 3.5", None])
 def test_plan_on_connect_equals_the_classic_plan(spark, connect, plain_dataset, where):
-    kwargs = dict(where=where, batch_size=8, engine="spark")
+    kwargs = {"where": where, "batch_size": 8, "engine": "spark"}
     on_connect = plan_shards(plain_dataset.url, 3, spark=connect, **kwargs)
     with classic_mode():
         classic = plan_shards(plain_dataset.url, 3, spark=spark, **kwargs)
@@ -43,7 +43,7 @@ def test_where_on_hive_partitions_on_connect(spark, connect, hive_dataset):
 
 def test_cost_on_connect_ships_the_package_as_an_artifact(spark, connect, plain_dataset):
     """The cost job runs Python on the server's workers, whose path has no checkout: addArtifacts ships it."""
-    kwargs = dict(where="lang = 'en'", cost="label + 1", batch_size=8)
+    kwargs = {"where": "lang = 'en'", "cost": "label + 1", "batch_size": 8}
     on_connect = plan_shards(plain_dataset.url, 2, spark=connect, **kwargs)
     with classic_mode():
         assert on_connect.checksum == plan_shards(plain_dataset.url, 2, spark=spark, **kwargs).checksum

@@ -55,7 +55,7 @@ class Cache:
         filesystem, path = fsutil.resolve(self.child(key))
         return self.child(key) if filesystem.get_file_info(path).type == pafs.FileType.Directory else None
 
-    def write_once(self, key: str, write: Callable[[str], None]) -> str:
+    def write_once(self, key: str, write: Callable[[str], object]) -> str:
         """The URL of the complete copy under ``key``: an existing one, else the one ``write(temporary_url)``
         writes (the folder does not exist yet when ``write`` is called). When another writer commits first, its
         copy is served and ours is removed."""
