@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlparse
 from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from .io import fs as fsutil
 from .io.cache_dir import Cache
+from .plan import balance
 from .plan.load import load_plan
 from .plan.model import ShardPlan
 from .planning.plan_shards import plan_shards
@@ -157,6 +158,9 @@ def make_spark_converter(df, *, world_size: Optional[int] = None, batch_size: Op
     options = ConvertOptions.of(parquet_row_group_size_bytes, compression_codec, dtype)
     cache = Cache.at(_parent_url(spark, parent_cache_dir_url))
     world_size = _default_world_size() if world_size is None else world_size
+    balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
+                                                                {"batch_size": batch_size}))
+    balance.check_policy(policy)  # planning parameters are checked before anything is written
     prepared = _prepare(df, options.dtype)
     key = _cache_key(spark, prepared, options)
     dataset_url = cache.write_once(key, lambda url: _materialize(prepared, url, options))

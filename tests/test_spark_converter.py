@@ -174,6 +174,10 @@ def test_bad_arguments_are_refused(spark, tmp_path):
         make_spark_converter(df, parent_cache_dir_url=str(tmp_path), compression_codec="bzip2")
     with pytest.raises(InvalidValueError, match="dtype='float16'"):
         make_spark_converter(df, parent_cache_dir_url=str(tmp_path), dtype="float16")
+    with pytest.raises(ValueError, match="world_size"):
+        make_spark_converter(df, parent_cache_dir_url=str(tmp_path), world_size=0)
+    with pytest.raises(ValueError, match="policy"):
+        make_spark_converter(df, parent_cache_dir_url=str(tmp_path), policy="repeat")
     with pytest.raises(InvalidTypeError, match="not a pyspark.sql.DataFrame"):
         make_spark_converter([1, 2, 3], parent_cache_dir_url=str(tmp_path))
     assert list(tmp_path.iterdir()) == []
