@@ -78,7 +78,8 @@ def main() -> None:
         print(f"{name:8s} {args.rows:,} rows: median {statistics.median(values):.2f} s, best {min(values):.2f} s "
               f"({', '.join(f'{v:.2f}' for v in values)})")
     ratio = statistics.median(times["convert"]) / statistics.median(times["write"])
-    print(f"convert / df.write.parquet: {ratio:.2f}x (medians); best {min(times['convert']) / min(times['write']):.2f}x")
+    best = min(times["convert"]) / min(times["write"])
+    print(f"convert / df.write.parquet: {ratio:.2f}x (medians); best {best:.2f}x")
     print(f"second convert of the same DataFrame (cache hit): {hit:.2f} s ({len(converter)} rows planned)")
 
 

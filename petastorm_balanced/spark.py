@@ -48,7 +48,8 @@ OUTPUT_CONFS = ("spark.sql.session.timeZone", "spark.sql.ansi.enabled", "spark.s
                 "spark.sql.parquet.outputTimestampType", "spark.sql.parquet.writeLegacyFormat",
                 "spark.sql.parquet.datetimeRebaseModeInWrite", "spark.sql.parquet.int96RebaseModeInWrite",
                 "spark.sql.parquet.fieldId.write.enabled", "spark.sql.legacy.sizeOfNull")
-COVERED_NULLS = ("relation", "evalMode")  # JSON fields Spark leaves null that other parts of the key cover
+COVERED_NULLS = ("relation", "evalMode", "evalContext")  # JSON nulls other parts of the key cover (the
+# evaluation mode and context, ANSI/TRY/legacy, are in the semantic hash: Spark 4.0 shows evalMode, 4.3 evalContext)
 _EXPR_ID = re.compile(r'"jvmId":"[0-9a-f-]+"')
 _EXPLAIN_ID = re.compile(r"#\d+L?")
 
@@ -239,9 +240,10 @@ def _plan_text(spark, df) -> Tuple[str, bool, Any]:
 
     Classic: the canonicalized analyzed plan as JSON (expression ids normalized by Spark, the JVM id removed);
     fields it cannot show come out ``null``. A file relation's null is covered by the input files in the key, an
-    ANSI/TRY/legacy evaluation mode's by the plan's semantic hash (``a + b`` and ``try_add(a, b)`` differ only
-    there); any other null (an RDD, a Python UDF's function) makes the plan this process's only. Spark Connect: the protobuf of
-    the plan (literal rows, UDF pickles, paths), and the analyzed plan text for what the server resolves (views).
+    ANSI/TRY/legacy evaluation mode's (or context's) by the plan's semantic hash (``a + b`` and ``try_add(a, b)``
+    differ only there); any other null (an RDD, a Python UDF's function) makes the plan this process's only.
+    Spark Connect: the protobuf of the plan (literal rows, UDF pickles, paths), and the analyzed plan text for what
+    the server resolves (views).
     """
     from .planning.engines.spark import is_connect
     if is_connect(spark):
