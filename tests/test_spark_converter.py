@@ -36,8 +36,10 @@ def skewed_frame(spark, big: int = 6000):
             .withColumn("arr", F.array(F.col("id").cast("double"), (F.col("id") * -1.5).cast("double"))))
 
 
-def expected_ids(spark, df, where=WHERE):
-    return np.sort(np.asarray(df.where(where).select("id").toPandas()["id"], np.int64))
+def expected_ids(big: int = 6000):
+    """The ids of ``skewed_frame(spark, big)`` that match ``WHERE`` (id % 7 != 3)."""
+    ids = np.arange(big + 310, dtype=np.int64)
+    return ids[ids % 7 != 3]
 
 
 def deliver(converter, world, epochs=1, **kwargs):
@@ -58,7 +60,7 @@ def test_converter_delivers_the_dataframes_rows_with_equal_steps(spark, tmp_path
     df = skewed_frame(spark)
     converter = make_spark_converter(df, parent_cache_dir_url=str(tmp_path), where=WHERE,
                                      parquet_row_group_size_bytes=SMALL_ROW_GROUPS)
-    matching = expected_ids(spark, df)
+    matching = expected_ids()
     assert len(converter) == len(matching) and converter.plan.total_rows == len(matching)
     copy = pads.dataset(converter.dataset_url[len("file://"):], format="parquet").to_table()
     assert copy.schema.field("x").type == "float" and copy.schema.field("arr").type.value_type == "float"
@@ -233,7 +235,7 @@ def test_acceptance_torchrun_three_ranks_two_epochs_and_the_cache_is_reused(spar
         pickle.dump(converter, handle)
     torchrun(3, Path(__file__).with_name("converter_train.py"), tmp_path / "converter.pkl", tmp_path / "out", 2,
              BATCH, timeout=240)
-    matching = expected_ids(spark, df)
+    matching = expected_ids()
     steps = converter.plan.steps_per_epoch(world_size=3)
     epochs = []
     for epoch in range(2):
