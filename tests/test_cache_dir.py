@@ -68,7 +68,7 @@ def test_a_writer_killed_mid_write_is_never_served(tmp_path):
     cache = Cache.at(tmp_path)
     assert cache.lookup("k") is None
     half = [p for p in tmp_path.iterdir()]
-    assert len(half) == 1 and half[0].name.startswith(".k.") and len(list(half[0].iterdir())) == 1
+    assert len(half) == 1 and half[0].name.startswith("k.") and len(list(half[0].iterdir())) == 1
     fresh = _start(tmp_path, pause=0)
     _, err = fresh.communicate(timeout=60)
     assert fresh.returncode == 0, err

@@ -1,6 +1,7 @@
 """A cache folder of write-once copies: a copy is visible under its key only once it is complete.
 
-Every writer writes into its own hidden temporary folder (``.<key>.<uuid>.tmp``) and then renames it to ``<key>``.
+Every writer writes into its own temporary folder (``<key>.<uuid>.tmp``; not hidden: Spark warns when it writes or
+reads a folder whose name starts with ``.``; keys never hold a ``.``) and then renames it to ``<key>``.
 The rename is atomic and fails when ``<key>`` already exists, so concurrent writers of one key (two processes
 converting the same DataFrame) end with exactly one complete copy: the first rename wins, the others remove their
 own temporary folder and serve the winner's. A writer interrupted mid-write leaves only a temporary folder, which
@@ -47,11 +48,12 @@ class Cache:
                                     "Databricks file:///dbfs/... or /Volumes/...) or an hdfs:// folder")
         return cls(normalized)
 
-    def child(self, key: str) -> str:
-        return f"{self.url}/{key}"
+    def child(self, name: str) -> str:
+        return f"{self.url}/{name}"
 
     def lookup(self, key: str) -> Optional[str]:
         """The URL of the complete copy under ``key``, or None."""
+        _check_key(key)
         filesystem, path = fsutil.resolve(self.child(key))
         return self.child(key) if filesystem.get_file_info(path).type == pafs.FileType.Directory else None
 
@@ -62,7 +64,7 @@ class Cache:
         found = self.lookup(key)
         if found is not None:
             return found
-        temporary = self.child(f".{key}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        temporary = self.child(f"{key}.{uuid.uuid4().hex}{TMP_SUFFIX}")
         filesystem, root = fsutil.resolve(self.url)
         filesystem.create_dir(root, recursive=True)
         try:
@@ -79,7 +81,7 @@ class Cache:
 
     def delete(self, key: str) -> bool:
         """Remove the copy under ``key`` (renamed away first, then removed); False when there was none."""
-        doomed = self.child(f".{key}.{uuid.uuid4().hex}.deleting{TMP_SUFFIX}")
+        doomed = self.child(f"{key}.{uuid.uuid4().hex}.deleting{TMP_SUFFIX}")
         if self.lookup(key) is None or not self._rename(self.child(key), doomed):
             return False
         self._remove(doomed)
@@ -95,7 +97,7 @@ class Cache:
         cutoff = time.time() - older_than
         removed = 0
         for info in infos:
-            if info.base_name.startswith(".") and info.base_name.endswith(TMP_SUFFIX) and info.mtime is not None \
+            if info.base_name.endswith(TMP_SUFFIX) and info.mtime is not None \
                     and info.mtime.timestamp() < cutoff:
                 self._remove(self.child(info.base_name))
                 removed += 1
@@ -134,3 +136,9 @@ class Cache:
             filesystem.delete_dir(path)
         except FileNotFoundError:
             pass
+
+
+def _check_key(key: str) -> None:
+    """A key is one folder name with no '.', so it never looks like a temporary folder (``<key>.<uuid>.tmp``)."""
+    if not isinstance(key, str) or not key or "/" in key or "." in key:
+        raise InvalidValueError(f"cache key {key!r} must be a non-empty folder name without '/' or '.'")
