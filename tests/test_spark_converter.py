@@ -73,11 +73,13 @@ def test_converter_delivers_the_dataframes_rows_with_equal_steps(spark, tmp_path
     check = coverage_check(ids, [np.zeros(len(i), bool) for i in ids], expected=matching, policy="drop",
                            global_batch=3 * BATCH, name="G2")
     assert check.ok, check.detail
-    by_id = {int(i): k for k, i in enumerate(copy.column("id").to_numpy())}
+    copy_ids = copy.column("id").to_numpy()
+    by_id = np.empty(copy_ids.max() + 1, np.int64)
+    by_id[copy_ids] = np.arange(len(copy_ids))  # id -> its row in the copy
     x, arr = copy.column("x").to_numpy(), np.stack(copy.column("arr").to_numpy(zero_copy_only=False))
     for rank in batches:
         for b in rank:
-            rows = [by_id[int(i)] for i in b["id"]]
+            rows = by_id[b["id"].numpy()]
             assert b["x"].dtype.is_floating_point and b["arr"].shape == (BATCH, 2)
             np.testing.assert_array_equal(b["x"].numpy(), x[rows])  # the copy's values (pyarrow.dataset)
             np.testing.assert_array_equal(b["arr"].numpy(), arr[rows])
