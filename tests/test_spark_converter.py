@@ -137,6 +137,11 @@ def test_local_rows_and_udfs_are_reused_within_the_process_only(spark, tmp_path)
     u1 = make_spark_converter(spark.range(64).select(plus("id").alias("id")), parent_cache_dir_url=parent)
     u2 = make_spark_converter(spark.range(64).select(minus("id").alias("id")), parent_cache_dir_url=parent)
     assert u1.dataset_url != u2.dataset_url
+    # What decides: whether the plan's text shows all of its content (else a per-process suffix on the key).
+    from petastorm_balanced.spark import _plan_text
+    assert [_plan_text(spark, d)[1] for d in (a, spark.range(64).select(plus("id")), skewed_frame(spark, 10),
+                                              spark.range(5).selectExpr("try_add(id, 1)"))] == \
+        [False, False, True, True]
 
 
 def test_vectors_become_fixed_shape_tensors_and_dtype_keeps_its_name(spark, tmp_path):
