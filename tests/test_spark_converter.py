@@ -156,6 +156,10 @@ def test_vectors_become_fixed_shape_tensors_and_dtype_keeps_its_name(spark, tmp_
         assert str(batch["y"].dtype) == f"torch.{torch_name}"
         ids = batch["id"].numpy()
         np.testing.assert_array_equal(batch["features"].numpy(), np.stack([ids, ids / 2.0, -ids], 1).astype(dtype))
+    dataset = converter.make_dataset(1, 2, batch_size=8)  # for torch's DataLoader: the same steps
+    batches = list(dataset.dataloader(num_workers=0))
+    assert len(batches) == converter.plan.steps_per_epoch(world_size=2, batch_size=8) == 6
+    assert all(b["features"].shape == (8, 3) for b in batches)
     untouched = make_spark_converter(df.select("id", "y"), parent_cache_dir_url=str(tmp_path), dtype=None)
     assert str(pads.dataset(untouched.dataset_url[len("file://"):]).schema.field("y").type) == "double"
 
