@@ -19,7 +19,7 @@ PACKAGE = os.path.join(ROOT, "petastorm_balanced")
 # Layers, bottom up: a module may import its own layer and the ones below, never one above.
 LAYERS = {"io": 0, "unischema": 0, "errors": 0, "params": 0, "_version": 0, "world": 0,
           "plan": 1, "predicates": 1, "planning": 2, "reading": 2, "tools": 3, "lightning": 3,
-          "datagen": 3, "__main__": 3, "__init__": 4}
+          "datagen": 3, "__main__": 3, "spark": 3, "__init__": 4}
 PURE = ["plan.balance", "plan.elastic", "plan.shuffle", "plan.cost_order", "plan.selection", "plan.predicate",
         "reading.batching", "tools.coverage", "params", "plan.deletes"]
 NEEDS_PETASTORM = {"petastorm_balanced.reading.petastorm_backend", "petastorm_balanced.reading.ordering",

@@ -17,9 +17,13 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
-Executors import this package from a zip of it that the driver builds and ships with ``SparkContext.addPyFile``,
-so neither a cluster nor a local run needs ``pip install`` (set the Spark conf
-``spark.petastorm_balanced.shipPackage=false`` when the package is installed on the workers).
+Executors import this package from a zip of it that the driver builds and ships with ``SparkContext.addPyFile``
+(``spark.addArtifacts`` on Spark Connect), so neither a cluster nor a local run needs ``pip install`` (set the Spark
+conf ``spark.petastorm_balanced.shipPackage=false`` when the package is installed on the workers).
+
+Spark Connect (Databricks serverless and shared clusters) has no ``sparkContext`` and no RDDs: ``where`` and
+``cost`` run there unchanged (DataFrames only), footers are read on the driver, and a Petastorm ``predicate`` (an
+RDD job) is refused with the alternatives.
 """
 from __future__ import annotations
 
@@ -75,8 +79,8 @@ def get_session(spark=None):
     not resolve. Under spark-submit the master comes from spark-submit and is never overridden.
     """
     if spark is not None:
-        if not isinstance(spark, SparkSession):
-            raise InvalidTypeError(f"spark={spark!r} is not a pyspark.sql.SparkSession")
+        if not isinstance(spark, SparkSession) and not is_connect(spark):
+            raise InvalidTypeError(f"spark={spark!r} is not a pyspark.sql.SparkSession (classic or Spark Connect)")
         return spark
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -88,6 +92,16 @@ def get_session(spark=None):
         host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.master("local[*]").config("spark.driver.host", host)
     return builder.getOrCreate()
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, no RDDs, no py4j)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(spark) -> Optional[int]:
+    """The cluster's default parallelism, or None where the session cannot tell (Spark Connect)."""
+    return None if is_connect(spark) else spark.sparkContext.defaultParallelism
 
 
 def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spark=None,
@@ -122,6 +136,12 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     before_session = time.perf_counter()
     if in_tasks or where is not None or predicate is not None:
         spark = get_session(spark)  # only now: footers of a local dataset need no Spark at all
+        if is_connect(spark):
+            if predicate is not None:
+                raise InvalidValueError(f"predicate={predicate!r} with engine='spark' runs an RDD job, which a Spark "
+                                        "Connect session cannot; pass where= (a Spark SQL expression, which works "
+                                        "on Connect), or plan with engine='local' and the predicate")
+            in_tasks = False  # no RDDs: driver threads read the footers
     timings["session"] = time.perf_counter() - before_session
     if in_tasks:
         _ship_package(spark)
@@ -269,8 +289,9 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
         shift = None
     packed = f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index"
     # One small shuffle (files or words): a partition per core, and no adaptive re-planning between its stages.
-    shuffle = {"spark.sql.shuffle.partitions": str(max(1, spark.sparkContext.defaultParallelism)),
-               "spark.sql.adaptive.enabled": "false"}
+    cores = default_parallelism(spark)
+    shuffle = {} if cores is None else {"spark.sql.shuffle.partitions": str(max(1, cores)),
+                                        "spark.sql.adaptive.enabled": "false"}
     with _quiet_pyspark_error_logs():
         try:
             matching = frame.where(where)
@@ -518,6 +539,9 @@ def _package_dir() -> str:
 
 
 def _ship_package(spark) -> None:
+    if is_connect(spark):
+        _ship_package_connect(spark)
+        return
     sc = spark.sparkContext
     if sc.applicationId in _SHIPPED or sc.getConf().get(SHIP_CONF, "true").lower() == "false":
         return
@@ -525,6 +549,17 @@ def _ship_package(spark) -> None:
         return  # imported from a zip (--py-files): Spark already ships that zip to the executors
     sc.addPyFile(package_zip())
     _SHIPPED.add(sc.applicationId)
+
+
+def _ship_package_connect(spark) -> None:
+    """Spark Connect: the zip goes to the session's Python path with ``addArtifacts`` (once per session)."""
+    key = ("connect", spark.session_id)
+    if key in _SHIPPED or (spark.conf.get(SHIP_CONF, "true") or "true").lower() == "false":
+        return
+    if not os.path.isdir(_package_dir()):
+        return
+    spark.addArtifacts(package_zip(), pyfile=True)
+    _SHIPPED.add(key)
 
 
 def _first_line(exc: BaseException) -> str:

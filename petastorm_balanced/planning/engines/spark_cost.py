@@ -19,7 +19,7 @@ from ...plan.catalog import FileInfo
 from ...plan.cost import CostSpec, check_costs
 from ..costs import Stats
 from .spark import (AnalysisException, F, SparkRuntimeException, _first_line, _quiet_pyspark_error_logs,
-                    _read_for_where, _ship_package, spark_relative_path)
+                    _read_for_where, _ship_package, is_connect, spark_relative_path)
 
 _PARTIAL_SCHEMA = "path string, row_group int, cost_sum long, cost_max long, bad string"
 
@@ -32,7 +32,8 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
                             files if table is not None else None)  # a table: its snapshot's files
     columns = frame.columns
     lookup = {f.path: f.row_group_rows for f in files if f.num_rows > 0}
-    shared = spark.sparkContext.broadcast(lookup)
+    # Spark Connect has no broadcast: the lookup (row group sizes per file) travels inside the function instead.
+    shared = _Inline(lookup) if is_connect(spark) else spark.sparkContext.broadcast(lookup)
     _ship_package(spark)
     with _quiet_pyspark_error_logs():
         try:
@@ -60,6 +61,16 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
     if bad:
         raise InvalidValueError(f"cost={spec.text!r}: {bad[0][2]}")
     return {(r.path, int(r.row_group)): (int(r.cost_sum), int(r.cost_max)) for r in merged}
+
+
+class _Inline:
+    """A broadcast's interface (``.value``, ``.destroy()``) for a value pickled with the task function."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def destroy(self) -> None:
+        pass
 
 
 def _partial_stats(root: str, lookup):

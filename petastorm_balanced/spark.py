@@ -1,0 +1,353 @@
+"""Spark DataFrames straight to balanced loaders: Petastorm's ``make_spark_converter``, with equal steps per rank.
+
+``make_spark_converter(df)`` writes the DataFrame once as Parquet under a cache folder, plans it (``plan_shards``
+in the same Spark session, ``where`` applied by the plan) and returns a ``BalancedConverter`` whose loaders give
+every rank the same number of steps, which Petastorm's converter (``cur_shard``/``shard_count``) does not.
+
+The cache key is a sha256 of what decides the written rows: the DataFrame's canonicalized analyzed plan (classic
+Spark: its JSON with expression ids normalized; Spark Connect: the plan's protobuf and its analyzed plan text),
+the data files it reads (path, size, modification time), the Spark SQL confs that change what is written, and the
+converter's options. The same DataFrame in this process, another process or a later run reuses the committed
+copy and its plans; anything else gets a new folder. A plan whose text does not describe its content (an RDD, a
+Python UDF's code: classic Spark shows neither) is reused within this process only, as Petastorm does
+(``sameResult``). pyspark is imported when a converter is made, so ``import petastorm_balanced`` needs no Spark.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Tuple
+from urllib.parse import unquote, urlparse
+
+from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
+from .io import fs as fsutil
+from .io.cache_dir import Cache
+from .plan import balance
+from .plan.load import load_plan
+from .plan.model import ShardPlan
+from .planning.plan_shards import plan_shards
+from .world import World
+
+PARENT_CACHE_DIR_URL_CONF = "petastorm.spark.converter.parentCacheDirUrl"  # Petastorm's conf name, kept
+DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024  # Petastorm's default
+DEFAULT_BATCH_SIZE = 32  # Petastorm's make_torch_dataloader default
+# Parquet codecs Spark writes and pyarrow reads (Petastorm's list also names bzip2 and deflate, which Spark's
+# Parquet writer rejects).
+CODECS = ("uncompressed", "snappy", "gzip", "lz4", "lz4_raw", "zstd", "brotli")
+DTYPES = ("float32", "float64", None)
+KEY_VERSION = 1  # bump when the materialized layout changes: old copies are then never reused
+# Session confs that change the rows or the Parquet a DataFrame writes (values, types, timestamps, names).
+OUTPUT_CONFS = ("spark.sql.session.timeZone", "spark.sql.ansi.enabled", "spark.sql.caseSensitive",
+                "spark.sql.storeAssignmentPolicy", "spark.sql.legacy.timeParserPolicy",
+                "spark.sql.parquet.outputTimestampType", "spark.sql.parquet.writeLegacyFormat",
+                "spark.sql.parquet.datetimeRebaseModeInWrite", "spark.sql.parquet.int96RebaseModeInWrite",
+                "spark.sql.parquet.fieldId.write.enabled", "spark.sql.legacy.sizeOfNull")
+COVERED_NULLS = ("relation", "evalMode", "evalContext")  # JSON nulls other parts of the key cover (the
+# evaluation mode and context, ANSI/TRY/legacy, are in the semantic hash: Spark 4.0 shows evalMode, 4.3 evalContext)
+_EXPR_ID = re.compile(r'"jvmId":"[0-9a-f-]+"')
+_EXPLAIN_ID = re.compile(r"#\d+L?")
+
+log = logging.getLogger(__name__)
+_memo_lock = threading.Lock()
+_in_process: List[Tuple[Any, str]] = []  # (analyzed JVM plan, key) of plans only this process can compare
+
+
+def _pyspark():
+    try:
+        import pyspark.sql  # noqa: F401
+        from pyspark.sql import functions as F, types as T
+    except ImportError as exc:  # pragma: no cover - exercised only without pyspark
+        raise MissingDependencyError("make_spark_converter needs pyspark (pip install 'pyspark>=4.0')") from exc
+    return F, T
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What decides the materialized copy (besides the DataFrame): normalized once, part of the cache key."""
+
+    parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES
+    compression_codec: str = "uncompressed"
+    dtype: Optional[str] = "float32"
+
+    @classmethod
+    def of(cls, parquet_row_group_size_bytes, compression_codec, dtype) -> "ConvertOptions":
+        from .params import check_int
+        size = check_int("parquet_row_group_size_bytes", parquet_row_group_size_bytes, minimum=1)
+        codec = "uncompressed" if compression_codec is None else compression_codec
+        if not isinstance(codec, str) or codec.lower() not in CODECS:
+            raise InvalidValueError(f"compression_codec={compression_codec!r} is not one of {CODECS} (or None: "
+                                    "uncompressed, Petastorm's default)")
+        if dtype not in DTYPES:
+            raise InvalidValueError(f"dtype={dtype!r} is not one of {DTYPES} (the precision floating-point columns "
+                                    "are written in; None leaves them as they are)")
+        return cls(size, codec.lower(), dtype)
+
+
+class BalancedConverter:
+    """A materialized DataFrame and its plan: loaders that give every rank the same steps.
+
+    ``len(converter)`` is the number of rows the plan serves (the rows matching ``where``). The copy stays in the
+    cache folder for other processes and later runs until ``delete()``; unlike Petastorm's converter it is not
+    removed when the process exits, since it is shared.
+    """
+
+    def __init__(self, cache: Cache, key: str, plan: ShardPlan):
+        self._cache, self._key = cache, key
+        self.plan = plan
+        self.dataset_url = plan.dataset_url
+
+    def __len__(self) -> int:
+        return self.plan.total_rows
+
+    def __repr__(self) -> str:
+        return f"BalancedConverter({self.dataset_url!r}, rows={len(self)})"
+
+    @contextlib.contextmanager
+    def make_torch_dataloader(self, rank=None, world=None, **make_loader_kwargs) -> Iterator:
+        """A ``BalancedLoader`` over this rank's rows, closed on exit (``with ... as loader``), as Petastorm's.
+
+        ``batch_size`` defaults to the converter's, else 32 (Petastorm's default); ``rank``/``world`` default to
+        ``World.detect()``. Other keywords are ``make_loader``'s.
+        """
+        from .reading.loader import make_loader
+        make_loader_kwargs.setdefault("batch_size", self.plan.batch_size or DEFAULT_BATCH_SIZE)
+        loader = make_loader(rank, world, plan=self.plan, **make_loader_kwargs)
+        try:
+            yield loader
+        finally:
+            loader.close()
+
+    def make_dataset(self, rank=None, world=None, **kwargs):
+        """A ``BalancedIterableDataset`` (for ``torch.utils.data.DataLoader(num_workers=K)``) over this rank's rows;
+        ``batch_size`` defaults as in ``make_torch_dataloader``."""
+        from .reading.iterable import BalancedIterableDataset
+        kwargs.setdefault("batch_size", self.plan.batch_size or DEFAULT_BATCH_SIZE)
+        return BalancedIterableDataset(self.plan, rank, world, **kwargs)
+
+    def delete(self) -> None:
+        """Remove this converter's copy (and its plans) from the cache folder; nothing else there is touched."""
+        with _memo_lock:
+            _in_process[:] = [(p, k) for p, k in _in_process if k != self._key]
+        self._cache.delete(self._key)
+
+
+def make_spark_converter(df, *, world_size: Optional[int] = None, batch_size: Optional[int] = None,
+                         parent_cache_dir_url=None, where: Optional[str] = None, cost: Optional[str] = None,
+                         policy: str = "drop", seed: int = 0,
+                         parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
+                         compression_codec: Optional[str] = None, dtype: Optional[str] = "float32"
+                         ) -> BalancedConverter:
+    """Materialize ``df`` once as Parquet under the cache folder and plan it; see the module docstring for reuse.
+
+    ``parent_cache_dir_url`` defaults to the Spark conf ``petastorm.spark.converter.parentCacheDirUrl``, as
+    Petastorm's. ``world_size`` defaults to the detected world (``World.detect()``) and else to 1: a converter is
+    usually made on the driver, and a plan serves any world size (G9), so loaders may run on W ranks whatever was
+    planned. ``where``, ``cost``, ``policy``, ``seed`` and ``batch_size`` are ``plan_shards``'s. Spark ML vectors
+    become arrays of ``dtype``; every array column must hold arrays of one length with no null (fixed-shape
+    tensors), else the conversion is refused naming the column.
+    """
+    _pyspark()
+    if not hasattr(df, "sparkSession") or not hasattr(df, "write"):
+        raise InvalidTypeError(f"df={df!r} is not a pyspark.sql.DataFrame")
+    spark = df.sparkSession
+    options = ConvertOptions.of(parquet_row_group_size_bytes, compression_codec, dtype)
+    cache = Cache.at(_parent_url(spark, parent_cache_dir_url))
+    world_size = _default_world_size() if world_size is None else world_size
+    balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
+                                                                {"batch_size": batch_size}))
+    balance.check_policy(policy)  # planning parameters are checked before anything is written
+    prepared = _prepare(df, options.dtype)
+    key = _cache_key(spark, prepared, options)
+    dataset_url = cache.write_once(key, lambda url: _materialize(prepared, url, options))
+    plan = _plan(dataset_url, spark, world_size=world_size, batch_size=batch_size, where=where, cost=cost,
+                 policy=policy, seed=seed)
+    return BalancedConverter(cache, key, plan)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+def _parent_url(spark, given) -> str:
+    if given is not None:
+        return given
+    conf = spark.conf.get(PARENT_CACHE_DIR_URL_CONF, None)
+    if not conf:
+        raise InvalidValueError(f"parent_cache_dir_url=None and the Spark conf {PARENT_CACHE_DIR_URL_CONF} is not "
+                                "set: pass parent_cache_dir_url= (a folder every rank can read, e.g. "
+                                "file:///dbfs/tmp/cache) or set the conf, as for Petastorm's converter")
+    return conf
+
+
+def _default_world_size() -> int:
+    try:
+        return World.detect().size
+    except RuntimeError:
+        return 1  # on the driver: the plan serves any world size (elastic assignment from the same catalog)
+
+
+def _prepare(df, dtype: Optional[str]):
+    """Vectors to arrays and floating-point columns to ``dtype``, as Petastorm's converter writes them."""
+    F, T = _pyspark()
+    vectors = [f.name for f in df.schema.fields if type(f.dataType).__name__ == "VectorUDT"]
+    if vectors:
+        from pyspark.ml.functions import vector_to_array
+        df = df.withColumns({n: vector_to_array(F.col(_quoted(n)), dtype or "float64") for n in vectors})
+    if dtype is None:
+        return df
+    source, target = (T.DoubleType, T.FloatType()) if dtype == "float32" else (T.FloatType, T.DoubleType())
+    casts = {}
+    for field in df.schema.fields:
+        if isinstance(field.dataType, source):
+            casts[field.name] = F.col(_quoted(field.name)).cast(target)
+        elif isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, source):
+            casts[field.name] = F.col(_quoted(field.name)).cast(T.ArrayType(target, field.dataType.containsNull))
+    return df.withColumns(casts) if casts else df
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+# ---------------------------------------------------------------------------------------------- cache key
+
+def _cache_key(spark, df, options: ConvertOptions) -> str:
+    """The folder name of ``df``'s copy: a digest of its plan, its input files, output confs and options."""
+    text, shareable, jplan = _plan_text(spark, df)
+    digest = hashlib.sha256()
+    parts = {"version": KEY_VERSION, "options": options.__dict__, "files": _input_files(df),
+             "confs": {k: spark.conf.get(k, None) for k in OUTPUT_CONFS}}
+    digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    digest.update(b"\0" + text.encode())
+    key = "df-" + digest.hexdigest()[:40]
+    if shareable:
+        return key
+    with _memo_lock:  # as Petastorm: reuse within this process when Spark says the plans give the same result
+        for other, other_key in _in_process:
+            if other_key.startswith(key) and other.sameResult(jplan):
+                return other_key
+        key = f"{key}-{uuid.uuid4().hex[:12]}"
+        _in_process.append((jplan, key))
+    return key
+
+
+def _plan_text(spark, df) -> Tuple[str, bool, Any]:
+    """Text describing ``df``'s content, whether it describes all of it, and the JVM plan (classic Spark).
+
+    Classic: the canonicalized analyzed plan as JSON (expression ids normalized by Spark, the JVM id removed);
+    fields it cannot show come out ``null``. A file relation's null is covered by the input files in the key, an
+    ANSI/TRY/legacy evaluation mode's (or context's) by the plan's semantic hash (``a + b`` and ``try_add(a, b)``
+    differ only there); any other null (an RDD, a Python UDF's function) makes the plan this process's only.
+    Spark Connect: the protobuf of the plan (literal rows, UDF pickles, paths), and the analyzed plan text for what
+    the server resolves (views).
+    """
+    from .planning.engines.spark import is_connect
+    if is_connect(spark):
+        plan = df._plan.to_proto(spark.client)
+        _canonical_proto(plan, {})
+        proto = plan.SerializeToString(deterministic=True)
+        analyzed = df._explain_string(mode="extended")
+        analyzed = analyzed.split("== Analyzed Logical Plan ==")[-1].split("== Optimized Logical Plan ==")[0]
+        return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), True, None
+    jplan = df._jdf.queryExecution().analyzed()
+    text = _EXPR_ID.sub("", jplan.canonicalized().toJSON())
+    unknown = text
+    for covered in COVERED_NULLS:
+        unknown = unknown.replace(f'"{covered}":null', "")
+    return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown, jplan
+
+
+def _canonical_proto(message, seen: dict) -> None:
+    """Make equal Connect plans serialize equally: the client's plan ids (a process-wide counter: the same
+    DataFrame built twice gets other ids) become their order of first appearance, so references between nodes
+    still hold, and call-site origins (the file and line that built a column) are dropped."""
+    for field, value in message.ListFields():
+        if field.name == "origin":
+            message.ClearField(field.name)
+        elif field.name == "plan_id" and field.type == field.TYPE_INT64:
+            setattr(message, field.name, seen.setdefault(value, len(seen)))
+        elif field.type == field.TYPE_MESSAGE:
+            repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+            if not repeated:
+                _canonical_proto(value, seen)
+                continue
+            for item in (value.values() if hasattr(value, "values") else value):  # a map or a list
+                if hasattr(item, "ListFields"):
+                    _canonical_proto(item, seen)
+
+
+def _input_files(df) -> List[list]:
+    """The data files ``df`` reads with their size and modification time (a rewritten file changes the key)."""
+    names = sorted(df.inputFiles())
+    if not names:
+        return []
+    try:
+        filesystem, _ = fsutil.resolve(_as_url(names[0]))
+        infos = filesystem.get_file_info([fsutil.resolve(_as_url(n))[1] for n in names])
+    except (OSError, ValueError):  # a filesystem pyarrow cannot open here: names only (Spark's names are unique)
+        return [[n] for n in names]
+    return [[n, i.size, i.mtime_ns] for n, i in zip(names, infos)]
+
+
+def _as_url(spark_path: str) -> str:
+    """Spark names local files ``file:/path`` or ``file:///path`` (URL-quoted); pyarrow wants a plain path."""
+    return "file://" + unquote(urlparse(spark_path).path) if spark_path.startswith("file:") else spark_path
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+def _materialize(df, url: str, options: ConvertOptions) -> None:
+    """Write ``df`` under ``url`` (which does not exist yet), then refuse array columns that are not fixed-shape."""
+    from .planning.engines.spark import spark_url
+    (df.write.option("compression", "none" if options.compression_codec == "uncompressed"
+                     else options.compression_codec)
+     .option("parquet.block.size", str(options.parquet_row_group_size_bytes))
+     .parquet(spark_url(url)))
+    _check_fixed_shapes(df.sparkSession, url)
+    log.info("materialized the DataFrame at %s", url)
+
+
+def _check_fixed_shapes(spark, url: str) -> None:
+    """Every top-level array column holds arrays of one length, no null array and no null element: a tensor of
+    shape (rows, length). Checked on the written copy (one scan of those columns), before it is committed."""
+    F, T = _pyspark()
+    from .planning.engines.spark import spark_url
+    written = spark.read.parquet(spark_url(url))
+    arrays = [f.name for f in written.schema.fields if isinstance(f.dataType, T.ArrayType)]
+    if not arrays:
+        return
+    aggs = []
+    for i, name in enumerate(arrays):
+        col = F.col(_quoted(name))
+        aggs += [F.min(F.size(col)).alias(f"lo{i}"), F.max(F.size(col)).alias(f"hi{i}"),
+                 F.sum(F.when(col.isNull(), 1).otherwise(0)).alias(f"nulls{i}"),
+                 F.sum(F.when(F.exists(col, lambda x: x.isNull()), 1).otherwise(0)).alias(f"holes{i}")]
+    row = written.agg(*aggs).collect()[0]
+    for i, name in enumerate(arrays):
+        lo, hi, nulls, holes = row[f"lo{i}"], row[f"hi{i}"], row[f"nulls{i}"], row[f"holes{i}"]
+        if (nulls or 0) or (holes or 0) or lo != hi:
+            raise InvalidValueError(
+                f"column {name!r} holds arrays of lengths {lo} to {hi} ({nulls or 0} null arrays, {holes or 0} "
+                "with a null element); a converter delivers array columns as fixed-shape tensors: pad or cut them "
+                f"to one length (e.g. slice/concat in Spark), fill the nulls, or drop the column before converting")
+
+
+# ---------------------------------------------------------------------------------------------- planning
+
+def _plan(dataset_url: str, spark, *, world_size, batch_size, where, cost, policy, seed) -> ShardPlan:
+    """The plan for these parameters, saved beside the copy (``_plans/<digest>``) and reused when it is there."""
+    params = {"world_size": world_size, "batch_size": batch_size, "where": where, "cost": cost, "policy": policy,
+              "seed": seed}
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=repr).encode()).hexdigest()[:24]
+    plans = Cache(f"{dataset_url}/_plans")
+    found = plans.lookup(digest)
+    if found is not None:
+        return load_plan(found)
+    plan = plan_shards(dataset_url, world_size, batch_size=batch_size, where=where, cost=cost, policy=policy,
+                       seed=seed, engine="spark", spark=spark)
+    plans.write_once(digest, plan.save)  # a plan another process saved first is this one (G4, G8)
+    return plan
