@@ -62,6 +62,7 @@ def epoch_costs(plan, balance, reduce, plain_order=False, **kwargs):
     costs, waste_num, waste_den = [], 0, 0
     if plain_order:
         from unittest import mock
+
         from petastorm_balanced.plan import model
         patch = mock.patch.object(model, "cost_order", lambda counts, sums, seed, epoch: None)
     for rank in range(WORLD):

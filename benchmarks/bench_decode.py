@@ -41,6 +41,7 @@ def schema(side):
 def write(path, rows, side, files=4, row_group=256):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from petastorm_balanced.unischema import pickling
     from petastorm_balanced.unischema.write import write_metadata
     if os.path.exists(os.path.join(path, "_common_metadata")):
@@ -92,6 +93,7 @@ def ours_loader(url, workers, batch):
 
 def ours_iterable(url, workers, batch):
     import torch
+
     from petastorm_balanced import BalancedIterableDataset, plan_shards
     plan = plan_shards(url, 1, batch_size=batch, engine="local")
 

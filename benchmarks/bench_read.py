@@ -63,6 +63,7 @@ def ratio(rates, numerator, denominator):
 def raw_pyarrow(plan, columns=NUMERIC):
     """The floor: one thread, each file opened once, ``read_row_group`` of every row group, columns to numpy."""
     import pyarrow.parquet as pq
+
     from petastorm_balanced.io import fs as fsutil
     _, root = fsutil.resolve(plan.dataset_url)
     rows, files = 0, {}
@@ -140,6 +141,7 @@ def throughput(url, args):
 def decode_work(plain_url, petastorm_url, args):
     """Rows turned into arrays (plain) or through codecs (Petastorm) per row delivered, with a predicate plan."""
     from petastorm.codecs import NdarrayCodec
+
     from petastorm_balanced import make_loader, plan_shards
     from petastorm_balanced.predicates import in_lambda
     from petastorm_balanced.reading import fragments

@@ -4,8 +4,14 @@ Only the public API lives here. ``import petastorm_balanced`` needs neither pysp
 use them import them when called.
 """
 from ._version import __version__
-from .errors import (InvalidWhereError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError,
-                     UnsafeDatasetError)
+from .errors import (
+    InvalidWhereError,
+    PlanError,
+    PlanIntegrityError,
+    PlanVersionError,
+    StalePlanError,
+    UnsafeDatasetError,
+)
 from .plan.load import load_plan
 from .plan.model import Fragment, ShardPlan
 from .planning.plan_shards import plan_shards

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
-from .params import check_int
 from .errors import InvalidValueError
+from .params import check_int
 
 # (rank variable, size variable, launcher), in the order they are trusted: the most specific launcher first. A
 # torchrun, horovodrun or mpirun started inside a SLURM job (by srun or in an sbatch script) inherits SLURM's
@@ -45,7 +45,7 @@ class World:
         check_rank_world(self.rank, self.size)
 
     @classmethod
-    def detect(cls, environ: Optional[Mapping[str, str]] = None) -> "World":
+    def detect(cls, environ: Mapping[str, str] | None = None) -> World:
         """Rank and world size from the job's launcher, trusted in this order (the first one present decides):
 
         1. an initialized ``torch.distributed`` process group (only when ``environ`` is not given);

@@ -5,10 +5,11 @@ intervals are the balancer's whole output, so checking them checks every row.
 """
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import BalanceCase, balance_cases, catalogs, seeds
 
 from petastorm_balanced.plan import balance
-from strategies import BalanceCase, balance_cases, catalogs, seeds
 
 # Epochs compared for G5. The first piece of an epoch always comes from the first row group of its order, so two
 # epochs give the same assignment with probability <= 1/2 (two row groups); all of 40 epochs agree with

@@ -19,7 +19,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import COLUMN_KINDS, DatasetSpec, dataset_specs
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
@@ -27,7 +29,6 @@ from petastorm_balanced.predicates import in_lambda
 from petastorm_balanced.reading.convert import one_array
 from petastorm_balanced.reading.options import petastorm_importable
 from petastorm_balanced.reading.schema import LIST, delivered_type
-from strategies import COLUMN_KINDS, DatasetSpec, dataset_specs
 
 torch = pytest.importorskip("torch")
 WRITERS = ["pyarrow"] + [w for w in ("polars", "duckdb") if importlib.util.find_spec(w)]  # skipped if absent

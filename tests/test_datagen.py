@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from stacks import petastorm_only
 
 from petastorm_balanced.datagen import main, make_petastorm_dataset, make_plain_dataset
-from stacks import petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # petastorm 0.12.1 uses pyarrow's legacy API
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from jobs import free_port, job_env
 
 from petastorm_balanced import datagen, plan_shards
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
-from jobs import free_port, job_env
 
 pytestmark = pytest.mark.slow
 

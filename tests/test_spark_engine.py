@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from petastorm_balanced.predicates import in_lambda, in_set
 
 from petastorm_balanced import load_plan, plan_shards
-from petastorm_balanced.planning.engines import spark as spark_engine
 from petastorm_balanced.errors import InvalidWhereError
+from petastorm_balanced.planning.engines import spark as spark_engine
 from petastorm_balanced.planning.engines.spark import build_catalog
+from petastorm_balanced.predicates import in_lambda, in_set
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 

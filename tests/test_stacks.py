@@ -10,7 +10,6 @@ import os
 import subprocess
 
 import pytest
-
 from stacks import HAVE_PETASTORM
 
 # Both sides run in subprocesses, so the suite of one stack is enough: the modern stack's (CI runs it there).

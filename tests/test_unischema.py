@@ -11,14 +11,22 @@ from decimal import Decimal
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from stacks import HAVE_PETASTORM, petastorm_only
 
 from petastorm_balanced import UnsafeDatasetError, datagen, load_plan, make_loader, plan_shards
 from petastorm_balanced.predicates import in_lambda
 from petastorm_balanced.reading.reader import make_reader
-from petastorm_balanced.unischema import (CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec,
-                                          Unischema, UnischemaField, codecs, pickling)
+from petastorm_balanced.unischema import (
+    CompressedImageCodec,
+    CompressedNdarrayCodec,
+    NdarrayCodec,
+    ScalarCodec,
+    Unischema,
+    UnischemaField,
+    codecs,
+    pickling,
+)
 from petastorm_balanced.unischema.spark_types import spark_type
-from stacks import HAVE_PETASTORM, petastorm_only
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 RNG = np.random.default_rng(7)

@@ -16,8 +16,14 @@ def schema(writer: str):
         from petastorm.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
         from petastorm.unischema import Unischema, UnischemaField
     else:
-        from petastorm_balanced.unischema import (CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec,
-                                                  ScalarCodec, Unischema, UnischemaField)
+        from petastorm_balanced.unischema import (
+            CompressedImageCodec,
+            CompressedNdarrayCodec,
+            NdarrayCodec,
+            ScalarCodec,
+            Unischema,
+            UnischemaField,
+        )
     from pyspark.sql import types as T
     return Unischema("AllCodecs", [
         UnischemaField("id", np.int64, (), ScalarCodec(T.LongType()), False),

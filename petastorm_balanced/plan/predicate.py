@@ -28,7 +28,6 @@ import linecache
 import re
 import types
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -47,7 +46,7 @@ class PredicateInfo:
     fingerprint: str = ""
 
 
-def predicate_info(where: Optional[str], predicate) -> PredicateInfo:
+def predicate_info(where: str | None, predicate) -> PredicateInfo:
     """The ``PredicateInfo`` of a ``where`` (Spark SQL) or a Petastorm ``predicate``; raises ``TypeError`` for a
     predicate that cannot be described stably (see the module docstring)."""
     if where is not None:
@@ -164,7 +163,7 @@ def _module_tree(fn):
     return ast.parse(source)
 
 
-def _module_source(module) -> Optional[str]:
+def _module_source(module) -> str | None:
     try:
         return inspect.getsource(module)
     except (OSError, TypeError):

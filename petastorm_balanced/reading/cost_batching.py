@@ -32,21 +32,21 @@ of the window's costs and the key alone: resuming re-reads the window and gets t
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .batching import StartPoint, window_permutation
 from ..errors import InvalidValueError
 from ..params import check_int
+from .batching import StartPoint, window_permutation
 
 REDUCES = ("sum", "max")
 # Generator key tags, so the key of one use never equals the key of another.
 _TIE, _BATCH_ORDER, _ROWS_IN_BATCH, _STEP_ORDER = 1, 2, 3, 4
 
 
-def _rank_free(key: Sequence[int]) -> Tuple[int, ...]:
+def _rank_free(key: Sequence[int]) -> tuple[int, ...]:
     """``(seed, epoch, rank, slot, window)`` without the rank: the same on every rank for the same step."""
     seed, epoch, _rank, slot, window = key
     return (seed, epoch, slot, window)
@@ -134,7 +134,7 @@ def budget_batches(num_rows: int, mean_cost: float, budget: int) -> int:
 
 
 def arrange_budget(costs: np.ndarray, batches: int, budget: int, key: Sequence[int]
-                   ) -> Tuple[np.ndarray, np.ndarray]:
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """``(order, lengths)``: ``batches`` batches of at most ``budget`` total cost, filled worst-fit-decreasing;
     ``order`` lists the kept rows batch after batch, ``lengths`` the rows of each batch. Rows that fit nowhere are
     left out. Every batch holds at least one row when every row costs at most ``budget``."""
@@ -174,12 +174,12 @@ class CostOptions:
 
     cost: str  # the plan's cost text
     column: str  # the source column the loader reads to compute it
-    function: Optional[str]
+    function: str | None
     reduce: str  # "sum" | "max"
-    budget: Optional[int] = None  # max_batch_cost: batches of varying rows
+    budget: int | None = None  # max_batch_cost: batches of varying rows
     mean_cost: float = 0.0  # the plan's cost per matching row (token budgets)
 
-    def arrange(self, costs: np.ndarray, batch_size: Optional[int], key: Sequence[int]):
+    def arrange(self, costs: np.ndarray, batch_size: int | None, key: Sequence[int]):
         """``(order, lengths)`` for one window: lengths is None for fixed-size batches."""
         if self.budget is not None:
             return arrange_budget(costs, budget_batches(len(costs), self.mean_cost, self.budget), self.budget, key)
@@ -209,7 +209,7 @@ class CostOptions:
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool
-                 ) -> Optional[CostOptions]:
+                 ) -> CostOptions | None:
     """The loader's cost arrangement, or None for row balance; every bad combination is refused here, when the
     loader is built, naming the parameter."""
     from ..plan.cost import parse_cost

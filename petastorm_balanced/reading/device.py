@@ -20,8 +20,9 @@ are exactly those without a device, which is how CPU CI checks the bookkeeping. 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 
@@ -38,7 +39,7 @@ class Feed:
     """What ``feed`` does to a stream of batches: pin their tensors, and/or copy them ahead to ``device``."""
 
     pin_memory: bool = False
-    device: Optional[Any] = None  # a torch.device, already checked
+    device: Any | None = None  # a torch.device, already checked
 
     @property
     def active(self) -> bool:

@@ -10,14 +10,13 @@ backend (``arrow_backend.py``) or Petastorm's reader (``petastorm_backend.py``);
 from __future__ import annotations
 
 import weakref
-from typing import Optional
 
-from . import stream
 from ..world import World, resolve_world
+from . import stream
 from .arrow_backend import arrow_chunks
 from .device import NO_FEED, Feed, check_feed, feed
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
-from .position import EpochSampler, Position, Settings, PlannedView
+from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, torch_batches
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
@@ -44,8 +43,8 @@ class BalancedLoader(PlannedView):
 
     def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
                  shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
-                 reader_options: Optional[dict] = None, backend: str = "auto", partition_epoch: int = 1,
-                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
+                 reader_options: dict | None = None, backend: str = "auto", partition_epoch: int = 1,
+                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                  feeding: Feed = NO_FEED):
         require_torch()
         self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
@@ -128,11 +127,11 @@ class BalancedLoader(PlannedView):
         self.close()
 
 
-def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None, epoch: int = 0,
+def make_loader(rank=None, world=None, *, plan, batch_size: int | None = None, epoch: int = 0,
                 shuffle: bool = True, reshuffle: str = "epoch", workers_count: int = 4,
                 reader_pool_type: str = "thread", schema_fields=None, padding_mask: bool = False,
                 shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
-                balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
+                balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device=None, **petastorm_kwargs) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 

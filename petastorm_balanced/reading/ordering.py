@@ -12,11 +12,12 @@ import queue
 import sys
 import threading
 from traceback import format_exc
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 from petastorm.workers_pool import EmptyResultError, VentilatedItemProcessedMessage
 from petastorm.workers_pool.thread_pool import ThreadPool, WorkerTerminationRequested, WorkerThread
 from petastorm.workers_pool.ventilator import Ventilator
+
 from ..errors import InvalidValueError
 
 
@@ -51,7 +52,7 @@ class Gate:
 class OrderedVentilator(Ventilator):
     """Ventilates the items once, in order, never more than the gate allows ahead of the consumer."""
 
-    def __init__(self, ventilate_fn, items: List[dict], gate: Gate):
+    def __init__(self, ventilate_fn, items: list[dict], gate: Gate):
         super().__init__(ventilate_fn)
         self._items, self._gate = items, gate
         self._done = not items
@@ -92,13 +93,13 @@ class OrderedResults:
     def __init__(self, pool, gate: Gate, count: int):
         self._pool, self._gate, self._count = pool, gate, count
         self._next = 0
-        self._early: Dict[int, Any] = {}
+        self._early: dict[int, Any] = {}
 
     @property
     def delivered(self) -> int:
         return self._next
 
-    def next(self) -> Tuple[int, Any]:
+    def next(self) -> tuple[int, Any]:
         """The next fragment's payload; ``EmptyResultError`` once every fragment was delivered."""
         if self._next >= self._count:
             raise EmptyResultError()

@@ -10,21 +10,21 @@ few threads, in order, at most ``workers_count + 2`` fragments ahead.
 from __future__ import annotations
 
 import re
-from typing import Iterator, List, Optional
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from . import stream
-from .arrow_backend import BundleReader, in_order
-from .batching import window_permutation
-from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from ..errors import InvalidTypeError, InvalidValueError
 from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
 from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
+from . import stream
+from .arrow_backend import BundleReader, in_order
+from .batching import window_permutation
+from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 
 ARROW_READER_ARGUMENTS = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size",
                           "shuffle_rows", "seed", "transform_spec")
@@ -34,7 +34,7 @@ class ArrowReader:
     """Iterate for rows (Unischema datasets) or per-fragment batches (plain Parquet); a context manager, with
     Petastorm's ``stop()``, ``join()``, ``schema`` and ``batched_output``."""
 
-    def __init__(self, plan: ShardPlan, fragments: List[Fragment], *, schema_fields=None, workers_count: int = 10,
+    def __init__(self, plan: ShardPlan, fragments: list[Fragment], *, schema_fields=None, workers_count: int = 10,
                  reader_pool_type: str = "thread", shuffle_key=None):
         check_pool_options(reader_pool_type, workers_count, "arrow")
         self.fragments = list(fragments)
@@ -114,7 +114,7 @@ def batch_columns(table: pa.Table) -> dict:
     return out
 
 
-def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,
+def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int | None = None,
                 reshuffle: str = "epoch", backend: str = "auto", **reader_kwargs):
     """Rank ``rank``'s planned rows of ``epoch``, as Petastorm's ``make_reader`` (Unischema datasets) or
     ``make_batch_reader`` (plain Parquet) yields them.
@@ -148,7 +148,7 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
         raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
                                "(NGram is not supported by planned readers)")
     if schema_fields is not None:
-        schema_fields = [re.escape(getattr(f, "name")) if isinstance(f, tuple) else f for f in schema_fields]
+        schema_fields = [re.escape(f.name) if isinstance(f, tuple) else f for f in schema_fields]
     return ArrowReader(plan, frags, schema_fields=schema_fields, workers_count=reader_kwargs.get("workers_count", 10),
                        reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key)
 

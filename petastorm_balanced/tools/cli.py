@@ -12,10 +12,9 @@ import json
 import os
 import sys
 import warnings
-from typing import List, Optional
 
-from ..io import fs as fsutil
 from ..errors import BadInputError, PlanError
+from ..io import fs as fsutil
 from ..plan.format import PLAN_JSON
 from .progress import Progress
 
@@ -27,7 +26,7 @@ class InputError(Exception):
     """Bad input found by the CLI itself (exit 2)."""
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Petastorm 0.12.1 drives pyarrow's legacy API; its deprecation warnings are noise a CLI user cannot act on.
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -330,7 +329,7 @@ def _load(url: str):
 class _spark:
     """A SparkSession for ``--engine spark`` (stopped afterwards), None for the local engine."""
 
-    def __init__(self, args, engine: Optional[str] = None):
+    def __init__(self, args, engine: str | None = None):
         self.engine, self.master, self.session = engine or args.engine, args.master, None
 
     def __enter__(self):

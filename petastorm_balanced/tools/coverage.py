@@ -12,8 +12,8 @@ rule is written once and a bug in it shows up everywhere. Pure numpy: no I/O, no
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

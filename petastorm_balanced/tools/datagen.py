@@ -11,11 +11,11 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from ..errors import InvalidValueError
 from ..unischema.pickling import dumps
 
@@ -39,10 +39,10 @@ class DatasetInfo:
     url: str
     path: str
     num_rows: int
-    files: Tuple[str, ...]
-    row_groups: Tuple[Tuple[str, int, int], ...]
+    files: tuple[str, ...]
+    row_groups: tuple[tuple[str, int, int], ...]
     kind: str
-    partition_columns: Tuple[str, ...] = ()
+    partition_columns: tuple[str, ...] = ()
 
     @property
     def num_row_groups(self) -> int:
@@ -224,7 +224,7 @@ def _summary(info: DatasetInfo) -> str:
                int(np.median(sizes)), sizes.max(), info.url))
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m petastorm_balanced.datagen", description=__doc__.split("\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--kind", choices=["plain", "petastorm", "hive"], default="plain")

@@ -10,7 +10,7 @@ G1 for every world and part (every rank the same steps, whole batches), and G2 o
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -24,8 +24,8 @@ FragmentKeys = Callable[[object], np.ndarray]
 
 
 def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num_workers: int = 1,
-                keys: Optional[FragmentKeys] = None, expected: Optional[np.ndarray] = None,
-                label: str = "plan") -> List[Check]:
+                keys: FragmentKeys | None = None, expected: np.ndarray | None = None,
+                label: str = "plan") -> list[Check]:
     """G1 per world and part, G2 over the pass of ``epoch`` served by ``stages`` and then ``layout``'s world.
 
     ``keys`` maps a fragment to its rows' keys (default: one id per matching row, from the catalog) and

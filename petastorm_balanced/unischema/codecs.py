@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from . import spark_types
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
+from . import spark_types
 
 
 class DataframeColumnCodec:

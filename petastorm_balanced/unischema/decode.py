@@ -6,7 +6,6 @@ evaluation at planning, so a value is decoded the same way wherever it is read.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Dict, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -63,7 +62,7 @@ def decode_column(column, unischema_field) -> np.ndarray:
 def rows(table: pa.Table, unischema) -> list:
     """A table's rows as Petastorm's ``make_reader`` decodes them: pandas' values (``to_pandas(
     integer_object_nulls=True)``, as Petastorm reads), then ``decode_row``."""
-    columns: Dict[str, list] = {name: _python_values(table.column(name)) for name in table.column_names}
+    columns: dict[str, list] = {name: _python_values(table.column(name)) for name in table.column_names}
     names = [n for n in table.column_names if n in unischema.fields]
     fields = unischema.fields
     return [{n: decode_value(fields[n], columns[n][i]) for n in names} for i in range(table.num_rows)]
@@ -84,7 +83,7 @@ def _python_values(column: pa.ChunkedArray) -> list:
     return column.to_pylist()
 
 
-def decoded_columns(table: pa.Table, fields: Optional[dict]) -> Dict[str, np.ndarray]:
+def decoded_columns(table: pa.Table, fields: dict | None) -> dict[str, np.ndarray]:
     """The codec columns of ``table`` decoded (``fields``: Unischema fields by name); scalar columns are left to
     the caller's conversion."""
     if not fields:

@@ -24,12 +24,13 @@ import copyreg
 import decimal
 import io
 import pickle
-from typing import Any, Callable, Dict, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from . import codecs, schema, spark_types
 from ..errors import InvalidValueError, UnsafeDatasetError
+from . import codecs, schema, spark_types
 
 PETASTORM_MODULES = {"petastorm.unischema": schema, "petastorm.codecs": codecs}
 # Petastorm's own legacy names (datasets written before the package was renamed), read as today's.
@@ -45,7 +46,7 @@ SAFE_BUILTINS = ("str", "bytes", "bytearray", "int", "float", "complex", "bool",
                  "set", "frozenset")
 
 
-def _numpy_internals() -> Dict[str, Callable]:
+def _numpy_internals() -> dict[str, Callable]:
     try:  # numpy >= 2
         from numpy._core import multiarray
     except ImportError:  # numpy 1
@@ -53,9 +54,9 @@ def _numpy_internals() -> Dict[str, Callable]:
     return {"_reconstruct": multiarray._reconstruct, "scalar": multiarray.scalar}
 
 
-def allowed_globals() -> Dict[Tuple[str, str], object]:
+def allowed_globals() -> dict[tuple[str, str], object]:
     """Every ``(module, name)`` a stored Unischema may name, and what it loads as (our classes for Petastorm's)."""
-    table: Dict[Tuple[str, str], object] = {}
+    table: dict[tuple[str, str], object] = {}
     for module in ("petastorm.unischema", "petastorm.codecs"):
         names = ("Unischema", "UnischemaField") if module.endswith("unischema") else \
             ("NdarrayCodec", "CompressedNdarrayCodec", "CompressedImageCodec", "ScalarCodec")

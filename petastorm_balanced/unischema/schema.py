@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections import OrderedDict, namedtuple
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple
 
 from ..errors import InvalidTypeError, InvalidValueError
 
@@ -22,9 +22,9 @@ class UnischemaField(NamedTuple):
 
     name: str
     numpy_dtype: Any
-    shape: Tuple[Optional[int], ...]
-    codec: Optional[Any] = None
-    nullable: Optional[bool] = False
+    shape: tuple[int | None, ...]
+    codec: Any | None = None
+    nullable: bool | None = False
 
     def __eq__(self, other: object) -> bool:
         return _key(self) == _key(other) if isinstance(other, tuple) and len(other) == 5 else False
@@ -40,7 +40,7 @@ def _key(field) -> tuple:
     return (field[0], field[1], field[2], field[4])
 
 
-_NAMEDTUPLES: Dict[str, type] = {}
+_NAMEDTUPLES: dict[str, type] = {}
 
 
 def row_type(schema_name: str, names) -> type:
@@ -55,7 +55,7 @@ def row_type(schema_name: str, names) -> type:
 class Unischema:
     """A named, ordered set of ``UnischemaField``: what each column of a Petastorm dataset holds and its codec."""
 
-    def __init__(self, name: str, fields: List[UnischemaField]):
+    def __init__(self, name: str, fields: list[UnischemaField]):
         self._name = name
         self._fields = OrderedDict((f.name, f) for f in fields)
         for f in fields:
@@ -65,10 +65,10 @@ class Unischema:
                 warnings.warn(f"Unischema field {f.name!r} is not an attribute: the name is taken by Unischema itself")
 
     @property
-    def fields(self) -> "OrderedDict[str, UnischemaField]":
+    def fields(self) -> OrderedDict[str, UnischemaField]:
         return self._fields
 
-    def create_schema_view(self, fields) -> "Unischema":
+    def create_schema_view(self, fields) -> Unischema:
         """A Unischema of some fields: ``UnischemaField`` objects and/or regular expressions matching whole names."""
         patterns = [f for f in fields if isinstance(f, str)]
         objects = [f for f in fields if isinstance(f, tuple)]
@@ -118,6 +118,6 @@ def _spark_type(field: UnischemaField):
     return mapping[field.numpy_dtype]()
 
 
-def match_unischema_fields(schema: Unischema, patterns) -> List[UnischemaField]:
+def match_unischema_fields(schema: Unischema, patterns) -> list[UnischemaField]:
     """The fields whose whole name matches one of the regular expressions ``patterns``, in schema order."""
     return [f for name, f in schema.fields.items() if any(re.fullmatch(p, name) for p in patterns or ())]

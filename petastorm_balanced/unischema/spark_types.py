@@ -9,10 +9,10 @@ back is the one Petastorm wrote.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any
 
 # Every DataType class of pyspark.sql.types that a column (and so a ScalarCodec) can carry.
-NAMES: Tuple[str, ...] = (
+NAMES: tuple[str, ...] = (
     "NullType", "StringType", "CharType", "VarcharType", "BinaryType", "BooleanType", "DateType", "TimestampType",
     "TimestampNTZType", "DecimalType", "DoubleType", "FloatType", "ByteType", "IntegerType", "LongType", "ShortType",
     "DayTimeIntervalType", "YearMonthIntervalType", "CalendarIntervalType", "ArrayType", "MapType", "StructField",
@@ -64,13 +64,13 @@ def to_pyspark(value):
     return value
 
 
-def _state(value: object) -> Dict[str, Any]:
+def _state(value: object) -> dict[str, Any]:
     return dict(getattr(value, "__dict__", {}))
 
 
-STAND_INS: Dict[str, type] = {name: type(name, (SparkType,), {"name": name, "__module__": __name__})
+STAND_INS: dict[str, type] = {name: type(name, (SparkType,), {"name": name, "__module__": __name__})
                               for name in NAMES}
-DEFAULTS: Dict[str, Dict[str, Any]] = {"StringType": {"collation": "UTF8_BINARY"}}  # pyspark 4's attributes
+DEFAULTS: dict[str, dict[str, Any]] = {"StringType": {"collation": "UTF8_BINARY"}}  # pyspark 4's attributes
 
 
 def spark_type(name: str, **attributes: Any) -> SparkType:
