@@ -153,7 +153,8 @@ def main(argv=None):
         for name in ("make_loader[arrow]", "BalancedIterableDataset+DataLoader(workers)"):
             ours = results[name]
             print(f"ratio {name} / Petastorm thread pool: per CPU-second "
-                  f"{ours['rows_per_cpu_s'] / base['rows_per_cpu_s']:.2f}x, wall {ours['rows_s'] / base['rows_s']:.2f}x")
+                  f"{ours['rows_per_cpu_s'] / base['rows_per_cpu_s']:.2f}x, "
+                  f"wall {ours['rows_s'] / base['rows_s']:.2f}x")
         process = results["petastorm make_reader[process]+DataLoader"]
         print(f"ratio make_loader[arrow] / Petastorm process pool: per CPU-second "
               f"{results['make_loader[arrow]']['rows_per_cpu_s'] / process['rows_per_cpu_s']:.2f}x, wall "

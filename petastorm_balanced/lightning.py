@@ -45,7 +45,8 @@ def _lightning_module():
         return lightning.pytorch
     except ImportError:
         raise MissingDependencyError("petastorm_balanced.lightning needs PyTorch Lightning: pip install "
-                                     "pytorch-lightning (see requirements/frameworks.txt for the tested version)") from None
+                                     "pytorch-lightning (see requirements/frameworks.txt for the tested version)"
+                                     ) from None
 
 
 pl = _lightning_module()

@@ -69,7 +69,8 @@ def slot_batches(fragments, batch, window, shuffle, key):
     batcher = WindowBatcher(total_rows=len(ids), batch_size=batch, window_rows=size, start=start,
                             key=key if shuffle else None)
     ends = np.cumsum(lengths)
-    runs = [run for begin, end in zip(ends - lengths, ends) for run in batcher.push({"i": np.arange(begin, end)})]
+    runs = [run for begin, end in zip(ends - lengths, ends, strict=True)
+            for run in batcher.push({"i": np.arange(begin, end)})]
     batcher.finish()
     return [ids[i] for run in runs for i in run["i"].tolist()]
 
@@ -93,7 +94,7 @@ def run_pass(job: Job, worlds, workers, stops):
     delivered rows and the steps each (world, part) took."""
     stages: list[elastic.Stage] = []
     rows, first_part = [], 0
-    for index, (world, k) in enumerate(zip(worlds, workers)):
+    for index, (world, k) in enumerate(zip(worlds, workers, strict=True)):
         last = index == len(worlds) - 1
         stop_part, fraction = (job.parts - 1, 1.0) if last else stops[index]
         stop_part = max(stop_part, first_part)
@@ -161,7 +162,8 @@ def test_one_part_is_the_plain_assignment():
         rows += [(c, i, True) for c, i, _ in rows[len(rows) - missing:]]
         for rank in range(world):
             mine = parted.of_rank(rank)
-            got = [(int(c), i, bool(p)) for c, s, e, p in zip(mine.catalog_row, mine.start, mine.stop, mine.padding)
+            got = [(int(c), i, bool(p))
+                   for c, s, e, p in zip(mine.catalog_row, mine.start, mine.stop, mine.padding, strict=True)
                    for i in range(s, e)]
             assert got == rows[rank * steps * batch:(rank + 1) * steps * batch], (epoch, rank)
 

@@ -75,7 +75,7 @@ def test_lightning_resume_delivers_what_the_uninterrupted_run_did(job, checkpoin
     assert steps == 23, "the checkpoint names assume 23 steps per epoch"
     out = job["root"] / f"resumed-{checkpoint}"
     torchrun(2, SCRIPT, *job["common"], "--resume", job["root"] / "ckpt" / f"{checkpoint}.ckpt", "--record", out)
-    for full, resumed in zip(job["full"], records(out)):
+    for full, resumed in zip(job["full"], records(out), strict=True):
         assert resumed["seen"] == full["seen"][step:], "after resuming: exactly the batches that came next"
         assert [e for e, _, _ in resumed["seen"][:1]] == [step // steps]
 
@@ -97,7 +97,7 @@ def test_loaders_handed_to_trainer_fit_directly(job, direct):
     out = root / f"resumed-{direct}"
     torchrun(2, SCRIPT, *common, "--resume", root / f"ckpt-{direct}" / f"end-epoch=0-step={steps}.ckpt",
              "--record", out)
-    for before, after in zip(full, records(out)):
+    for before, after in zip(full, records(out), strict=True):
         assert after["seen"] == before["seen"][steps:], "an end-of-epoch resume continues with the next epoch"
 
 

@@ -21,7 +21,6 @@ very value the loader delivers (G13):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Union
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -29,7 +28,7 @@ import pyarrow as pa
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 TYPES = ("int32", "string")
 
-Value = Union[int, str, None]
+Value = int | str | None
 
 
 def partition_values(relative_path: str) -> dict[str, str | None]:

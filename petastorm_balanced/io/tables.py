@@ -176,7 +176,7 @@ def list_files(url: str, table: TableRef | None) -> tuple[pafs.FileSystem, str, 
     snap = snapshot(table)
     filesystem, root = fsutil.resolve(table.location)
     infos = filesystem.get_file_info([f"{root}/{f.path}" for f in snap.files])
-    for f, info in zip(snap.files, infos):
+    for f, info in zip(snap.files, infos, strict=True):
         if info.type != pafs.FileType.File:
             raise InvalidValueError(f"{f.path!r} of {table.describe()} is gone (vacuumed or expired?): that version "
                                     "can no longer be read; plan a later version")
@@ -241,7 +241,7 @@ def _delta_files(ref: TableRef) -> list[TableFile]:
     sizes = actions.column("size_bytes").to_pylist()
     parts = actions.column("partition").to_pylist() if columns else [{} for _ in paths]
     return [TableFile(_delta_relative(ref, p), int(s), tuple((c, _text((v or {}).get(c))) for c in columns))
-            for p, s, v in zip(paths, sizes, parts)]
+            for p, s, v in zip(paths, sizes, parts, strict=True)]
 
 
 def _deletion_vectors_refused(ref: TableRef, where: str) -> InvalidValueError:

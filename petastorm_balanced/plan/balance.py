@@ -107,7 +107,7 @@ class RowSequence:
         shift = len(self.subsets)
         return RowSequence(*(np.concatenate(p) for p in zip(
             (self.row, self.first, self.length, self.padding),
-            (other.row, other.first, other.length, other.padding))),
+            (other.row, other.first, other.length, other.padding), strict=True)),
             np.concatenate([self.subset, np.where(other.subset >= 0, other.subset + shift, -1)]),
             self.subsets + other.subsets)
 

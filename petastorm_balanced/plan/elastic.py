@@ -180,7 +180,7 @@ class _Builder:
         if not self.parts:
             empty = np.empty(0, dtype=np.int64)
             return RowSequence(empty, empty, empty, np.empty(0, dtype=bool), empty, ())
-        row, first, length, subset = (np.concatenate(p).astype(np.int64) for p in zip(*self.parts))
+        row, first, length, subset = (np.concatenate(p).astype(np.int64) for p in zip(*self.parts, strict=True))
         used = np.unique(subset[subset >= 0])  # keep only subsets still referenced, renumbered
         renumber = np.full(len(self.subsets) + 1, -1, dtype=np.int64)  # index -1 (no subset) stays -1
         renumber[used] = np.arange(len(used))

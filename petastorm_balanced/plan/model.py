@@ -152,7 +152,8 @@ class ShardPlan:
                            windows=windows, balance_by=balance_by).of_rank(rank)
         groups = self.catalog.row_groups
         fragments = []
-        for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding)):
+        for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding,
+                                                strict=True)):
             group = groups[c]
             if mine.subset is not None and mine.subset[i] >= 0:  # scattered rows left by an elastic resume
                 matching = mine.matching_rows(i)

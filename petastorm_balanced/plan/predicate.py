@@ -78,8 +78,8 @@ def describe(obj) -> str:
     if isinstance(obj, (list, tuple)):
         return "[" + ",".join(describe(v) for v in obj) + "]"
     if isinstance(obj, dict):
-        return "{" + ",".join(f"{describe(k)}:{describe(v)}" for k, v in sorted(obj.items(), key=lambda kv: str(kv[0])))\
-            + "}"
+        items = sorted(obj.items(), key=lambda kv: str(kv[0]))
+        return "{" + ",".join(f"{describe(k)}:{describe(v)}" for k, v in items) + "}"
     if isinstance(obj, (types.BuiltinFunctionType, type)):
         return f"{getattr(obj, '__module__', None) or 'builtins'}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):

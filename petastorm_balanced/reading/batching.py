@@ -133,7 +133,7 @@ class WindowBatcher:
         skip, self._skip = self._skip, 0
         if lengths is not None:  # batches of varying rows, each its own run; skip counts batches
             ends = np.cumsum(lengths)
-            for end, rows in zip(ends[skip:], lengths[skip:]):
+            for end, rows in zip(ends[skip:], lengths[skip:], strict=True):
                 yield {name: values[end - rows:end] for name, values in window.items()}
         elif skip < size:
             yield {name: values[skip:] for name, values in window.items()} if skip else window

@@ -8,15 +8,13 @@ than shown as a value.
 """
 from __future__ import annotations
 
-from typing import Union
-
 import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidValueError
 from .schema import LIST, ColumnSchema
 
-Values = Union[np.ndarray, pa.Array]
+Values = np.ndarray | pa.Array
 _DTYPES: dict[str, np.dtype] = {}
 
 

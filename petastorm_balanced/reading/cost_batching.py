@@ -16,7 +16,8 @@ costs and a generator key, with a rule that makes every rank land near the same 
   (little padding), and the step at which each of those quantile buckets is served is drawn from a key *without*
   the rank, ``[seed, epoch, slot, window]``: at every step all ranks serve the same quantile of similar windows.
 - Token budgets (``max_batch_cost=C``, batches of varying rows): each window of ``R`` rows becomes exactly
-  ``k = ceil(R x mean cost per row x 1.03 / C)`` batches (``k`` depends only on the plan, so it is the same on every rank),
+  ``k = ceil(R x mean cost per row x 1.03 / C)`` batches (``k`` depends only on the plan, so it is the same on every
+  rank),
   filled worst-fit-decreasing (each row, largest first, into the emptiest batch), so batches are both full and
   alike. A row that fits in no batch is left out of this epoch; the cost left out of a window is at most
   ``max(0, window cost - k x (C - largest row cost))``.

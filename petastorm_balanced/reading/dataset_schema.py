@@ -41,7 +41,7 @@ def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[
 
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
         metas = list(pool.map(footer, paths))
-    return stored_columns(list(zip(paths, metas)), names)
+    return stored_columns(list(zip(paths, metas, strict=True)), names)
 
 
 def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],

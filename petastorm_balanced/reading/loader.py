@@ -2,7 +2,8 @@
 
 Every rank yields exactly ``len(loader) == plan.steps_per_epoch(world, batch_size)`` batches of exactly
 ``batch_size`` rows (G1). The rows are the plan's assignment for the epoch (a fresh one per epoch, G5), read in
-plan order, then shuffled in fixed windows seeded by ``[seed, epoch, rank, slot, window]`` (G4: same plan, epoch, world, rank give the same batches for any pool and worker count). Resuming
+plan order, then shuffled in fixed windows seeded by ``[seed, epoch, rank, slot, window]`` (G4: same plan, epoch,
+world, rank give the same batches for any pool and worker count). Resuming
 (G6) needs only the epoch and the number of batches delivered: fragments before the current shuffle window are
 skipped arithmetically, and only the window in progress is read again. The row groups are read by the Arrow
 backend (``arrow_backend.py``) or Petastorm's reader (``petastorm_backend.py``); the batches are the same.

@@ -74,7 +74,7 @@ class Settings(Layout):
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
         cost = {} if self.cost is None else {elastic_position.BALANCE: "cost", elastic_position.COST_REDUCE:
                                              self.cost.reduce, elastic_position.MAX_BATCH_COST: self.cost.budget}
-        return {**dict(zip(Position.IDENTITY_KEYS, values)), **cost}
+        return {**dict(zip(Position.IDENTITY_KEYS, values, strict=True)), **cost}
 
 
 class Position:

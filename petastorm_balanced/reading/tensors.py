@@ -45,7 +45,7 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool):
         parts[name] = torch.from_numpy(values).split(batch_size)
     names, columns = list(parts), list(parts.values())
     for i in range(_rows(run) // batch_size):
-        yield dict(zip(names, [column[i] for column in columns]))
+        yield dict(zip(names, [column[i] for column in columns], strict=True))
 
 
 def _rows(columns: dict) -> int:

@@ -94,9 +94,9 @@ def _plan(rng, num_files, total_rows, empty_files, min_rg, max_rg):
 def _relpaths(num_files: int, hive: bool):
     """Spark-like names; with ``hive`` files are spread round-robin over ``year=...`` folders so every
     partition gets files of different sizes."""
-    names = ["part-%05d.parquet" % i for i in range(num_files)]
+    names = [f"part-{i:05d}.parquet" for i in range(num_files)]
     if hive:
-        names = ["year=%d/%s" % (2020 + i % min(3, num_files), n) for i, n in enumerate(names)]
+        names = [f"year={2020 + i % min(3, num_files)}/{n}" for i, n in enumerate(names)]
     return names
 
 
@@ -115,13 +115,13 @@ def _write(path, kind, num_files, total_rows, seed, hive, empty_files, min_rg, m
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path) and os.listdir(path):
         # Leftover files from another layout would silently become part of the dataset.
-        raise FileExistsError("output directory is not empty: %s" % path)
+        raise FileExistsError(f"output directory is not empty: {path}")
     os.makedirs(path, exist_ok=True)
     rng = np.random.default_rng(seed)
     counts, plans = _plan(rng, num_files, total_rows, empty_files, min_rg, max_rg)
     relpaths = _relpaths(num_files, hive)
     row_groups, start = [], 0
-    for i, (rel, n, sizes) in enumerate(zip(relpaths, counts.tolist(), plans)):
+    for i, (rel, n, sizes) in enumerate(zip(relpaths, counts.tolist(), plans, strict=True)):
         table = make_table(rng, i, start, n)
         full = os.path.join(path, *rel.split("/"))
         os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -202,8 +202,8 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
         vec = rng.standard_normal((n, 4)).astype(np.float32)
         image = rng.integers(0, 256, size=(n, 8, 8), dtype=np.uint8)
         raw = [ids, lang, label, vec, image]
-        cols = [[f.codec.encode(f, v) for v in values] for f, values in zip(fields, raw)]
-        return pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(cols, PETASTORM_SCHEMA.types)],
+        cols = [[f.codec.encode(f, v) for v in values] for f, values in zip(fields, raw, strict=True)]
+        return pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(cols, PETASTORM_SCHEMA.types, strict=True)],
                                     schema=PETASTORM_SCHEMA)
 
     info = _write(path, "petastorm", num_files, total_rows, seed, False, empty_files, min_row_group_rows,
@@ -219,9 +219,10 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
 
 def _summary(info: DatasetInfo) -> str:
     sizes = np.array([n for _, _, n in info.row_groups]) if info.row_groups else np.zeros(1, dtype=int)
-    return ("kind=%s partitions=%s rows=%d files=%d row_groups=%d rg_rows(min/median/max)=%d/%d/%d url=%s"
-            % (info.kind, ",".join(info.partition_columns) or "-", info.num_rows, len(info.files), info.num_row_groups, sizes.min(),
-               int(np.median(sizes)), sizes.max(), info.url))
+    partitions = ",".join(info.partition_columns) or "-"
+    return (f"kind={info.kind} partitions={partitions} rows={info.num_rows} files={len(info.files)} "
+            f"row_groups={info.num_row_groups} "
+            f"rg_rows(min/median/max)={int(sizes.min())}/{int(np.median(sizes))}/{int(sizes.max())} url={info.url}")
 
 
 def main(argv: list | None = None) -> int:

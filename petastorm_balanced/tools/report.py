@@ -193,7 +193,7 @@ def format_compare(report: dict) -> str:
                               f"{'':>6}  {'Petastorm cur_shard/shard_count':^33}      {'petastorm-balanced':^32}",
                               _row("rank", "rows", "steps", "row_groups", "|", "rows", "steps", "padded",
                                    widths=(6, 10, 8, 11, 2, 10, 8, 8))]
-    for ours, theirs in zip(report["ranks"], p["ranks"]):
+    for ours, theirs in zip(report["ranks"], p["ranks"], strict=True):
         lines.append(_row(ours["rank"], theirs["rows"], theirs["steps"], theirs["row_groups"], "|", ours["rows"],
                           ours["steps"], ours["padded_rows"], widths=(6, 10, 8, 11, 2, 10, 8, 8)))
     ours_steps = [r["steps"] for r in report["ranks"]]
@@ -232,7 +232,7 @@ def _totals_line(report: dict) -> str:
 
 
 def _row(*cells, widths=(6, 10, 8, 8, 11, 6, 11, 9)) -> str:
-    return "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, widths)).rstrip()
+    return "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, widths, strict=True)).rstrip()
 
 
 def _rows_read(catalog: Catalog, pieces: balance.Pieces) -> np.ndarray:

@@ -70,7 +70,7 @@ def compliant_shape(actual, expected) -> bool:
     >>> compliant_shape((2, 3), (None, 3)), compliant_shape((2, 3), (2, 4)), compliant_shape((2,), (2, 1))
     (True, False, False)
     """
-    return len(actual) == len(expected) and all(not a or not b or a == b for a, b in zip(actual, expected))
+    return len(actual) == len(expected) and all(not a or not b or a == b for a, b in zip(actual, expected, strict=True))
 
 
 class NdarrayCodec(DataframeColumnCodec):

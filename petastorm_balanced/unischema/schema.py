@@ -62,7 +62,8 @@ class Unischema:
             if not hasattr(self, f.name):
                 setattr(self, f.name, f)
             else:
-                warnings.warn(f"Unischema field {f.name!r} is not an attribute: the name is taken by Unischema itself")
+                warnings.warn(f"Unischema field {f.name!r} is not an attribute: the name is taken by Unischema itself",
+                              stacklevel=2)
 
     @property
     def fields(self) -> OrderedDict[str, UnischemaField]:
