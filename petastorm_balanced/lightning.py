@@ -27,12 +27,13 @@ row is delivered once, and the repeated rows are flagged in ``batch["_padding"]`
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from .errors import InvalidValueError, MissingDependencyError
 from .reading.loader import make_loader
 
 
-def _lightning_module():
+def _lightning_module() -> Any:
     if "lightning.pytorch" in sys.modules and "pytorch_lightning" not in sys.modules:
         return sys.modules["lightning.pytorch"]
     try:
@@ -49,7 +50,7 @@ def _lightning_module():
                                      ) from None
 
 
-pl = _lightning_module()
+pl: Any = _lightning_module()  # pytorch_lightning or lightning.pytorch, whichever is installed
 
 TRAINER_DEVICE = "trainer"  # device="trainer": the trainer's root device, resolved per rank
 

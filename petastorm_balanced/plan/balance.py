@@ -69,9 +69,10 @@ class Pieces:
 
     def of_rank(self, rank: int) -> Pieces:
         keep = self.rank == rank
+        ranks, worker, catalog_row, start, stop, padding = (
+            a[keep] for a in (self.rank, self.worker, self.catalog_row, self.start, self.stop, self.padding))
         return Pieces(self.world_size, self.num_workers, self.steps_per_rank, self.batch_size,
-                      *(a[keep] for a in (self.rank, self.worker, self.catalog_row, self.start, self.stop,
-                                          self.padding)),
+                      ranks, worker, catalog_row, start, stop, padding,
                       subset=None if self.subset is None else self.subset[keep], subsets=self.subsets)
 
     def matching_rows(self, i: int) -> np.ndarray:
@@ -105,9 +106,11 @@ class RowSequence:
 
     def append(self, other: RowSequence) -> RowSequence:
         shift = len(self.subsets)
-        return RowSequence(*(np.concatenate(p) for p in zip(
+        row, first, length, padding = (np.concatenate(p) for p in zip(
             (self.row, self.first, self.length, self.padding),
-            (other.row, other.first, other.length, other.padding), strict=True)),
+            (other.row, other.first, other.length, other.padding), strict=True))
+        return RowSequence(
+            row, first, length, padding,
             np.concatenate([self.subset, np.where(other.subset >= 0, other.subset + shift, -1)]),
             self.subsets + other.subsets)
 

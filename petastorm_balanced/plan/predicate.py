@@ -118,11 +118,12 @@ def _source_of(fn) -> str:
     tree = _module_tree(fn)
     line = fn.__code__.co_firstlineno
     lam = fn.__name__ == "<lambda>"
-    nodes = [n for n in ast.walk(tree) if getattr(n, "lineno", None) == line and
-             (isinstance(n, ast.Lambda) if lam else
-              isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == fn.__name__)]
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef))]
+    nodes: list[ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef] = [
+        n for n in defs if n.lineno == line and
+        (isinstance(n, ast.Lambda) if lam else not isinstance(n, ast.Lambda) and n.name == fn.__name__)]
     if not nodes and not lam:  # decorated: the code starts at the first decorator's line
-        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        nodes = [n for n in defs if not isinstance(n, ast.Lambda)
                  and n.name == fn.__name__ and n.decorator_list and n.decorator_list[0].lineno == line]
     if len(nodes) > 1:  # same first line: same argument names, then the innermost node holding the code
         code = fn.__code__

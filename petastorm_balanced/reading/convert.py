@@ -8,13 +8,15 @@ than shown as a value.
 """
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidValueError
 from .schema import LIST, ColumnSchema
 
-Values = np.ndarray | pa.Array
+Values: TypeAlias = np.ndarray | pa.Array
 _DTYPES: dict[str, np.dtype] = {}
 
 

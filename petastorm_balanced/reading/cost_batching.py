@@ -143,7 +143,7 @@ def arrange_budget(costs: np.ndarray, batches: int, budget: int, key: Sequence[i
     if costs.size and int(costs.max()) > budget:
         raise InvalidValueError(f"a row costs {int(costs.max())}, more than max_batch_cost={budget}")
     loads = [0] * batches
-    members = [[] for _ in range(batches)]
+    members: list[list[int]] = [[] for _ in range(batches)]
     # a heap of (load, tie, batch) keeps the emptiest batch on top
     import heapq
     tie = window_permutation(batches, (*key, _BATCH_ORDER))
@@ -184,6 +184,8 @@ class CostOptions:
         """``(order, lengths)`` for one window: lengths is None for fixed-size batches."""
         if self.budget is not None:
             return arrange_budget(costs, budget_batches(len(costs), self.mean_cost, self.budget), self.budget, key)
+        if batch_size is None:
+            raise AssertionError("fixed-size cost batches need a batch_size")
         if self.reduce == "sum":
             return arrange_sum(costs, batch_size, key), None
         return arrange_max(costs, batch_size, key), None
@@ -191,13 +193,18 @@ class CostOptions:
     def budget_steps(self, rows: int, window_rows: int) -> int:
         """Batches of a slot of ``rows`` rows under the budget: the same on every rank with the same rows."""
         full, rest = divmod(rows, window_rows)
-        return full * budget_batches(window_rows, self.mean_cost, self.budget) + \
-            budget_batches(rest, self.mean_cost, self.budget)
+        budget = self._budget()
+        return full * budget_batches(window_rows, self.mean_cost, budget) + budget_batches(rest, self.mean_cost, budget)
+
+    def _budget(self) -> int:
+        if self.budget is None:  # the budget_* methods serve max_batch_cost loaders only
+            raise AssertionError("a budget method called on fixed-size cost batches (max_batch_cost=None)")
+        return self.budget
 
     def budget_start(self, rows: int, window_rows: int, fragment_rows: np.ndarray, batches_done: int) -> StartPoint:
         """Where a slot resumes under the budget: the start of the window holding batch ``batches_done``;
         ``skip_rows`` then counts *batches* of that window to drop."""
-        per_window = budget_batches(window_rows, self.mean_cost, self.budget)
+        per_window = budget_batches(window_rows, self.mean_cost, self._budget())
         steps = self.budget_steps(rows, window_rows)
         if batches_done < 0 or batches_done > steps:
             raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {steps} batches")
@@ -235,7 +242,7 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
         return None
     # Without shuffle there are no windows to arrange: the rows come in the plan's cost-dealt order, with ``_cost``.
     spec = parse_cost(plan.cost)
-    if not spec.loader_evaluable:
+    if spec.column is None:  # not spec.loader_evaluable
         raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate "
                                 "per row (it evaluates a column or length/octet_length/size of a column); store it as "
                                 "a column and re-plan with cost='that_column', or pass balance='rows'")

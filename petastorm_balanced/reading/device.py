@@ -29,7 +29,7 @@ from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 try:
     import torch
 except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None
+    torch = None  # type: ignore[assignment]  # no torch on this stack: the functions that need it refuse
 
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -117,7 +117,7 @@ def _pinned(batches: Iterable[dict]) -> Iterator[dict]:
         for batch in source:
             yield _map_tensors(batch, lambda t: t.pin_memory())
     finally:
-        _close(source)
+        close_iterator(source)
 
 
 def _ahead(batches: Iterable[dict], start) -> Iterator[dict]:
@@ -131,7 +131,7 @@ def _ahead(batches: Iterable[dict], start) -> Iterator[dict]:
             batch, finish = ready
             yield batch if finish is None else finish()
     finally:
-        _close(source)
+        close_iterator(source)
 
 
 def _next_started(source: Iterator[dict], start):
@@ -177,7 +177,8 @@ def _map_tensors(batch: dict, fn) -> dict:
     return out
 
 
-def _close(source) -> None:
+def close_iterator(source: object) -> None:
+    """Close a generator (or anything with ``close``); a plain iterator has nothing to close."""
     close = getattr(source, "close", None)
     if close is not None:
         close()

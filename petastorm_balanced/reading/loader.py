@@ -15,7 +15,7 @@ import weakref
 from ..world import World, resolve_world
 from . import stream
 from .arrow_backend import arrow_chunks
-from .device import NO_FEED, Feed, check_feed, feed
+from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, torch_batches
@@ -91,8 +91,8 @@ class BalancedLoader(PlannedView):
                 run.delivered()
                 yield batch
         finally:
-            fed.close()
-            runs.close()
+            close_iterator(fed)
+            close_iterator(runs)
 
     @property
     def sampler(self) -> EpochSampler:

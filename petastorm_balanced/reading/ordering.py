@@ -57,11 +57,12 @@ class OrderedVentilator(Ventilator):
         self._items, self._gate = items, gate
         self._done = not items
         self._stop_requested = False
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def start(self):
-        self._thread = threading.Thread(target=self._run, name="petastorm-balanced-ventilator", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="petastorm-balanced-ventilator", daemon=True)
+        self._thread = thread
+        thread.start()
 
     def _run(self):
         for sequence, item in enumerate(self._items):
@@ -136,8 +137,8 @@ class BlockingThreadPool(ThreadPool):
     def start(self, worker_class, worker_args=None, ventilator=None):
         if self._stop_event.is_set():
             raise RuntimeError("a BlockingThreadPool cannot be restarted")
-        self._ventilator_queue = queue.Queue()
-        self._results_queue = queue.Queue(self._results_queue_size)
+        self._ventilator_queue: queue.Queue[Any] = queue.Queue()
+        self._results_queue: queue.Queue[Any] = queue.Queue(self._results_queue_size)
         self._workers = []
         for worker_id in range(self.workers_count):
             impl = worker_class(worker_id, self._stop_aware_put, worker_args)

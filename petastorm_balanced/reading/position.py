@@ -53,7 +53,7 @@ class Settings(Layout):
                         shuffle_window=shuffle_window, reshuffle=reshuffle, partition_epoch=partition_epoch,
                         balance_by="rows" if self.cost is None else "cost")
         self.batch_size = None if budget else rows_batch
-        if budget:
+        if budget and self.cost is not None:
             self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
         self.padding_mask = bool(padding_mask)
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
@@ -62,7 +62,7 @@ class Settings(Layout):
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
-        self._checksum = None
+        self._checksum: str | None = None
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
         return self.plan.assignment(self.rank, **self.pieces_args(epoch, num_workers, stages))
@@ -112,7 +112,7 @@ class Position:
         self.epoch, self.batches = epoch, 0  # the next batch served
         self.stages: tuple[Stage, ...] = ()  # worlds that served this epoch's pass before this one (elastic)
         self.resumed = False  # came from load_state_dict and no batch was delivered since
-        self._owner = None  # the iteration allowed to move the position
+        self._owner: Run | None = None  # the iteration allowed to move the position
 
     def begin(self) -> Run:
         """An iteration starting at the position now (call it when its first batch is about to be read).
@@ -215,6 +215,9 @@ class EpochSampler:
 
 class PlannedView:
     """What both loaders say about themselves, read from their settings and position."""
+
+    _settings: Settings  # set by the loader's __init__
+    _position: Position
 
     plan = property(lambda self: self._settings.plan)
     rank = property(lambda self: self._settings.rank)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -148,7 +149,8 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int 
         raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
                                "(NGram is not supported by planned readers)")
     if schema_fields is not None:
-        schema_fields = [re.escape(f.name) if isinstance(f, tuple) else f for f in schema_fields]
+        # names, patterns, UnischemaFields (namedtuples: ours or Petastorm's)
+        schema_fields = [re.escape(cast(Any, f).name) if isinstance(f, tuple) else f for f in schema_fields]
     return ArrowReader(plan, frags, schema_fields=schema_fields, workers_count=reader_kwargs.get("workers_count", 10),
                        reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key)
 

@@ -11,7 +11,7 @@ from .fragments import as_list
 try:
     import torch
 except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None
+    torch = None  # type: ignore[assignment]  # no torch on this stack: require_torch refuses
 
 
 def require_torch():

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import warnings
+from typing import Any
 
 from ..errors import BadInputError, PlanError
 from ..io import fs as fsutil
@@ -164,6 +165,8 @@ def _resume(plan, args):
     if not isinstance(state, dict) or state.get(PLAN_CHECKSUM) != plan.checksum:
         raise InputError(f"--state {args.state!r} was not saved by a loader of this plan (plan_checksum differs)")
     world = args.world_size or state.get(WORLD_SIZE)
+    if world is None:
+        raise InputError(f"--state {args.state!r} holds no {WORLD_SIZE}; pass --world-size")
     layout = Layout.of_state(plan, state, world)
     epoch, batches, stages = loaded(layout, state, workers=state.get(NUM_WORKERS, 1))
     return layout, epoch, batches, stages, state
@@ -330,7 +333,8 @@ class _spark:
     """A SparkSession for ``--engine spark`` (stopped afterwards), None for the local engine."""
 
     def __init__(self, args, engine: str | None = None):
-        self.engine, self.master, self.session = engine or args.engine, args.master, None
+        self.engine, self.master = engine or args.engine, args.master
+        self.session: Any = None  # a SparkSession once entered
 
     def __enter__(self):
         if self.engine != "spark":

@@ -63,7 +63,7 @@ def cost_report(catalog: Catalog, pieces: balance.Pieces) -> dict:
     if catalog.cost is None:
         return {}
     ours = rank_costs(catalog, pieces)
-    sums = {(r.path, r.row_group): r.cost_sum for r in catalog.row_groups}
+    sums = {(r.path, r.row_group): r.cost_sum or 0 for r in catalog.row_groups}
     keys = piece_keys(catalog)
     theirs = np.bincount(np.arange(len(keys)) % pieces.world_size,
                          weights=[sums.get((p, i), 0) for p, i, _ in keys], minlength=pieces.world_size)

@@ -220,7 +220,7 @@ class _Pillow:
         return out.astype(out.dtype.newbyteorder("=")) if not out.dtype.isnative else out
 
 
-_BACKEND = None
+_BACKEND: _OpenCV | _Pillow | None = None
 
 
 def _images():

@@ -22,6 +22,7 @@ import builtins
 import collections
 import copyreg
 import decimal
+import importlib
 import io
 import pickle
 from collections.abc import Callable
@@ -47,10 +48,10 @@ SAFE_BUILTINS = ("str", "bytes", "bytearray", "int", "float", "complex", "bool",
 
 
 def _numpy_internals() -> dict[str, Callable]:
-    try:  # numpy >= 2
-        from numpy._core import multiarray
+    try:  # numpy >= 2 (by name: each numpy's stubs know only one of the two paths)
+        multiarray: Any = importlib.import_module("numpy._core.multiarray")
     except ImportError:  # numpy 1
-        from numpy.core import multiarray
+        multiarray = importlib.import_module("numpy.core.multiarray")
     return {"_reconstruct": multiarray._reconstruct, "scalar": multiarray.scalar}
 
 
@@ -144,7 +145,7 @@ _WRITE_AS.update({cls: ("pyspark.sql.types", name) for name, cls in spark_types.
 _WRITE_AS[np.bool_] = ("numpy", "bool_")  # numpy 2 names it numpy.bool, which numpy 1 (Petastorm's stack) cannot load
 
 
-_Python: Any = pickle._Pickler  # type: ignore[attr-defined]  # the Python pickler, whose save_global can be overridden
+_Python: Any = pickle._Pickler  # the Python pickler, whose save_global can be overridden
 
 
 class _PetastormPickler(_Python):

@@ -72,7 +72,7 @@ class Unischema:
     def create_schema_view(self, fields) -> Unischema:
         """A Unischema of some fields: ``UnischemaField`` objects and/or regular expressions matching whole names."""
         patterns = [f for f in fields if isinstance(f, str)]
-        objects = [f for f in fields if isinstance(f, tuple)]
+        objects: list[Any] = [f for f in fields if isinstance(f, tuple)]  # UnischemaFields: ours or Petastorm's
         if len(patterns) + len(objects) != len(fields):
             raise InvalidTypeError("fields must be regular expressions (str) or UnischemaField objects")
         unknown = sorted({f.name for f in objects} - set(self._fields))
