@@ -41,7 +41,7 @@ class World:
     rank: int
     size: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_rank_world(self.rank, self.size)
 
     @classmethod
@@ -77,7 +77,7 @@ class World:
                            + " is set; pass rank= and world= explicitly. " + FRAMEWORK_HINT)
 
 
-def resolve_world(rank, world) -> World:
+def resolve_world(rank: int | None, world: int | None) -> World:
     """Explicit ``rank``/``world`` win; both missing means detect; one missing is an error."""
     if rank is None and world is None:
         return World.detect()
@@ -88,7 +88,7 @@ def resolve_world(rank, world) -> World:
     return World(rank, world)
 
 
-def check_rank_world(rank, size) -> None:
+def check_rank_world(rank: int, size: int) -> None:
     check_int("rank", rank)
     size = check_int("world_size", size, minimum=1)
     check_int("rank", rank, minimum=0, maximum=size - 1, hint=f" (world_size={size}; ranks count from 0)")

@@ -62,7 +62,7 @@ class ShardPlan:
     dataset_fingerprint: str = ""
     table: TableRef | None = None  # the Delta/Iceberg snapshot planned (io/tables.py); None: a Parquet folder
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         balance.check_params(world_size=self.world_size, seed=self.seed,
                              **({} if self.batch_size is None else {"batch_size": self.batch_size}))
         balance.check_policy(self.policy)
