@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,9 @@ import pyarrow.parquet as pq
 
 from ..errors import InvalidValueError
 from ..unischema.pickling import dumps
+
+if TYPE_CHECKING:
+    from ..unischema.schema import Unischema
 
 __all__ = ["DatasetInfo", "make_plain_dataset", "make_petastorm_dataset", "main"]
 
@@ -142,9 +146,9 @@ PLAIN_SCHEMA = pa.schema([("id", pa.int64()), ("lang", pa.string()), ("value", p
                           ("label", pa.int32()), ("text", pa.string())])
 
 
-def make_plain_dataset(path, *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0, hive: bool = False,
-                       min_row_group_rows: int = 32, max_row_group_rows: int = 4096, compression: str = "snappy",
-                       empty_files: int = 0) -> DatasetInfo:
+def make_plain_dataset(path: str | os.PathLike[str], *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0,
+                       hive: bool = False, min_row_group_rows: int = 32, max_row_group_rows: int = 4096,
+                       compression: str = "snappy", empty_files: int = 0) -> DatasetInfo:
     """Write a plain (non-Petastorm) Parquet store, the input of ``make_batch_reader``.
 
     ``value`` is shifted per file so per-file statistics differ too; ``empty_files`` of the ``num_files``
@@ -163,7 +167,7 @@ def make_plain_dataset(path, *, num_files: int = 8, total_rows: int = 20_000, se
                   max_row_group_rows, compression, make_table, PLAIN_SCHEMA)
 
 
-def make_unischema():
+def make_unischema() -> "Unischema":
     """The Unischema of ``make_petastorm_dataset``.  Built lazily so plain datasets need no petastorm/pyspark
     import.  ``image`` uses the plain ``NdarrayCodec`` because ``make_reader`` decodes every cell in Python and
     tests read every row; ``CompressedNdarrayCodec`` would add zip/zlib cost for no coverage gain."""
@@ -182,7 +186,7 @@ PETASTORM_SCHEMA = pa.schema([("id", pa.int64()), ("lang", pa.string()), ("label
                               ("vec", pa.binary()), ("image", pa.binary())])
 
 
-def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0,
+def make_petastorm_dataset(path: str | os.PathLike[str], *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0,
                            min_row_group_rows: int = 32, max_row_group_rows: int = 4096,
                            compression: str = "snappy", empty_files: int = 0) -> DatasetInfo:
     """Write a Petastorm dataset (``make_reader`` input) with the same skew as the plain one, no Spark.
@@ -195,6 +199,11 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
     """
     schema = make_unischema()
     fields = [schema.fields[name] for name in PETASTORM_SCHEMA.names]
+    encoders = []  # (field, its codec): every field of make_unischema has one
+    for f in fields:
+        if f.codec is None:
+            raise AssertionError(f"make_unischema's field {f.name!r} has no codec")
+        encoders.append((f, f.codec))
 
     def make_table(rng, i, start, n):
         ids, lang = _base_columns(rng, i, num_files, start, n)
@@ -202,7 +211,7 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
         vec = rng.standard_normal((n, 4)).astype(np.float32)
         image = rng.integers(0, 256, size=(n, 8, 8), dtype=np.uint8)
         raw = [ids, lang, label, vec, image]
-        cols = [[f.codec.encode(f, v) for v in values] for f, values in zip(fields, raw, strict=True)]
+        cols = [[codec.encode(f, v) for v in values] for (f, codec), values in zip(encoders, raw, strict=True)]
         return pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(cols, PETASTORM_SCHEMA.types, strict=True)],
                                     schema=PETASTORM_SCHEMA)
 

@@ -124,7 +124,7 @@ def loads(payload: bytes, where: str = "the dataset") -> schema.Unischema:
     return value
 
 
-def check_loaded(value, where: str) -> None:
+def check_loaded(value: Any, where: str) -> None:
     """A loaded Unischema holds fields of our field class with our codecs (or none): nothing else."""
     if not isinstance(value, schema.Unischema) or not isinstance(getattr(value, "_fields", None),
                                                                   collections.OrderedDict):
@@ -168,7 +168,7 @@ class _PetastormPickler(_Python):
         self.memoize(obj)
 
 
-def dumps(unischema) -> bytes:
+def dumps(unischema: Any) -> bytes:
     """``unischema`` pickled as Petastorm pickles its own (protocol 4, Petastorm's class paths)."""
     memfile = io.BytesIO()
     _PetastormPickler(memfile, protocol=4).dump(unischema)

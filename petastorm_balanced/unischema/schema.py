@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections import OrderedDict, namedtuple
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import InvalidTypeError, InvalidValueError
@@ -43,7 +44,7 @@ def _key(field) -> tuple:
 _NAMEDTUPLES: dict[str, type] = {}
 
 
-def row_type(schema_name: str, names) -> type:
+def row_type(schema_name: str, names: Iterable[str]) -> type:
     """The namedtuple type of rows of ``names`` (one type per schema name and field list, as Petastorm caches)."""
     names = list(names)
     key = " ".join([schema_name] + names)
@@ -69,7 +70,7 @@ class Unischema:
     def fields(self) -> OrderedDict[str, UnischemaField]:
         return self._fields
 
-    def create_schema_view(self, fields) -> Unischema:
+    def create_schema_view(self, fields: Sequence[Any]) -> Unischema:
         """A Unischema of some fields: ``UnischemaField`` objects and/or regular expressions matching whole names."""
         patterns = [f for f in fields if isinstance(f, str)]
         objects: list[Any] = [f for f in fields if isinstance(f, tuple)]  # UnischemaFields: ours or Petastorm's
@@ -84,10 +85,10 @@ class Unischema:
     def _get_namedtuple(self) -> type:
         return row_type(self._name, self._fields.keys())
 
-    def make_namedtuple(self, **values):
+    def make_namedtuple(self, **values: Any) -> Any:
         return self._get_namedtuple()(**values)
 
-    def as_spark_schema(self):
+    def as_spark_schema(self) -> Any:
         """The ``pyspark.sql.types.StructType`` of the stored columns (needs pyspark)."""
         import pyspark.sql.types as sql_types
         return sql_types.StructType([sql_types.StructField(f.name, _spark_type(f), bool(f.nullable))
@@ -101,7 +102,7 @@ class Unischema:
     __repr__ = __str__
 
 
-def _spark_type(field: UnischemaField):
+def _spark_type(field: UnischemaField) -> Any:
     if field.codec is not None:
         return field.codec.spark_dtype()
     if field.shape != ():
@@ -119,6 +120,6 @@ def _spark_type(field: UnischemaField):
     return mapping[field.numpy_dtype]()
 
 
-def match_unischema_fields(schema: Unischema, patterns) -> list[UnischemaField]:
+def match_unischema_fields(schema: Unischema, patterns: Sequence[str]) -> list[UnischemaField]:
     """The fields whose whole name matches one of the regular expressions ``patterns``, in schema order."""
     return [f for name, f in schema.fields.items() if any(re.fullmatch(p, name) for p in patterns or ())]

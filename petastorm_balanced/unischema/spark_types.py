@@ -42,7 +42,7 @@ class SparkType:
     def typeName(self) -> str:  # noqa: N802 - pyspark's name
         return self.name[:-4].lower()
 
-    def to_pyspark(self):
+    def to_pyspark(self) -> Any:
         """The real ``pyspark.sql.types`` object (needs pyspark), with the same attributes."""
         import pyspark.sql.types as sql_types
         real = getattr(sql_types, self.name).__new__(getattr(sql_types, self.name))
@@ -55,7 +55,7 @@ def type_name(spark_type: object) -> str:
     return spark_type.name if isinstance(spark_type, SparkType) else type(spark_type).__name__
 
 
-def to_pyspark(value):
+def to_pyspark(value: Any) -> Any:
     """``value`` with stand-ins (also inside lists) replaced by real pyspark types."""
     if isinstance(value, SparkType):
         return value.to_pyspark()
