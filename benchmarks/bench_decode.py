@@ -41,6 +41,7 @@ def schema(side):
 def write(path, rows, side, files=4, row_group=256):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from petastorm_balanced.unischema import pickling
     from petastorm_balanced.unischema.write import write_metadata
     if os.path.exists(os.path.join(path, "_common_metadata")):
@@ -92,6 +93,7 @@ def ours_loader(url, workers, batch):
 
 def ours_iterable(url, workers, batch):
     import torch
+
     from petastorm_balanced import BalancedIterableDataset, plan_shards
     plan = plan_shards(url, 1, batch_size=batch, engine="local")
 
@@ -151,7 +153,8 @@ def main(argv=None):
         for name in ("make_loader[arrow]", "BalancedIterableDataset+DataLoader(workers)"):
             ours = results[name]
             print(f"ratio {name} / Petastorm thread pool: per CPU-second "
-                  f"{ours['rows_per_cpu_s'] / base['rows_per_cpu_s']:.2f}x, wall {ours['rows_s'] / base['rows_s']:.2f}x")
+                  f"{ours['rows_per_cpu_s'] / base['rows_per_cpu_s']:.2f}x, "
+                  f"wall {ours['rows_s'] / base['rows_s']:.2f}x")
         process = results["petastorm make_reader[process]+DataLoader"]
         print(f"ratio make_loader[arrow] / Petastorm process pool: per CPU-second "
               f"{results['make_loader[arrow]']['rows_per_cpu_s'] / process['rows_per_cpu_s']:.2f}x, wall "

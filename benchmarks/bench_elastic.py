@@ -23,7 +23,6 @@ import warnings
 
 import numpy as np
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 warnings.simplefilter("ignore")
@@ -67,8 +66,9 @@ def first_batch(plan, world, new_world, fraction, repeats, window):
     fresh_s, resumed_s = best(fresh, repeats), best(resumed, repeats)
     rates = [(rows_per_s(None), rows_per_s(state)) for _ in range(max(1, repeats // 2))]
     rate_ratio = float(np.median([elastic / plain for plain, elastic in rates]))
-    return {"rest_of_epoch_rows_per_s_ratio_elastic_vs_fresh_epoch": round(rate_ratio, 2),"world": world, "new_world": new_world, "resume_at_batch": state["batches"], "fresh_first_batch_s":
-            round(fresh_s, 4), "elastic_first_batch_s": round(resumed_s, 4),
+    return {"rest_of_epoch_rows_per_s_ratio_elastic_vs_fresh_epoch": round(rate_ratio, 2), "world": world,
+            "new_world": new_world, "resume_at_batch": state["batches"], "fresh_first_batch_s": round(fresh_s, 4),
+            "elastic_first_batch_s": round(resumed_s, 4),
             "ratio_elastic_vs_fresh": round(resumed_s / fresh_s, 2), "state_json_bytes": len(json.dumps(state))}
 
 

@@ -155,7 +155,7 @@ def check_device_batches(plan, device, batch, count: int = 20) -> int:
     fed = list(islice(make_loader(0, 1, plan=plan, batch_size=batch, backend="arrow", device=device,
                                   pin_memory=device.type == "cuda"), count))
     assert len(host) == len(fed) == count
-    for a, b in zip(host, fed):
+    for a, b in zip(host, fed, strict=True):
         assert a.keys() == b.keys()
         for name, value in a.items():
             if isinstance(value, torch.Tensor):

@@ -1,8 +1,8 @@
 """Planning cost: metadata-only plan time over many small files, and plan bytes per scanned row.
 
 Run: ``python benchmarks/bench_plan.py [--files 10000] [--workdir DIR]``. Prints one line per figure; the budgets
-(docs/plan-format.md) are about 1 bit per scanned row when a predicate matches at random, and tens of bytes per row group
-when whole row groups match. Everything is generated in a temporary folder with pyarrow (no Spark).
+(docs/plan-format.md) are about 1 bit per scanned row when a predicate matches at random, and tens of bytes per row
+group when whole row groups match. Everything is generated in a temporary folder with pyarrow (no Spark).
 """
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from petastorm_balanced.predicates import in_lambda  # noqa: E402
-
 from petastorm_balanced import load_plan, plan_shards  # noqa: E402
 from petastorm_balanced.planning.scan import scan  # noqa: E402
+from petastorm_balanced.predicates import in_lambda  # noqa: E402
 
 
 def write_small_files(folder: str, num_files: int, rows_per_file: int, row_groups_per_file: int) -> float:
@@ -39,7 +38,7 @@ def write_small_files(folder: str, num_files: int, rows_per_file: int, row_group
     pq.write_table(base, sink, row_group_size=-(-rows_per_file // row_groups_per_file))
     data = sink.getvalue().to_pybytes()
     for i in range(num_files):
-        with open(os.path.join(folder, "part-%05d.parquet" % i), "wb") as out:
+        with open(os.path.join(folder, f"part-{i:05d}.parquet"), "wb") as out:
             out.write(data)
     open(os.path.join(folder, "_SUCCESS"), "wb").close()
     return time.perf_counter() - started
@@ -85,7 +84,7 @@ def bench_plan_size(workdir: str, rows: int, row_group_rows: int) -> None:
     rng = np.random.default_rng(0)
     for i in range(num_files):
         table = pa.table({"id": np.arange(per_file, dtype=np.int64), "r": rng.random(per_file)})
-        pq.write_table(table, os.path.join(folder, "part-%d.parquet" % i), row_group_size=row_group_rows)
+        pq.write_table(table, os.path.join(folder, f"part-{i}.parquet"), row_group_size=row_group_rows)
     random_half = in_lambda(["r"], lambda r: r < 0.5)
     cases = [("whole row groups (no predicate)", None),
              ("long runs (alternate blocks of 1,000 rows)", in_lambda(["id"], lambda i: i // 1000 % 2 == 0)),

@@ -63,6 +63,7 @@ def ratio(rates, numerator, denominator):
 def raw_pyarrow(plan, columns=NUMERIC):
     """The floor: one thread, each file opened once, ``read_row_group`` of every row group, columns to numpy."""
     import pyarrow.parquet as pq
+
     from petastorm_balanced.io import fs as fsutil
     _, root = fsutil.resolve(plan.dataset_url)
     rows, files = 0, {}
@@ -140,6 +141,7 @@ def throughput(url, args):
 def decode_work(plain_url, petastorm_url, args):
     """Rows turned into arrays (plain) or through codecs (Petastorm) per row delivered, with a predicate plan."""
     from petastorm.codecs import NdarrayCodec
+
     from petastorm_balanced import make_loader, plan_shards
     from petastorm_balanced.predicates import in_lambda
     from petastorm_balanced.reading import fragments
@@ -177,18 +179,18 @@ def decode_work(plain_url, petastorm_url, args):
 def peak_rss(url, args):
     """Memory of a child process reading one rank's epoch (MiB): ru_maxrss, and the resident size sampled while
     reading minus the size before the first batch (what reading adds on top of the imports and the plan)."""
-    code = ("import os, sys, resource, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, %r)\n"
+    code = (f"import os, sys, resource, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, {ROOT!r})\n"
             "from petastorm_balanced import plan_shards, make_loader\n"
             "page = os.sysconf('SC_PAGE_SIZE')\n"
             "def rss(): return int(open('/proc/self/statm').read().split()[1]) * page\n"
-            "plan = plan_shards(%r, 2, batch_size=%d, engine='local')\n"
-            "loader = make_loader(0, 2, plan=plan, workers_count=%d, shuffle_window=%d)\n"
+            f"plan = plan_shards({url!r}, 2, batch_size={int(args.batch)}, engine='local')\n"
+            f"loader = make_loader(0, 2, plan=plan, workers_count={int(args.workers)}, "
+            f"shuffle_window={int(args.window)})\n"
             "base, top, n = rss(), 0, 0\n"
             "for i, b in enumerate(loader):\n"
             "    n += len(b['id'])\n"
-            "    top = max(top, rss()) if i %% 20 == 0 else top\n"
-            "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, base, top)\n"
-            % (ROOT, url, args.batch, args.workers, args.window))
+            "    top = max(top, rss()) if i % 20 == 0 else top\n"
+            "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, base, top)\n")
     rows, peak, base, top = map(int, subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                                                     text=True).stdout.split())
     mib = 1024 * 1024

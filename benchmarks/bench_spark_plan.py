@@ -33,8 +33,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from petastorm_balanced import datagen, plan_shards  # noqa: E402
-from petastorm_balanced.planning.engines import spark as spark_engine  # noqa: E402
 from petastorm_balanced.plan.predicate import predicate_info
+from petastorm_balanced.planning.engines import spark as spark_engine  # noqa: E402
 from petastorm_balanced.planning.plan_shards import make_plan  # noqa: E402
 
 

@@ -19,14 +19,13 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Optional
 
 # Petastorm 0.12.1 on pyarrow 14 warns about its legacy dataset API on every row group; the counts are the point.
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def lang_predicate(lang: Optional[str]):
+def lang_predicate(lang: str | None):
     """``lang == <lang>`` as a Petastorm predicate, or None for no filtering.
 
     ``in_lambda`` hands the batch reader a pandas Series, and ``==`` is vectorized over it, so the same lambda
@@ -74,7 +73,7 @@ def balanced_steps(plan_url: str, world_size: int, batch_size: int) -> int:
     return load_plan(plan_url).steps_per_epoch(world_size=world_size, batch_size=batch_size)
 
 
-def format_report(counts: list, batch_size: int, balanced: Optional[int]) -> str:
+def format_report(counts: list, batch_size: int, balanced: int | None) -> str:
     steps = [c["steps"] for c in counts]
     lines = [f"plain Petastorm cur_shard/shard_count, world_size={len(counts)}, batch_size={batch_size}",
              f"{'rank':>4} {'rows':>8} {'steps':>6} {'full':>6}" + ("  balanced" if balanced is not None else "")]

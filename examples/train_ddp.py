@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import time
-
 import warnings
 
 import numpy as np

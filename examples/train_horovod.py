@@ -21,11 +21,20 @@ import time
 
 import torch
 
-from petastorm_balanced import World, load_plan, make_loader
-
 # The shared pieces of the DDP example (this folder is on sys.path when a script in it runs).
-from train_ddp import FEATURES, build_model, build_parser, check_epoch, log, parse_args, report, train_epoch, \
-    write_epoch
+from train_ddp import (
+    FEATURES,
+    build_model,
+    build_parser,
+    check_epoch,
+    log,
+    parse_args,
+    report,
+    train_epoch,
+    write_epoch,
+)
+
+from petastorm_balanced import World, load_plan, make_loader
 
 
 def data_only(args) -> int:

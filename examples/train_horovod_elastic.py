@@ -37,10 +37,9 @@ import time
 
 import numpy as np
 import torch
+from train_ddp import FEATURES, build_model, build_parser, check_epoch, features, log, parse_args
 
 from petastorm_balanced import load_plan, make_loader
-
-from train_ddp import FEATURES, build_model, build_parser, check_epoch, features, log, parse_args
 
 
 def open_loader(hvd, state, plan, column, args):

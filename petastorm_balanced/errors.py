@@ -4,7 +4,7 @@ Every error a user can act on names what was wrong and how to fix it. ``PlanErro
 can catch "this plan cannot be used" in one clause; bad arguments stay ``ValueError``/``TypeError`` as Python
 users expect.
 """
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class BadInputError(Exception):

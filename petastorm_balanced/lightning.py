@@ -27,12 +27,15 @@ row is delivered once, and the repeated rows are flagged in ``batch["_padding"]`
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import InvalidValueError, MissingDependencyError
-from .reading.loader import make_loader
+from .plan.model import ShardPlan
+from .reading.loader import BalancedLoader, make_loader
 
 
-def _lightning_module():
+def _lightning_module() -> Any:
     if "lightning.pytorch" in sys.modules and "pytorch_lightning" not in sys.modules:
         return sys.modules["lightning.pytorch"]
     try:
@@ -45,10 +48,11 @@ def _lightning_module():
         return lightning.pytorch
     except ImportError:
         raise MissingDependencyError("petastorm_balanced.lightning needs PyTorch Lightning: pip install "
-                                     "pytorch-lightning (see requirements/frameworks.txt for the tested version)") from None
+                                     "pytorch-lightning (see requirements/frameworks.txt for the tested version)"
+                                     ) from None
 
 
-pl = _lightning_module()
+pl: Any = _lightning_module()  # pytorch_lightning or lightning.pytorch, whichever is installed
 
 TRAINER_DEVICE = "trainer"  # device="trainer": the trainer's root device, resolved per rank
 
@@ -68,7 +72,8 @@ class BalancedDataModule(pl.LightningDataModule):
     are built in ``train_dataloader()``/``val_dataloader()``, when the trainer's processes exist.
     """
 
-    def __init__(self, plan, *, batch_size=None, val_plan=None, **make_loader_kwargs):
+    def __init__(self, plan: ShardPlan | str, *, batch_size: int | None = None, val_plan: ShardPlan | str | None = None,
+                 **make_loader_kwargs: Any):
         super().__init__()
         for name, why in OWNED.items():
             if name in make_loader_kwargs:
@@ -77,7 +82,7 @@ class BalancedDataModule(pl.LightningDataModule):
         self.plan, self.val_plan, self.batch_size = plan, val_plan, batch_size
         self.make_loader_kwargs = dict(make_loader_kwargs)
 
-    def _loader(self, plan):
+    def _loader(self, plan: ShardPlan | str) -> BalancedLoader:
         trainer = self.trainer
         rank, world = (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
         kwargs = dict(self.make_loader_kwargs)
@@ -88,10 +93,10 @@ class BalancedDataModule(pl.LightningDataModule):
             kwargs["device"] = trainer.strategy.root_device
         return make_loader(rank, world, plan=plan, batch_size=self.batch_size, **kwargs)
 
-    def train_dataloader(self):
+    def train_dataloader(self) -> BalancedLoader:
         return self._loader(self.plan)  # its sampler.set_epoch is its set_epoch: Lightning's epoch reaches it
 
-    def val_dataloader(self):
+    def val_dataloader(self) -> FixedEpochLoader | list:
         if self.val_plan is None:
             return []  # Lightning runs no validation for an empty list
         return FixedEpochLoader(self._loader(self.val_plan), epoch=0)
@@ -100,12 +105,12 @@ class BalancedDataModule(pl.LightningDataModule):
 class FixedEpochLoader:
     """The same epoch at every ``iter()`` (validation); no state is saved, since every run starts afresh."""
 
-    def __init__(self, loader, epoch: int):
+    def __init__(self, loader: BalancedLoader, epoch: int):
         self.loader, self.epoch = loader, epoch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         self.loader.set_epoch(self.epoch)  # also restarts a run Lightning abandoned (sanity check, limits)
         return iter(self.loader)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.loader)

@@ -10,12 +10,11 @@ petastorm_balanced.errors.InvalidValueError: batch_size=0 must be >= 1
 from __future__ import annotations
 
 from numbers import Integral
-from typing import Optional
 
 from .errors import InvalidTypeError, InvalidValueError
 
 
-def check_int(name: str, value, *, minimum: Optional[int] = None, maximum: Optional[int] = None,
+def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
               hint: str = "") -> int:
     """``value`` as a Python int, after checking it is an integer in ``[minimum, maximum]`` (inclusive)."""
     if isinstance(value, bool) or not isinstance(value, Integral):

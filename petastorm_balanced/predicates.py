@@ -17,7 +17,7 @@ except ImportError:  # no Petastorm on this stack (pyarrow >= 16): the same clas
 
     import numpy as np
 
-    class PredicateBase(abc.ABC):
+    class PredicateBase(abc.ABC):  # type: ignore[no-redef]  # fallback for Petastorm's class of this name
         """Base class for row predicates: the fields read, and whether a row (a dict of those fields) matches."""
 
         @abc.abstractmethod
@@ -28,7 +28,7 @@ except ImportError:  # no Petastorm on this stack (pyarrow >= 16): the same clas
         def do_include(self, values):
             """Whether the row ``values`` (a mapping of field name to value) is kept."""
 
-    class in_set(PredicateBase):  # noqa: N801 - Petastorm's name
+    class in_set(PredicateBase):  # type: ignore[no-redef]  # fallback for Petastorm's class of this name
         """The field's value is one of ``inclusion_values``."""
 
         def __init__(self, inclusion_values, predicate_field):
@@ -41,7 +41,7 @@ except ImportError:  # no Petastorm on this stack (pyarrow >= 16): the same clas
         def do_include(self, values):
             return values[self._predicate_field] in self._inclusion_values
 
-    class in_intersection(PredicateBase):  # noqa: N801
+    class in_intersection(PredicateBase):  # type: ignore[no-redef]  # fallback for Petastorm's class of this name
         """The field (a list) holds at least one of ``inclusion_values``."""
 
         def __init__(self, inclusion_values, _predicate_field):
@@ -54,7 +54,7 @@ except ImportError:  # no Petastorm on this stack (pyarrow >= 16): the same clas
         def do_include(self, values):
             return bool(np.isin(values[self._predicate_field], self._inclusion_values).any())
 
-    class in_lambda(PredicateBase):  # noqa: N801
+    class in_lambda(PredicateBase):  # type: ignore[no-redef]  # fallback for Petastorm's class of this name
         """``predicate_func(*fields[, state_arg])``: a function of the listed fields (and a state, if not None)."""
 
         def __init__(self, predicate_fields, predicate_func, state_arg=None):
@@ -73,7 +73,7 @@ except ImportError:  # no Petastorm on this stack (pyarrow >= 16): the same clas
                 args.append(self._state_arg)
             return self._predicate_func(*args)
 
-    class in_negate(PredicateBase):  # noqa: N801
+    class in_negate(PredicateBase):  # type: ignore[no-redef]  # fallback for Petastorm's class of this name
         """Rows the wrapped predicate does not keep."""
 
         def __init__(self, predicate):
@@ -87,7 +87,7 @@ except ImportError:  # no Petastorm on this stack (pyarrow >= 16): the same clas
         def do_include(self, values):
             return not self._predicate.do_include(values)
 
-    class in_reduce(PredicateBase):  # noqa: N801
+    class in_reduce(PredicateBase):  # type: ignore[no-redef]  # fallback for Petastorm's class of this name
         """``reduce_func`` (e.g. ``all``, ``any``) over the results of several predicates."""
 
         def __init__(self, predicate_list, reduce_func):

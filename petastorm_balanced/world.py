@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
-from .params import check_int
 from .errors import InvalidValueError
+from .params import check_int
 
 # (rank variable, size variable, launcher), in the order they are trusted: the most specific launcher first. A
 # torchrun, horovodrun or mpirun started inside a SLURM job (by srun or in an sbatch script) inherits SLURM's
@@ -41,11 +41,11 @@ class World:
     rank: int
     size: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_rank_world(self.rank, self.size)
 
     @classmethod
-    def detect(cls, environ: Optional[Mapping[str, str]] = None) -> "World":
+    def detect(cls, environ: Mapping[str, str] | None = None) -> World:
         """Rank and world size from the job's launcher, trusted in this order (the first one present decides):
 
         1. an initialized ``torch.distributed`` process group (only when ``environ`` is not given);
@@ -77,7 +77,7 @@ class World:
                            + " is set; pass rank= and world= explicitly. " + FRAMEWORK_HINT)
 
 
-def resolve_world(rank, world) -> World:
+def resolve_world(rank: int | None, world: int | None) -> World:
     """Explicit ``rank``/``world`` win; both missing means detect; one missing is an error."""
     if rank is None and world is None:
         return World.detect()
@@ -88,7 +88,7 @@ def resolve_world(rank, world) -> World:
     return World(rank, world)
 
 
-def check_rank_world(rank, size) -> None:
+def check_rank_world(rank: int, size: int) -> None:
     check_int("rank", rank)
     size = check_int("world_size", size, minimum=1)
     check_int("rank", rank, minimum=0, maximum=size - 1, hint=f" (world_size={size}; ranks count from 0)")

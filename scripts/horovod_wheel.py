@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVOD_VERSION = "0.28.1"
@@ -37,21 +36,21 @@ def wheel_dirs() -> list:
     return [ROOT.parent / "shared" / "wheels", ROOT / "shared" / "wheels"]
 
 
-def find_wheel() -> Optional[Path]:
+def find_wheel() -> Path | None:
     for folder in wheel_dirs():
         if (folder / WHEEL).is_file():
             return folder / WHEEL
     return None
 
 
-def installed_version(dist: str) -> Optional[str]:
+def installed_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def stack_mismatch() -> Optional[str]:
+def stack_mismatch() -> str | None:
     """Why this interpreter cannot use the wheel, or None."""
     problems = []
     if sys.version_info[:2] != PYTHON:
@@ -66,7 +65,7 @@ def stack_mismatch() -> Optional[str]:
     return "; ".join(problems) or None
 
 
-def expected_sha256(wheel: Path) -> Optional[str]:
+def expected_sha256(wheel: Path) -> str | None:
     """The sha256 the wheels README gives for ``wheel`` (the line after its heading), or None."""
     readme = wheel.parent / "README.md"
     if not readme.is_file():
@@ -84,7 +83,7 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def skip_reason() -> Optional[str]:
+def skip_reason() -> str | None:
     """Why a Horovod test cannot run here (None: the wheel fits this stack, so Horovod should be installed)."""
     wheel = find_wheel()
     if wheel is None:

@@ -45,4 +45,4 @@ def check_delivery(plan, expected: np.ndarray, read, *, worlds=(1, 2, 3), epochs
                                 policy=plan.policy, global_batch=world * batch, name=f"G2 {name}")
             assert g2.ok, g2.detail
             again = _ids_of(read(world - 1, world, epoch))
-            assert all(np.array_equal(a, b) for a, b in zip(again[:2], per_rank[-1][:2])), f"G4 {name}"
+            assert all(np.array_equal(a, b) for a, b in zip(again[:2], per_rank[-1][:2], strict=True)), f"G4 {name}"

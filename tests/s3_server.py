@@ -105,10 +105,10 @@ def start_server() -> S3Server:
         try:
             urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).read()
             break
-        except OSError:
+        except OSError as error:
             if time.monotonic() > deadline:
                 process.kill()
-                raise RuntimeError(f"moto_server did not answer on {endpoint} within {START_TIMEOUT_S} s")
+                raise RuntimeError(f"moto_server did not answer on {endpoint} within {START_TIMEOUT_S} s") from error
             time.sleep(0.05)
     server = S3Server(endpoint, BUCKET, process)
     server.client().create_bucket(Bucket=BUCKET)

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
 
 START_TIMEOUT_S = 120
 
@@ -40,7 +39,7 @@ def spark_bin(name: str) -> str:
     return str(path)
 
 
-def cluster_env(extra: Optional[dict] = None) -> dict:
+def cluster_env(extra: dict | None = None) -> dict:
     """The daemons' and jobs' environment: this Python for the executors' workers, 127.0.0.1 for every address,
     and the repository on PYTHONPATH (the planning job ships the package itself; this only helps imports)."""
     env = dict(os.environ)
@@ -59,10 +58,10 @@ class StandaloneCluster:
         self.workers, self.cores, self.memory = workers, cores, memory
         self.port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
-        self._procs: List[subprocess.Popen] = []
-        self._logs: List[Path] = []
+        self._procs: list[subprocess.Popen] = []
+        self._logs: list[Path] = []
 
-    def start(self) -> "StandaloneCluster":
+    def start(self) -> StandaloneCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             self._daemon("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
@@ -81,7 +80,7 @@ class StandaloneCluster:
             raise
         return self
 
-    def _daemon(self, name: str, args: List[str]) -> None:
+    def _daemon(self, name: str, args: list[str]) -> None:
         log = self.workdir / f"{name}.log"
         env = cluster_env({"SPARK_LOG_DIR": str(self.workdir), "SPARK_WORKER_DIR": str(self.workdir)})
         with open(log, "w") as handle:  # the daemon keeps its own copy of the descriptor
@@ -104,12 +103,12 @@ class StandaloneCluster:
         raise TimeoutError(f"no {pattern!r} in {log} after {timeout:.0f} s:\n"
                            f"{log.read_text(errors='replace')[-3000:] if log.exists() else ''}")
 
-    def executor_dirs(self) -> List[Path]:
+    def executor_dirs(self) -> list[Path]:
         """One folder per executor the workers launched (``worker-i/app-.../<executor id>``, holding its stdout
         and stderr): proof that tasks ran in the workers' JVMs, not in the driver."""
         return sorted(p for p in self.workdir.glob("worker-*/app-*/*") if p.is_dir())
 
-    def process_groups(self) -> List[int]:
+    def process_groups(self) -> list[int]:
         """The daemons' process groups (one per daemon, its JVM and the executors it started)."""
         return [proc.pid for proc in self._procs]
 
@@ -140,7 +139,7 @@ class StandaloneCluster:
             time.sleep(0.1)
         self._procs.clear()
 
-    def __enter__(self) -> "StandaloneCluster":
+    def __enter__(self) -> StandaloneCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -165,7 +164,7 @@ def group_alive(group: int) -> bool:
 
 
 def submit(cluster: StandaloneCluster, script, *args, executor_memory: str = "768m", timeout: float = 600,
-           conf: Optional[dict] = None) -> subprocess.CompletedProcess:
+           conf: dict | None = None) -> subprocess.CompletedProcess:
     """``spark-submit --master cluster.url script args``, client mode: the driver is this machine's JVM, the
     executors the workers'; raises with the output when it fails."""
     settings = {"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress":

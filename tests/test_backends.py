@@ -10,11 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from delivery_contract import check_delivery, matching_ids
+from stacks import HAVE_PETASTORM, petastorm_only
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.predicates import in_set
-from delivery_contract import check_delivery, matching_ids
-from stacks import HAVE_PETASTORM, petastorm_only
+
 BATCH = 32
 
 

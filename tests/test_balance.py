@@ -5,10 +5,11 @@ intervals are the balancer's whole output, so checking them checks every row.
 """
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import BalanceCase, balance_cases, catalogs, seeds
 
 from petastorm_balanced.plan import balance
-from strategies import BalanceCase, balance_cases, catalogs, seeds
 
 # Epochs compared for G5. The first piece of an epoch always comes from the first row group of its order, so two
 # epochs give the same assignment with probability <= 1/2 (two row groups); all of 40 epochs agree with
@@ -74,7 +75,7 @@ def rank_sequence(p: balance.Pieces, rank: int):
     mine = p.of_rank(rank)
     runs = []
     for c, s, e, pad in zip(mine.catalog_row.tolist(), mine.start.tolist(), mine.stop.tolist(),
-                            mine.padding.tolist()):
+                            mine.padding.tolist(), strict=True):
         if runs and runs[-1][0] == c and runs[-1][2] == s and runs[-1][3] == pad:
             runs[-1][2] = e
         else:
@@ -199,6 +200,7 @@ def test_pad_repeats_exactly_the_last_rows_of_the_sequence(case):
             break
         take = min(int(counts[row]), extra - len(tail))
         tail = [(int(row), i) for i in range(int(counts[row]) - take, int(counts[row]))] + tail
-    padded = [(int(r), i) for r, s, e, p in zip(pieces.catalog_row, pieces.start, pieces.stop, pieces.padding)
-              if p for i in range(int(s), int(e))]
+    padded = [(int(r), i)
+              for r, s, e, p in zip(pieces.catalog_row, pieces.start, pieces.stop, pieces.padding, strict=True) if p
+              for i in range(int(s), int(e))]
     assert padded == tail

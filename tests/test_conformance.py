@@ -19,7 +19,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import COLUMN_KINDS, DatasetSpec, dataset_specs
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
@@ -27,7 +29,6 @@ from petastorm_balanced.predicates import in_lambda
 from petastorm_balanced.reading.convert import one_array
 from petastorm_balanced.reading.options import petastorm_importable
 from petastorm_balanced.reading.schema import LIST, delivered_type
-from strategies import COLUMN_KINDS, DatasetSpec, dataset_specs
 
 torch = pytest.importorskip("torch")
 WRITERS = ["pyarrow"] + [w for w in ("polars", "duckdb") if importlib.util.find_spec(w)]  # skipped if absent
@@ -69,7 +70,7 @@ def write(spec: DatasetSpec, root: str) -> str:
                                partitioning=pads.partitioning(pa.schema([table.schema.field("part")]), flavor="hive"),
                                max_rows_per_group=spec.row_group_rows[0], max_rows_per_file=10_000)
         return root
-    for i, (table, rows) in enumerate(zip(tables, spec.row_group_rows)):
+    for i, (table, rows) in enumerate(zip(tables, spec.row_group_rows, strict=True)):
         path = os.path.join(root, f"part-{i:05d}.parquet")
         if spec.writer == "polars":
             import polars as pl
@@ -91,7 +92,7 @@ def oracle(root: str) -> dict:
     """``{column: {id: value}}`` as pyarrow.dataset reads it, in the loader's documented representation."""
     table = pads.dataset(root, format="parquet", partitioning="hive").to_table()
     ids = table.column("id").to_pylist()
-    return {name: dict(zip(ids, canonical(table.column(name)))) for name in table.column_names}
+    return {name: dict(zip(ids, canonical(table.column(name)), strict=True)) for name in table.column_names}
 
 
 def canonical(column) -> list:
@@ -122,10 +123,10 @@ def delivered(batches, schema) -> dict:
                 continue
             values = batch[column.name] if column.kind == LIST else batch[column.name].tolist()
             if column.nulls == "mask":
-                values = [v if ok else None for v, ok in zip(values, batch[column.mask].tolist())]
+                values = [v if ok else None for v, ok in zip(values, batch[column.mask].tolist(), strict=True)]
             elif column.nulls == "nan":
                 values = _nan_to_none(values)
-            for i, value, k in zip(ids, values, keep):
+            for i, value, k in zip(ids, values, keep, strict=True):
                 if k:
                     assert i not in out[column.name], f"id {i} delivered twice"
                     out[column.name][i] = value
@@ -165,7 +166,7 @@ def check_dataset(root: str, *, iterable_workers=0) -> None:
         for name, values in got.items():
             by_path.setdefault(label, {}).setdefault(name, {}).update(values)
     assert len(schemas) == 1, "the schema differs between ranks or reading paths"
-    for label, got in by_path.items():
+    for got in by_path.values():
         check_equal(got, expected)
 
 
@@ -242,8 +243,8 @@ def test_nulls_in_some_files_give_one_schema_and_exact_int64(tmp_path):
     batches = list(loader)
     assert all(b["x"].dtype == torch.int64 and "x__valid" in b for b in batches)
     values = {i: (v if ok else None) for b in batches
-              for i, v, ok in zip(b["id"].tolist(), b["x"].tolist(), b["x__valid"].tolist())}
-    assert values == dict(zip(range(18), [big] * 9 + [None, big + 1] * 4 + [None]))
+              for i, v, ok in zip(b["id"].tolist(), b["x"].tolist(), b["x__valid"].tolist(), strict=True)}
+    assert values == dict(zip(range(18), [big] * 9 + [None, big + 1] * 4 + [None], strict=True))
 
 
 def test_multi_chunk_dictionary_and_polars_categorical_nulls_stay_none(tmp_path):
@@ -262,7 +263,8 @@ def test_multi_chunk_dictionary_and_polars_categorical_nulls_stay_none(tmp_path)
     for root in roots:
         check_dataset(root)
         plan = plan_shards(root, 1, batch_size=4, engine="local")
-        got = {i: v for b in make_loader(0, 1, plan=plan, backend="arrow") for i, v in zip(b["id"].tolist(), b["c"])}
+        got = {i: v for b in make_loader(0, 1, plan=plan, backend="arrow")
+               for i, v in zip(b["id"].tolist(), b["c"], strict=True)}
         assert got == dict(enumerate(values))
 
 

@@ -12,15 +12,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from resume_contract import check_resume_contract
 
 from petastorm_balanced import load_plan, plan_shards
 from petastorm_balanced.plan import balance
 from petastorm_balanced.plan.cost_order import cost_order
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches
 from petastorm_balanced.reading.cost_batching import arrange_budget, arrange_max, arrange_sum, budget_batches
-
-from resume_contract import check_resume_contract
 
 
 def write_lengths(path, rows=3000, files=4, row_group=300, seed=0, sources=True):
@@ -95,7 +95,7 @@ def test_budget_bound(costs, extra, key):
     assert len(lengths) == k and (lengths >= 1).all()
     assert len(set(order.tolist())) == len(order)
     ends = np.cumsum(lengths)
-    assert all(costs[order[e - n:e]].sum() <= budget for e, n in zip(ends, lengths))
+    assert all(costs[order[e - n:e]].sum() <= budget for e, n in zip(ends, lengths, strict=True))
     left = int(costs.sum() - costs[order].sum())
     assert left <= max(0, int(costs.sum()) - k * (budget - int(costs.max())))
 
@@ -118,7 +118,7 @@ def test_cost_order_keeps_g1_g2(counts, density, world, batch, policy, seed, epo
     rows = [pieces.rows_of_rank(r) for r in range(world)]
     assert len(set(rows)) == 1 and rows[0] == pieces.steps_per_rank * batch  # G1
     real = ~pieces.padding
-    taken = [(c, i) for c, s, e in zip(pieces.catalog_row[real], pieces.start[real], pieces.stop[real])
+    taken = [(c, i) for c, s, e in zip(pieces.catalog_row[real], pieces.start[real], pieces.stop[real], strict=True)
              for i in range(s, e)]
     assert len(taken) == len(set(taken))  # G2: no row twice
     if policy == "drop":
@@ -288,7 +288,7 @@ def test_token_budget_equal_steps_within_budget(cost_plan):
     ids = np.concatenate([b for batches, _ in ranks for b in batches])
     assert len(ids) == len(np.unique(ids))
     length = dict(zip(*[pq.read_table(cost_plan.dataset_url.replace("file://", ""), columns=[c]).column(0)
-                        .to_numpy() for c in ("id", "length")]))
+                        .to_numpy() for c in ("id", "length")], strict=True))
     fills = [sum(length[i] for i in b) / budget for batches, _ in ranks for b in batches]
     assert max(fills) <= 1.0  # how full they are on average is a benchmark figure (bench_cost.py)
 
@@ -333,8 +333,9 @@ def test_one_auto_rule_for_every_reader(cost_plan):
         by_cost, by_rows = planned_ids(cost_plan, rank, "cost"), planned_ids(cost_plan, rank, "rows")
         assert not np.array_equal(by_cost, by_rows), "the cost order must differ from the row order here"
         readers = {
-            "make_loader": lambda: make_loader(rank, 3, plan=cost_plan, batch_size=8, shuffle=False, backend="arrow"),
-            "BalancedIterableDataset": lambda: BalancedIterableDataset(cost_plan, rank, 3, batch_size=8,
+            "make_loader": lambda rank=rank: make_loader(rank, 3, plan=cost_plan, batch_size=8, shuffle=False,
+                                                         backend="arrow"),
+            "BalancedIterableDataset": lambda rank=rank: BalancedIterableDataset(cost_plan, rank, 3, batch_size=8,
                                                                        shuffle=False, backend="arrow"),
         }
         for name, make in readers.items():
@@ -426,6 +427,7 @@ def test_inspect_and_compare_show_the_cost_side(cost_plan, lengths):
 
 def test_verify_rechecks_cost_statistics(cost_plan):
     from dataclasses import replace
+
     from petastorm_balanced.plan.catalog import Catalog
     from petastorm_balanced.tools.verify import cost_check
     assert cost_check(cost_plan).ok

@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from stacks import petastorm_only
 
 from petastorm_balanced.datagen import main, make_petastorm_dataset, make_plain_dataset
-from stacks import petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # petastorm 0.12.1 uses pyarrow's legacy API
 
@@ -23,7 +23,7 @@ def _footer_row_groups(info):
 def test_plain_layout_is_skewed(tmp_path):
     info = make_plain_dataset(tmp_path / "ds", num_files=8, total_rows=6000, seed=1, empty_files=1)
     assert info.kind == "plain" and info.partition_columns == ()
-    assert info.files == tuple("part-%05d.parquet" % i for i in range(8))
+    assert info.files == tuple(f"part-{i:05d}.parquet" for i in range(8))
     assert (tmp_path / "ds" / "_SUCCESS").stat().st_size == 0
     assert _footer_row_groups(info) == list(info.row_groups)  # footers match the reported truth exactly
     rg_sizes = [n for _, _, n in info.row_groups]
@@ -34,7 +34,7 @@ def test_plain_layout_is_skewed(tmp_path):
     non_empty = [n for n in file_rows if n]
     assert max(non_empty) > 2 * min(non_empty)
     en_share = []
-    for f, n in zip(info.files, file_rows):
+    for f, n in zip(info.files, file_rows, strict=True):
         if n:
             lang = pq.read_table(os.path.join(info.path, f), columns=["lang"]).column("lang").to_numpy()
             en_share.append(np.mean(lang == "en"))

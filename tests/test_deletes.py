@@ -1,7 +1,8 @@
 """plan/deletes.py: a table's position deletes leave the catalog's selections, checked against a brute-force
 model over random files, row groups, predicate selections and deletes."""
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from petastorm_balanced.plan.catalog import Catalog, FileInfo, match_from_mask
 from petastorm_balanced.plan.deletes import without_rows

@@ -37,7 +37,7 @@ def plan(tmp_path_factory):
 def same_batches(left, right):
     """Every column of every batch equal, values and dtypes (tensors), lists of str item by item."""
     assert len(left) == len(right)
-    for a, b in zip(left, right):
+    for a, b in zip(left, right, strict=True):
         assert a.keys() == b.keys()
         for name in a:
             if isinstance(a[name], torch.Tensor):

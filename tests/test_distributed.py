@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from jobs import free_port, job_env
 
 from petastorm_balanced import datagen, plan_shards
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
-from jobs import free_port, job_env
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def recorded_batches(steps, ids):
     """Batch sizes of each rank from a job's record (its step count and its flat ids): ``steps`` batches of
     ``BATCH`` rows, the last holding whatever is left, so a record whose ids do not fill its steps fails G1."""
     return [[BATCH] * (s - 1) + [len(i) - (s - 1) * BATCH] if s else [len(i)] * bool(len(i))
-            for s, i in zip(steps, ids)]
+            for s, i in zip(steps, ids, strict=True)]
 
 
 def assert_checks(*checks):
@@ -172,7 +172,7 @@ def test_horovod_environment_ranks_read_balanced_shards(skewed, tmp_path):
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=job_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for env in envs]
     outputs = [p.communicate(timeout=JOB_TIMEOUT)[0] for p in procs]
-    for proc, output in zip(procs, outputs):
+    for proc, output in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, excerpt(output)
     records = [json.loads((tmp_path / "ids" / f"rank{r}.json").read_text()) for r in range(2)]
     assert [(r["rank"], r["world"]) for r in records] == [(0, 2), (1, 2)]
@@ -288,7 +288,7 @@ def test_horovod_elastic_rank_leaves_mid_epoch(skewed, tmp_path, how):
     from petastorm_balanced import make_loader
     for rank in range(2):  # the committed log is what the plan serves rank r of 2, not just any rows
         loader = make_loader(rank, 2, plan=plan, batch_size=BATCH, schema_fields=["id"])
-        batches = [b["id"].numpy() for _, b in zip(range(committed), loader)]
+        batches = [b["id"].numpy() for _, b in zip(range(committed), loader, strict=False)]
         loader.close()
         logged = [r["ids"] for c in commits if (c["epoch"], c["world"]) == (0, 2) for r in c["ranks"]
                   if r["rank"] == rank]

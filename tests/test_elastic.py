@@ -7,16 +7,16 @@ real row twice in the pass, equal steps on every rank of each world and part, ``
 ``W_last x batch`` rows, ``pad`` delivers every row (padding flagged, fewer than ``W x batch`` per world).
 """
 from dataclasses import dataclass
-from typing import List, Tuple
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import catalogs, seeds
 
 from petastorm_balanced.plan import balance, elastic
 from petastorm_balanced.plan.shuffle import Windows
 from petastorm_balanced.reading.batching import WindowBatcher, start_point, window_rows
-from strategies import catalogs, seeds
 
 
 def slot_key(seed, epoch, stage, rank, slot):
@@ -42,7 +42,7 @@ class Job:
                                     windows=Windows.of(batch_size=self.batch, shuffle_window=self.window,
                                                        shuffle=self.shuffle), partition_epoch=self.parts)
 
-    def delivered(self, pieces: balance.Pieces, stage: int, part: int, batches: int) -> List[Tuple[int, int, bool]]:
+    def delivered(self, pieces: balance.Pieces, stage: int, part: int, batches: int) -> list[tuple[int, int, bool]]:
         """(catalog row, matching row, padding) each rank delivers in its first ``batches`` batches."""
         epoch = self.passes * self.parts + part
         out = []
@@ -69,7 +69,8 @@ def slot_batches(fragments, batch, window, shuffle, key):
     batcher = WindowBatcher(total_rows=len(ids), batch_size=batch, window_rows=size, start=start,
                             key=key if shuffle else None)
     ends = np.cumsum(lengths)
-    runs = [run for begin, end in zip(ends - lengths, ends) for run in batcher.push({"i": np.arange(begin, end)})]
+    runs = [run for begin, end in zip(ends - lengths, ends, strict=True)
+            for run in batcher.push({"i": np.arange(begin, end)})]
     batcher.finish()
     return [ids[i] for run in runs for i in run["i"].tolist()]
 
@@ -91,9 +92,9 @@ def jobs(draw):
 def run_pass(job: Job, worlds, workers, stops):
     """Serve one pass with a world change at each of ``stops`` ((part, fraction of the part's steps)); return the
     delivered rows and the steps each (world, part) took."""
-    stages: List[elastic.Stage] = []
+    stages: list[elastic.Stage] = []
     rows, first_part = [], 0
-    for index, (world, k) in enumerate(zip(worlds, workers)):
+    for index, (world, k) in enumerate(zip(worlds, workers, strict=True)):
         last = index == len(worlds) - 1
         stop_part, fraction = (job.parts - 1, 1.0) if last else stops[index]
         stop_part = max(stop_part, first_part)
@@ -161,7 +162,8 @@ def test_one_part_is_the_plain_assignment():
         rows += [(c, i, True) for c, i, _ in rows[len(rows) - missing:]]
         for rank in range(world):
             mine = parted.of_rank(rank)
-            got = [(int(c), i, bool(p)) for c, s, e, p in zip(mine.catalog_row, mine.start, mine.stop, mine.padding)
+            got = [(int(c), i, bool(p))
+                   for c, s, e, p in zip(mine.catalog_row, mine.start, mine.stop, mine.padding, strict=True)
                    for i in range(s, e)]
             assert got == rows[rank * steps * batch:(rank + 1) * steps * batch], (epoch, rank)
 

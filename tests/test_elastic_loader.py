@@ -120,7 +120,7 @@ def test_sub_epochs_split_a_pass_and_resume_elastically(plans, policy):
     parts = 3
     loaders = loader_world(plan, 2, partition_epoch=parts)
     lengths, real, padded = [], [], []
-    for part in range(parts):
+    for _ in range(parts):
         lengths.append(len(loaders[0]))
         r, p, _ = serve(loaders)
         real, padded = real + r, padded + p

@@ -9,12 +9,14 @@ and ``state_dict()`` must always name the epoch and batch that the next iteratio
 from itertools import islice
 
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
-from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards  # noqa: E402
 from resume_contract import fingerprint  # noqa: E402
+
+from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards  # noqa: E402
 
 BATCH = 700  # 20,000 rows over 2 ranks: a handful of steps, so each epoch is quick
 EPOCHS = 4

@@ -17,8 +17,9 @@ import pytest
 pytest.importorskip("pytorch_lightning", reason="PyTorch Lightning is not installed (requirements/frameworks.txt)")
 pytestmark = pytest.mark.slow  # Lightning alone takes seconds to import; each job about 25 s
 
-from petastorm_balanced import datagen, make_loader, plan_shards  # noqa: E402
 from jobs import ROOT, torchrun  # noqa: E402
+
+from petastorm_balanced import datagen, make_loader, plan_shards  # noqa: E402
 
 BATCH = 64
 EPOCHS = 3
@@ -74,7 +75,7 @@ def test_lightning_resume_delivers_what_the_uninterrupted_run_did(job, checkpoin
     assert steps == 23, "the checkpoint names assume 23 steps per epoch"
     out = job["root"] / f"resumed-{checkpoint}"
     torchrun(2, SCRIPT, *job["common"], "--resume", job["root"] / "ckpt" / f"{checkpoint}.ckpt", "--record", out)
-    for full, resumed in zip(job["full"], records(out)):
+    for full, resumed in zip(job["full"], records(out), strict=True):
         assert resumed["seen"] == full["seen"][step:], "after resuming: exactly the batches that came next"
         assert [e for e, _, _ in resumed["seen"][:1]] == [step // steps]
 
@@ -96,7 +97,7 @@ def test_loaders_handed_to_trainer_fit_directly(job, direct):
     out = root / f"resumed-{direct}"
     torchrun(2, SCRIPT, *common, "--resume", root / f"ckpt-{direct}" / f"end-epoch=0-step={steps}.ckpt",
              "--record", out)
-    for before, after in zip(full, records(out)):
+    for before, after in zip(full, records(out), strict=True):
         assert after["seen"] == before["seen"][steps:], "an end-of-epoch resume continues with the next epoch"
 
 
@@ -109,8 +110,9 @@ def test_datamodule_refuses_what_lightning_decides(name):
 
 def test_datamodule_in_one_process_without_validation(job, tmp_path):
     """devices=1 in this process: rank 0 of 1 from the trainer, no val_plan, every epoch the planned one."""
-    from petastorm_balanced.lightning import BalancedDataModule, pl
     from train_lightning import TinyModel
+
+    from petastorm_balanced.lightning import BalancedDataModule, pl
     data = BalancedDataModule(job["plan"], batch_size=BATCH, backend="arrow", padding_mask=True)
     model = TinyModel()
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,

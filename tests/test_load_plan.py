@@ -1,8 +1,8 @@
 """load_plan refuses a plan for another dataset or another filter than the caller names (G7)."""
 import pytest
-from petastorm_balanced.predicates import in_lambda, in_set
 
 from petastorm_balanced import StalePlanError, load_plan, plan_shards
+from petastorm_balanced.predicates import in_lambda, in_set
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,17 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 import torch
-from petastorm_balanced.predicates import in_lambda
-
-from hypothesis import given, settings, strategies as st
-
-from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
-from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
-from petastorm_balanced.reading import fragments as fragments_module
-from petastorm_balanced.reading.options import OWNED_ARGUMENTS
-from petastorm_balanced.tools.coverage import coverage_check, steps_check
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from resume_contract import check_resume_contract, fingerprint
 from stacks import petastorm_only
+
+from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
+from petastorm_balanced.predicates import in_lambda
+from petastorm_balanced.reading import fragments as fragments_module
+from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
+from petastorm_balanced.reading.options import OWNED_ARGUMENTS
+from petastorm_balanced.tools.coverage import coverage_check, steps_check
 
 WORLD_SIZES = (1, 2, 3, 8)
 BATCH = 32

@@ -5,11 +5,12 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 pytest.importorskip("petastorm.reader", reason="make_reader is a Petastorm reader: petastorm stack only")
 from petastorm.codecs import NdarrayCodec  # noqa: E402
-from petastorm_balanced.predicates import in_lambda
 
 from petastorm_balanced import StalePlanError, datagen, make_loader, make_reader, plan_shards
+from petastorm_balanced.predicates import in_lambda
 from petastorm_balanced.reading.options import OWNED_ARGUMENTS
 
 
@@ -139,6 +140,7 @@ def test_list_columns_keep_one_representation_whatever_the_rows():
     """A variable-length list column is a list of Python lists even when this batch's lists are equal (G13: the
     type never depends on the rows); a fixed_size_list column is a (rows, size) array."""
     import pyarrow as pa
+
     from petastorm_balanced.reading.fragments import as_list, to_columns
     table = pa.table({"equal": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32())),
                       "ragged": pa.array([[1], [2, 3], None]),

@@ -10,7 +10,6 @@ import os
 import subprocess
 
 import pytest
-
 from stacks import HAVE_PETASTORM
 
 # Both sides run in subprocesses, so the suite of one stack is enough: the modern stack's (CI runs it there).
@@ -47,7 +46,8 @@ def test_plan_from_one_stack_serves_the_other_with_the_same_batches(tmp_path, wr
             old = side(OLD, "batches", plan, 3, epoch, backend)
             assert (old["digest"], old["steps"]) == (arrow_new["digest"], arrow_new["steps"]), backend
     # a plan for 3 ranks serves 2 on the other stack too (G9)
-    assert side(NEW, "batches", plan, 2, 1, "arrow")["digest"] == side(OLD, "batches", plan, 2, 1, "petastorm")["digest"]
+    new_side, old_side = side(NEW, "batches", plan, 2, 1, "arrow"), side(OLD, "batches", plan, 2, 1, "petastorm")
+    assert new_side["digest"] == old_side["digest"]
 
 
 @both

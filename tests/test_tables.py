@@ -95,7 +95,7 @@ def test_delta_partition_values_match_pyarrow_dataset(delta_table):
     import pyarrow.dataset as ds
     expected = ds.dataset([f"{path}/{f.path}" for f in snap.files], partitioning="hive",
                           partition_base_dir=str(path)).to_table()
-    want = {i: (x, p) for i, x, p in zip(*(expected.column(c).to_pylist() for c in ("id", "x", "p")))}
+    want = {i: (x, p) for i, x, p in zip(*(expected.column(c).to_pylist() for c in ("id", "x", "p")), strict=True)}
     assert got == want
     assert {dict(f.partition_values)["p"] for f in snap.files} == {"a", "b"}
 

@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed "
                     "(requirements/frameworks.txt)")
 
+from resume_contract import fingerprint  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from petastorm_balanced import BalancedIterableDataset, plan_shards  # noqa: E402
-from resume_contract import fingerprint  # noqa: E402
 
 BATCH = 160
 

@@ -11,14 +11,22 @@ from decimal import Decimal
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from stacks import HAVE_PETASTORM, petastorm_only
 
 from petastorm_balanced import UnsafeDatasetError, datagen, load_plan, make_loader, plan_shards
 from petastorm_balanced.predicates import in_lambda
 from petastorm_balanced.reading.reader import make_reader
-from petastorm_balanced.unischema import (CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec,
-                                          Unischema, UnischemaField, codecs, pickling)
+from petastorm_balanced.unischema import (
+    CompressedImageCodec,
+    CompressedNdarrayCodec,
+    NdarrayCodec,
+    ScalarCodec,
+    Unischema,
+    UnischemaField,
+    codecs,
+    pickling,
+)
 from petastorm_balanced.unischema.spark_types import spark_type
-from stacks import HAVE_PETASTORM, petastorm_only
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 RNG = np.random.default_rng(7)
@@ -126,9 +134,10 @@ def test_scalar_codec_decodes_as_petastorm_does():
     from petastorm.unischema import UnischemaField as TheirField
     from pyspark.sql import types as T
     cases = [(np.int8, T.ByteType(), 5), (np.int32, T.IntegerType(), -7), (np.int64, T.LongType(), 2 ** 40),
-             (np.float32, T.FloatType(), 0.1), (np.float64, T.DoubleType(), float("nan")), (np.bool_, T.BooleanType(), 1),
-             (np.str_, T.StringType(), "héllo"), (np.bytes_, T.BinaryType(), b"a\x00b"),
-             (Decimal, T.DecimalType(10, 2), Decimal("3.14")), (np.datetime64, T.DateType(), np.datetime64("2024-02-29"))]
+             (np.float32, T.FloatType(), 0.1), (np.float64, T.DoubleType(), float("nan")),
+             (np.bool_, T.BooleanType(), 1), (np.str_, T.StringType(), "héllo"), (np.bytes_, T.BinaryType(), b"a\x00b"),
+             (Decimal, T.DecimalType(10, 2), Decimal("3.14")),
+             (np.datetime64, T.DateType(), np.datetime64("2024-02-29"))]
     for dtype, spark, value in cases:
         theirs, ours = TheirScalar(spark), ScalarCodec(spark)
         tf, of = TheirField("s", dtype, (), theirs, False), UnischemaField("s", dtype, (), ours, False)
@@ -289,7 +298,7 @@ def test_petastorms_own_unpickler_runs_exec_and_ours_hardens_it(tmp_path):
 
 def rows_equal(ours, theirs):
     assert len(ours) == len(theirs) and len(ours) > 0
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         assert a._fields == b._fields
         for name in a._fields:
             assert same(getattr(a, name), getattr(b, name)), (name, getattr(a, name), getattr(b, name))
@@ -300,7 +309,7 @@ def test_arrow_make_reader_rows_are_the_plans_and_decoded(small_petastorm, shuff
     plan = plan_shards(small_petastorm.url, 2, batch_size=8, engine="local", policy="pad")
     table = pq.read_table(small_petastorm.path, columns=["id", "vec"])
     vec_by_id = {i: np.load(io.BytesIO(v)) for i, v in zip(table.column("id").to_pylist(),
-                                                           table.column("vec").to_pylist())}
+                                                           table.column("vec").to_pylist(), strict=True)}
     seen = []
     for rank in range(2):
         with make_reader(rank, 2, plan=plan, backend="arrow", shuffle_rows=shuffle_rows, workers_count=2) as reader:
@@ -345,7 +354,7 @@ def test_arrow_make_reader_equals_petastorms_reader(small_petastorm, tmp_path, k
                 ours = [r._asdict() for r in ours]
                 theirs = [r._asdict() for r in theirs]
                 assert len(ours) == len(theirs)
-                for a, b in zip(ours, theirs):
+                for a, b in zip(ours, theirs, strict=True):
                     assert a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
             else:
                 rows_equal(ours, theirs)

@@ -7,12 +7,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import unischema_data as ud
+from stacks import HAVE_PETASTORM, petastorm_only
+
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.reading.reader import make_reader
 from petastorm_balanced.unischema import pickling
-from stacks import HAVE_PETASTORM, petastorm_only
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 

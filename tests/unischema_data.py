@@ -16,8 +16,14 @@ def schema(writer: str):
         from petastorm.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
         from petastorm.unischema import Unischema, UnischemaField
     else:
-        from petastorm_balanced.unischema import (CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec,
-                                                  ScalarCodec, Unischema, UnischemaField)
+        from petastorm_balanced.unischema import (
+            CompressedImageCodec,
+            CompressedNdarrayCodec,
+            NdarrayCodec,
+            ScalarCodec,
+            Unischema,
+            UnischemaField,
+        )
     from pyspark.sql import types as T
     return Unischema("AllCodecs", [
         UnischemaField("id", np.int64, (), ScalarCodec(T.LongType()), False),
@@ -42,7 +48,8 @@ def row(i: int) -> dict:
     y, x = np.mgrid[0:16, 0:16]
     picture = np.stack([x * 12 + i % 40, y * 12, (x + y) * 6 + i % 20], -1)  # smooth, no wrap-around edges
     return {"id": i, "i32": int(rng.integers(-2 ** 31, 2 ** 31)), "i16": int(rng.integers(-2 ** 15, 2 ** 15)),
-            "f32": float(np.float32(rng.standard_normal())), "f64": None if i % 7 == 3 else float(rng.standard_normal()),
+            "f32": float(np.float32(rng.standard_normal())),
+            "f64": None if i % 7 == 3 else float(rng.standard_normal()),
             "flag": bool(i % 3), "name": None if i % 5 == 2 else f"name-{i}-é",
             "price": Decimal(int(rng.integers(0, 10 ** 6))) / 100,
             "day": datetime.date(2020, 1, 1) + datetime.timedelta(days=i),

@@ -20,7 +20,7 @@ very value the loader delivers (G13):
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -28,12 +28,12 @@ import pyarrow as pa
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 TYPES = ("int32", "string")
 
-Value = Union[int, str, None]
+Value = int | str | None
 
 
-def partition_values(relative_path: str) -> Dict[str, Optional[str]]:
+def partition_values(relative_path: str) -> dict[str, str | None]:
     """Decoded hive partition values (None for a null) from the ``key=value`` folders of a relative path."""
-    out: Dict[str, Optional[str]] = {}
+    out: dict[str, str | None] = {}
     for part in relative_path.split("/")[:-1]:
         if "=" in part:
             key, value = part.split("=", 1)
@@ -41,10 +41,10 @@ def partition_values(relative_path: str) -> Dict[str, Optional[str]]:
     return out
 
 
-def partition_types(paths: Iterable[str]) -> Dict[str, str]:
+def partition_types(paths: Iterable[str]) -> dict[str, str]:
     """One type per partition column over all ``paths`` (relative paths): ``'int32'`` or ``'string'``, sorted by
     name."""
-    values: Dict[str, set] = {}
+    values: dict[str, set] = {}
     for path in paths:
         for key, value in partition_values(path).items():
             seen = values.setdefault(key, set())
@@ -63,9 +63,9 @@ def _infer(values: set) -> str:
     return "int32"
 
 
-def typed_partition_values(relative_path: str, types: Mapping[str, str]) -> Dict[str, Value]:
+def typed_partition_values(relative_path: str, types: Mapping[str, str]) -> dict[str, Value]:
     """The path's partition values converted to ``types`` (from ``partition_types``): ints, strings or None."""
-    out: Dict[str, Value] = {}
+    out: dict[str, Value] = {}
     for key, value in partition_values(relative_path).items():
         if value is not None and types.get(key) == "int32":
             out[key] = pa.array([value], type=pa.string()).cast(pa.int32())[0].as_py()

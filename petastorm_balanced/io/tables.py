@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import pyarrow.fs as pafs
 
-from . import fs as fsutil
-from .partitions import partition_values  # the reader's own rule (decoded, None for a null)
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..params import check_int
+from . import fs as fsutil
+from .partitions import partition_values  # the reader's own rule (decoded, None for a null)
 
 DELTA, ICEBERG, PARQUET = "delta", "iceberg", "parquet"
 TABLE_FORMATS = (DELTA, ICEBERG, PARQUET)  # PARQUET: a table folder read as its raw files, on purpose
@@ -47,7 +47,7 @@ class TableRef:
 
     format: str
     location: str
-    version: Optional[int] = None
+    version: int | None = None
     metadata: str = ""
 
     def describe(self) -> str:
@@ -57,12 +57,12 @@ class TableRef:
             return f"Iceberg table {self.location} snapshot {self.version}"
         return f"table folder {self.location} read as raw Parquet files (table_format='parquet')"
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"format": self.format, "location": self.location, "version": self.version,
                 "metadata": self.metadata}
 
     @classmethod
-    def from_json(cls, document: Dict[str, Any]) -> "TableRef":
+    def from_json(cls, document: dict[str, Any]) -> TableRef:
         ref = cls(document["format"], document["location"], document["version"], document["metadata"])
         if ref.format not in TABLE_FORMATS or (ref.version is None) != (ref.format == PARQUET):
             raise ValueError(f"table {document!r} is not a table reference")
@@ -76,23 +76,23 @@ class TableFile:
 
     path: str
     size: int
-    partition_values: Tuple[Tuple[str, Optional[str]], ...] = ()
-    deleted_rows: Tuple[int, ...] = ()
+    partition_values: tuple[tuple[str, str | None], ...] = ()
+    deleted_rows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class TableSnapshot:
     ref: TableRef
-    files: Tuple[TableFile, ...]
+    files: tuple[TableFile, ...]
 
-    def deleted_rows(self) -> Dict[str, Any]:
+    def deleted_rows(self) -> dict[str, Any]:
         """File path -> positions (an int64 array) of the rows deletes removed, for files with any."""
         import numpy as np
         return {f.path: np.asarray(f.deleted_rows, dtype=np.int64) for f in self.files if f.deleted_rows}
 
 
-def resolve(dataset, *, table_format: Optional[str] = None, table_version: Optional[int] = None,
-            snapshot_id: Optional[int] = None) -> Optional[TableSnapshot]:
+def resolve(dataset, *, table_format: str | None = None, table_version: int | None = None,
+            snapshot_id: int | None = None) -> TableSnapshot | None:
     """The snapshot ``dataset`` names, or None for a plain Parquet dataset (then a version is refused).
 
     ``table_format``: None detects (``_delta_log/`` is Delta, a ``*.metadata.json`` URL or a pyiceberg ``Table``
@@ -131,7 +131,7 @@ def resolve(dataset, *, table_format: Optional[str] = None, table_version: Optio
     return snapshot(TableRef(ICEBERG, location, _iceberg_current(metadata, snapshot_id), metadata))
 
 
-def _detect(dataset) -> Tuple[Optional[str], str, str]:
+def _detect(dataset) -> tuple[str | None, str, str]:
     """``(format or None, location URL, Iceberg metadata URL)`` of what the user passed."""
     if hasattr(dataset, "metadata_location") and hasattr(dataset, "scan"):  # a pyiceberg Table, without importing it
         return ICEBERG, fsutil.normalize_url(dataset.location()), fsutil.normalize_url(dataset.metadata_location)
@@ -163,7 +163,7 @@ def refuse_bare_table(url: str) -> None:
                                 "file in the folder on purpose, files the table removed included")
 
 
-def list_files(url: str, table: Optional[TableRef]) -> Optional[Tuple[pafs.FileSystem, str, List[pafs.FileInfo]]]:
+def list_files(url: str, table: TableRef | None) -> tuple[pafs.FileSystem, str, list[pafs.FileInfo]] | None:
     """``io.dataset.list_data_files``'s answer for a table, or None when ``url`` is to be listed as a folder.
 
     A snapshot file that is gone (vacuum, expiry) or no longer a file is an ``InvalidValueError`` naming it.
@@ -176,7 +176,7 @@ def list_files(url: str, table: Optional[TableRef]) -> Optional[Tuple[pafs.FileS
     snap = snapshot(table)
     filesystem, root = fsutil.resolve(table.location)
     infos = filesystem.get_file_info([f"{root}/{f.path}" for f in snap.files])
-    for f, info in zip(snap.files, infos):
+    for f, info in zip(snap.files, infos, strict=True):
         if info.type != pafs.FileType.File:
             raise InvalidValueError(f"{f.path!r} of {table.describe()} is gone (vacuumed or expired?): that version "
                                     "can no longer be read; plan a later version")
@@ -213,7 +213,7 @@ def _delta_latest(location: str) -> int:
     return int(_deltalake().DeltaTable(_delta_uri(location)).version())
 
 
-def _delta_files(ref: TableRef) -> List[TableFile]:
+def _delta_files(ref: TableRef) -> list[TableFile]:
     import pyarrow as pa
     deltalake = _deltalake()
     try:
@@ -241,7 +241,7 @@ def _delta_files(ref: TableRef) -> List[TableFile]:
     sizes = actions.column("size_bytes").to_pylist()
     parts = actions.column("partition").to_pylist() if columns else [{} for _ in paths]
     return [TableFile(_delta_relative(ref, p), int(s), tuple((c, _text((v or {}).get(c))) for c in columns))
-            for p, s, v in zip(paths, sizes, parts)]
+            for p, s, v in zip(paths, sizes, parts, strict=True)]
 
 
 def _deletion_vectors_refused(ref: TableRef, where: str) -> InvalidValueError:
@@ -259,7 +259,7 @@ def _delta_relative(ref: TableRef, path: str) -> str:
     return _inside(ref, fsutil.normalize_url(path))
 
 
-def _text(value) -> Optional[str]:
+def _text(value) -> str | None:
     """A partition value as the text a hive folder name holds (None stays None)."""
     if value is None or isinstance(value, str):
         return value
@@ -283,7 +283,7 @@ def _iceberg_location(metadata: str) -> str:
     return fsutil.normalize_url(_pyiceberg_table(metadata).location())
 
 
-def _iceberg_current(metadata: str, snapshot_id: Optional[int]) -> int:
+def _iceberg_current(metadata: str, snapshot_id: int | None) -> int:
     table = _pyiceberg_table(metadata)
     if snapshot_id is None:
         current = table.current_snapshot()
@@ -297,7 +297,7 @@ def _iceberg_current(metadata: str, snapshot_id: Optional[int]) -> int:
     return snapshot_id
 
 
-def _iceberg_files(ref: TableRef) -> List[TableFile]:
+def _iceberg_files(ref: TableRef) -> list[TableFile]:
     table = _pyiceberg_table(ref.metadata)
     specs = table.specs()
     columns = set(table.schema().column_names)
@@ -326,7 +326,7 @@ def _iceberg_files(ref: TableRef) -> List[TableFile]:
     return files
 
 
-def _position_deletes(ref: TableRef, data_path: str, delete_files) -> Tuple[int, ...]:
+def _position_deletes(ref: TableRef, data_path: str, delete_files) -> tuple[int, ...]:
     """The positions Parquet position-delete files remove from ``data_path`` (pyiceberg's scan planning already
     chose the delete files that apply to it); equality deletes and deletion vectors (Puffin) are refused."""
     import numpy as np
@@ -360,7 +360,7 @@ def _inside(ref: TableRef, url: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- partitions
 
-def _check_partition_folders(ref: TableRef, files: List[TableFile]) -> None:
+def _check_partition_folders(ref: TableRef, files: list[TableFile]) -> None:
     """The reader takes hive partition values from ``key=value`` folder names: refuse a file whose folders would
     give other values than the log or manifest records (a missing or different key, an encoded value)."""
     for f in files:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -58,8 +57,8 @@ class Pieces:
     start: np.ndarray  # (pieces,) int64
     stop: np.ndarray  # (pieces,) int64
     padding: np.ndarray  # (pieces,) bool
-    subset: Optional[np.ndarray] = None  # (pieces,) int64, -1 for a plain slice; None: no subsets at all
-    subsets: Tuple[np.ndarray, ...] = ()  # sorted matching-row indices, referenced by ``subset``
+    subset: np.ndarray | None = None  # (pieces,) int64, -1 for a plain slice; None: no subsets at all
+    subsets: tuple[np.ndarray, ...] = ()  # sorted matching-row indices, referenced by ``subset``
 
     @property
     def num_rows(self) -> np.ndarray:
@@ -68,11 +67,12 @@ class Pieces:
     def rows_of_rank(self, rank: int) -> int:
         return int(self.num_rows[self.rank == rank].sum())
 
-    def of_rank(self, rank: int) -> "Pieces":
+    def of_rank(self, rank: int) -> Pieces:
         keep = self.rank == rank
+        ranks, worker, catalog_row, start, stop, padding = (
+            a[keep] for a in (self.rank, self.worker, self.catalog_row, self.start, self.stop, self.padding))
         return Pieces(self.world_size, self.num_workers, self.steps_per_rank, self.batch_size,
-                      *(a[keep] for a in (self.rank, self.worker, self.catalog_row, self.start, self.stop,
-                                          self.padding)),
+                      ranks, worker, catalog_row, start, stop, padding,
                       subset=None if self.subset is None else self.subset[keep], subsets=self.subsets)
 
     def matching_rows(self, i: int) -> np.ndarray:
@@ -93,7 +93,7 @@ class RowSequence:
     length: np.ndarray  # (segments,) int64
     padding: np.ndarray  # (segments,) bool
     subset: np.ndarray  # (segments,) int64
-    subsets: Tuple[np.ndarray, ...] = ()
+    subsets: tuple[np.ndarray, ...] = ()
 
     @property
     def total(self) -> int:
@@ -104,15 +104,17 @@ class RowSequence:
         """(segments + 1,) sequence position where each segment starts, then the end."""
         return np.concatenate(([0], np.cumsum(self.length)))
 
-    def append(self, other: "RowSequence") -> "RowSequence":
+    def append(self, other: RowSequence) -> RowSequence:
         shift = len(self.subsets)
-        return RowSequence(*(np.concatenate(p) for p in zip(
+        row, first, length, padding = (np.concatenate(p) for p in zip(
             (self.row, self.first, self.length, self.padding),
-            (other.row, other.first, other.length, other.padding))),
+            (other.row, other.first, other.length, other.padding), strict=True))
+        return RowSequence(
+            row, first, length, padding,
             np.concatenate([self.subset, np.where(other.subset >= 0, other.subset + shift, -1)]),
             self.subsets + other.subsets)
 
-    def take(self, index: np.ndarray, first: np.ndarray, length: np.ndarray, padding: bool = False) -> "RowSequence":
+    def take(self, index: np.ndarray, first: np.ndarray, length: np.ndarray, padding: bool = False) -> RowSequence:
         """Segments ``index`` cut to ``first`` (absolute) and ``length``, keeping their subsets."""
         return RowSequence(self.row[index], first, length, np.full(len(index), padding), self.subset[index],
                         self.subsets)
@@ -159,7 +161,7 @@ def epoch_order(num_row_groups: int, seed: int, epoch: int) -> np.ndarray:
     return order
 
 
-def split_epoch(epoch: int, partition_epoch: int) -> Tuple[int, int]:
+def split_epoch(epoch: int, partition_epoch: int) -> tuple[int, int]:
     """(pass, part) of loader epoch ``epoch`` with ``partition_epoch`` sub-epochs per pass."""
     return epoch // partition_epoch, epoch % partition_epoch
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -42,8 +41,8 @@ class CostSpec:
     """A parsed cost: ``column`` alone, or ``function(column)``; ``column`` is None for other SQL expressions."""
 
     text: str
-    column: Optional[str] = None
-    function: Optional[str] = None
+    column: str | None = None
+    function: str | None = None
 
     @property
     def kind(self) -> str:

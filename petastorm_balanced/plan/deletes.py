@@ -13,13 +13,13 @@ catalog after either engine built it, rather than inside each engine, keeps one 
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
+from ..errors import InvalidValueError
 from . import selection
 from .catalog import Catalog, RowGroupMatch, RowGroups
-from ..errors import InvalidValueError
 
 
 def without_rows(catalog: Catalog, deleted: Mapping[str, np.ndarray]) -> Catalog:

@@ -36,15 +36,15 @@ dataset.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import List, Sequence as Seq, Tuple
 
 import numpy as np
 
+from ..errors import InvalidValueError
 from . import balance
 from .balance import Pieces, RowSequence
 from .shuffle import Windows
-from ..errors import InvalidValueError
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,11 @@ class Stage:
     part: int  # the part (epoch % partition_epoch) it stopped in
     batches: int  # batches each of its ranks had taken in that part
 
-    def as_list(self) -> List[int]:
+    def as_list(self) -> list[int]:
         return [self.world_size, self.num_workers, self.part, self.batches]
 
     @classmethod
-    def from_list(cls, values) -> "Stage":
+    def from_list(cls, values) -> Stage:
         if not isinstance(values, (list, tuple)) or len(values) != 4 or any(
                 isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in values):
             raise InvalidValueError("a saved stage must be 4 ints [world_size, num_workers, part, batches], got "
@@ -106,7 +106,7 @@ def stage_pieces(counts: np.ndarray, *, stages: Seq[Stage], world_size: int, num
 
 
 def _cut(pool: RowSequence, world_size: int, num_workers: int, batch_size: int, policy: str, part: int,
-         parts: int) -> Tuple[Pieces, int]:
+         parts: int) -> tuple[Pieces, int]:
     """Part ``part`` of the ``parts`` left, cut from ``pool`` as a pass is cut (0 steps when ``drop`` cannot fill
     one), and the pool position where that part starts."""
     steps = balance.steps_per_rank(pool.total, world_size, batch_size, policy)
@@ -143,8 +143,8 @@ class _Builder:
 
     def __init__(self, pool: RowSequence):
         self.pool, self.starts = pool, pool.positions
-        self.parts: List[Tuple[np.ndarray, ...]] = []
-        self.subsets: List[np.ndarray] = list(pool.subsets)
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.subsets: list[np.ndarray] = list(pool.subsets)
 
     def range(self, lo: int, hi: int) -> None:
         if lo >= hi:
@@ -180,7 +180,7 @@ class _Builder:
         if not self.parts:
             empty = np.empty(0, dtype=np.int64)
             return RowSequence(empty, empty, empty, np.empty(0, dtype=bool), empty, ())
-        row, first, length, subset = (np.concatenate(p).astype(np.int64) for p in zip(*self.parts))
+        row, first, length, subset = (np.concatenate(p).astype(np.int64) for p in zip(*self.parts, strict=True))
         used = np.unique(subset[subset >= 0])  # keep only subsets still referenced, renumbered
         renumber = np.full(len(self.subsets) + 1, -1, dtype=np.int64)  # index -1 (no subset) stays -1
         renumber[used] = np.arange(len(used))

@@ -6,21 +6,20 @@ every rank derives the same assignment without talking to the others (G5).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ..world import check_rank_world
-from . import balance, elastic, selection
-from .shuffle import Windows
-from .cost_order import cost_order
-from .catalog import Catalog
-from .predicate import PredicateInfo
 from ..errors import InvalidValueError
 from ..io.tables import TableRef
-
+from ..world import check_rank_world
+from . import balance, elastic, selection
+from .catalog import Catalog
+from .cost_order import cost_order
+from .predicate import PredicateInfo
+from .shuffle import Windows
 
 BALANCE = ("auto", "cost", "rows")
 
@@ -56,14 +55,14 @@ class ShardPlan:
     dataset_url: str
     catalog: Catalog = field(repr=False)
     world_size: int
-    batch_size: Optional[int]
+    batch_size: int | None
     policy: str = "drop"
     seed: int = 0
     predicate: PredicateInfo = PredicateInfo()
     dataset_fingerprint: str = ""
-    table: Optional[TableRef] = None  # the Delta/Iceberg snapshot planned (io/tables.py); None: a Parquet folder
+    table: TableRef | None = None  # the Delta/Iceberg snapshot planned (io/tables.py); None: a Parquet folder
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         balance.check_params(world_size=self.world_size, seed=self.seed,
                              **({} if self.batch_size is None else {"batch_size": self.batch_size}))
         balance.check_policy(self.policy)
@@ -73,23 +72,23 @@ class ShardPlan:
         """Matching rows (after the predicate)."""
         return self.catalog.total_rows
 
-    def rows_per_rank(self, world_size: Optional[int] = None, batch_size: Optional[int] = None) -> int:
+    def rows_per_rank(self, world_size: int | None = None, batch_size: int | None = None) -> int:
         """Rows each rank delivers per epoch, padding included."""
         return self.steps_per_epoch(world_size, batch_size) * self._batch(batch_size)
 
-    def steps_per_epoch(self, world_size: Optional[int] = None, batch_size: Optional[int] = None) -> int:
+    def steps_per_epoch(self, world_size: int | None = None, batch_size: int | None = None) -> int:
         world = self.world_size if world_size is None else world_size
         batch = self._batch(batch_size)
         balance.check_params(world_size=world, batch_size=batch)
         return balance.steps_per_rank(self.total_rows, world, batch, self.policy)
 
     @property
-    def cost(self) -> Optional[str]:
+    def cost(self) -> str | None:
         """The cost (a column or a Spark SQL expression) the plan has per-row-group statistics for, or None."""
         return self.catalog.cost
 
     @property
-    def max_row_cost(self) -> Optional[int]:
+    def max_row_cost(self) -> int | None:
         return self.catalog.max_row_cost
 
     def resolve_balance(self, balance_by: str = "auto") -> str:
@@ -107,9 +106,9 @@ class ShardPlan:
                                     "cost='length(text)'); or pass balance='rows'")
         return balance_by
 
-    def pieces(self, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
-               batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
-               stages: Sequence[elastic.Stage] = (), windows: Optional[Windows] = None,
+    def pieces(self, *, epoch: int = 0, world_size: int | None = None, num_workers: int = 1,
+               batch_size: int | None = None, reshuffle: str = "epoch", partition_epoch: int = 1,
+               stages: Sequence[elastic.Stage] = (), windows: Windows | None = None,
                balance_by: str = "auto") -> balance.Pieces:
         """Every slot's row ranges for one epoch, as arrays (what ``assignment`` slices per rank).
 
@@ -141,10 +140,10 @@ class ShardPlan:
                               seed=self.seed, epoch=epoch, num_workers=num_workers, reshuffle=reshuffle,
                               partition_epoch=partition_epoch, order=order)
 
-    def assignment(self, rank: int, *, epoch: int = 0, world_size: Optional[int] = None, num_workers: int = 1,
-                   batch_size: Optional[int] = None, reshuffle: str = "epoch", partition_epoch: int = 1,
-                   stages: Sequence[elastic.Stage] = (), windows: Optional[Windows] = None,
-                   balance_by: str = "auto") -> List[Fragment]:
+    def assignment(self, rank: int, *, epoch: int = 0, world_size: int | None = None, num_workers: int = 1,
+                   batch_size: int | None = None, reshuffle: str = "epoch", partition_epoch: int = 1,
+                   stages: Sequence[elastic.Stage] = (), windows: Windows | None = None,
+                   balance_by: str = "auto") -> list[Fragment]:
         """The fragments rank ``rank`` reads in ``epoch``, worker by worker, in delivery order."""
         world = self.world_size if world_size is None else world_size
         check_rank_world(rank, world)
@@ -153,7 +152,8 @@ class ShardPlan:
                            windows=windows, balance_by=balance_by).of_rank(rank)
         groups = self.catalog.row_groups
         fragments = []
-        for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding)):
+        for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding,
+                                                strict=True)):
             group = groups[c]
             if mine.subset is not None and mine.subset[i] >= 0:  # scattered rows left by an elastic resume
                 matching = mine.matching_rows(i)
@@ -181,7 +181,7 @@ class ShardPlan:
     def _counts(self) -> np.ndarray:
         return self.catalog.matching_counts()
 
-    def _batch(self, batch_size: Optional[int]) -> int:
+    def _batch(self, batch_size: int | None) -> int:
         batch = self.batch_size if batch_size is None else batch_size
         if batch is None:
             raise InvalidValueError("batch_size=None: this plan was made without a batch size; pass batch_size=")

@@ -28,7 +28,6 @@ import linecache
 import re
 import types
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -47,7 +46,7 @@ class PredicateInfo:
     fingerprint: str = ""
 
 
-def predicate_info(where: Optional[str], predicate) -> PredicateInfo:
+def predicate_info(where: str | None, predicate) -> PredicateInfo:
     """The ``PredicateInfo`` of a ``where`` (Spark SQL) or a Petastorm ``predicate``; raises ``TypeError`` for a
     predicate that cannot be described stably (see the module docstring)."""
     if where is not None:
@@ -79,8 +78,8 @@ def describe(obj) -> str:
     if isinstance(obj, (list, tuple)):
         return "[" + ",".join(describe(v) for v in obj) + "]"
     if isinstance(obj, dict):
-        return "{" + ",".join(f"{describe(k)}:{describe(v)}" for k, v in sorted(obj.items(), key=lambda kv: str(kv[0])))\
-            + "}"
+        items = sorted(obj.items(), key=lambda kv: str(kv[0]))
+        return "{" + ",".join(f"{describe(k)}:{describe(v)}" for k, v in items) + "}"
     if isinstance(obj, (types.BuiltinFunctionType, type)):
         return f"{getattr(obj, '__module__', None) or 'builtins'}.{obj.__qualname__}"
     if isinstance(obj, types.ModuleType):
@@ -119,11 +118,12 @@ def _source_of(fn) -> str:
     tree = _module_tree(fn)
     line = fn.__code__.co_firstlineno
     lam = fn.__name__ == "<lambda>"
-    nodes = [n for n in ast.walk(tree) if getattr(n, "lineno", None) == line and
-             (isinstance(n, ast.Lambda) if lam else
-              isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == fn.__name__)]
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef))]
+    nodes: list[ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef] = [
+        n for n in defs if n.lineno == line and
+        (isinstance(n, ast.Lambda) if lam else not isinstance(n, ast.Lambda) and n.name == fn.__name__)]
     if not nodes and not lam:  # decorated: the code starts at the first decorator's line
-        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        nodes = [n for n in defs if not isinstance(n, ast.Lambda)
                  and n.name == fn.__name__ and n.decorator_list and n.decorator_list[0].lineno == line]
     if len(nodes) > 1:  # same first line: same argument names, then the innermost node holding the code
         code = fn.__code__
@@ -164,7 +164,7 @@ def _module_tree(fn):
     return ast.parse(source)
 
 
-def _module_source(module) -> Optional[str]:
+def _module_source(module) -> str | None:
     try:
         return inspect.getsource(module)
     except (OSError, TypeError):

@@ -25,7 +25,7 @@ from ..errors import InvalidValueError, PlanIntegrityError
 _ALL = b""
 _RUNS = b"R"
 _BITMAP = b"B"
-_DTYPES = {b"2": np.dtype("<u2"), b"4": np.dtype("<u4"), b"8": np.dtype("<u8")}
+_DTYPES: dict[bytes, np.dtype] = {b"2": np.dtype("<u2"), b"4": np.dtype("<u4"), b"8": np.dtype("<u8")}
 
 
 def encode(positions: np.ndarray, total_rows: int) -> bytes:

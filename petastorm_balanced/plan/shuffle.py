@@ -15,8 +15,8 @@ delivered yet; both import it from here, so the rule lives in the core and is wr
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,14 +45,14 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
     return order
 
 
-def slot_key(seed: int, epoch: int, rank: int, slot: int, stage: int = 0) -> Tuple[int, ...]:
+def slot_key(seed: int, epoch: int, rank: int, slot: int, stage: int = 0) -> tuple[int, ...]:
     """The window key prefix of a slot; a stage after an elastic resume (``stage > 0``) gets its own."""
     key = (seed, epoch, rank, slot)
     return key + (stage,) if stage else key
 
 
 def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_done: int,
-                key: Optional[Sequence[int]]) -> Tuple[np.ndarray, int]:
+                key: Sequence[int] | None) -> tuple[np.ndarray, int]:
     """Which of a slot's rows are not delivered after ``batches_done`` batches (what an elastic resume needs).
 
     Returns the sorted slot positions of the undelivered rows of the window in progress, and the position from
@@ -80,11 +80,11 @@ class Windows:
     shuffled: bool
 
     @classmethod
-    def of(cls, *, batch_size: int, shuffle_window: int, shuffle: bool) -> "Windows":
+    def of(cls, *, batch_size: int, shuffle_window: int, shuffle: bool) -> Windows:
         return cls(window_rows(batch_size, shuffle_window, shuffle), bool(shuffle))
 
     def unread(self, rows: int, *, batch_size: int, batches_done: int, seed: int, epoch: int, rank: int, slot: int,
-               stage: int) -> Tuple[np.ndarray, int]:
+               stage: int) -> tuple[np.ndarray, int]:
         """``unread_rows`` for slot ``slot`` of rank ``rank`` in ``stage`` of ``epoch``, with its own key."""
         key = slot_key(seed, epoch, rank, slot, stage) if self.shuffled else None
         return unread_rows(rows, batch_size=batch_size, window_rows=self.rows, batches_done=batches_done, key=key)

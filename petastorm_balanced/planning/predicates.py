@@ -17,16 +17,15 @@ columns decoded, and None for every null (never pandas' NaN, which would make ``
 """
 from __future__ import annotations
 
-from typing import Iterable
-
-from typing import Mapping, Optional
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..io.partitions import partition_types as infer_partition_types, typed_partition_values
 from ..errors import InvalidTypeError, InvalidValueError
+from ..io.partitions import partition_types as infer_partition_types
+from ..io.partitions import typed_partition_values
 
 
 def check_fields(predicate, columns: Iterable[str], url: str) -> list:
@@ -46,7 +45,7 @@ def check_fields(predicate, columns: Iterable[str], url: str) -> list:
 
 
 def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unischema=None,
-                   partition_types: Optional[Mapping[str, str]] = None) -> np.ndarray:
+                   partition_types: Mapping[str, str] | None = None) -> np.ndarray:
     """Boolean match mask (rows,) of one row group of an open Parquet file. ``partition_types`` are the hive
     columns' types over the whole dataset (``io.partitions.partition_types``; this path's alone if None)."""
     import pandas as pd  # here, not at module level: pandas costs ~1 s of every CLI start and plan import

@@ -25,8 +25,8 @@ cut them into batches, so per-batch work is a slice, and conversions (to tensors
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +38,7 @@ from ..plan import shuffle as _shuffle
 # its names stay importable from here.
 window_rows, window_permutation, unread_rows = _shuffle.window_rows, _shuffle.window_permutation, _shuffle.unread_rows
 
-Columns = Dict[str, np.ndarray]
+Columns = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class WindowBatcher:
     """
 
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
-                 key: Optional[Sequence[int]], arrange: Optional[Callable] = None):
+                 key: Sequence[int] | None, arrange: Callable | None = None):
         if window_rows % batch_size:
             raise InvalidValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
         self._total, self._batch, self._window_rows, self._key = total_rows, batch_size, window_rows, key
@@ -91,7 +91,7 @@ class WindowBatcher:
         self._window = start.window
         self._row = start.row  # slot row where the window being filled starts
         self._skip = start.skip_rows
-        self._parts: List[Columns] = []
+        self._parts: list[Columns] = []
         self._buffered = 0
 
     @property
@@ -133,7 +133,7 @@ class WindowBatcher:
         skip, self._skip = self._skip, 0
         if lengths is not None:  # batches of varying rows, each its own run; skip counts batches
             ends = np.cumsum(lengths)
-            for end, rows in zip(ends[skip:], lengths[skip:]):
+            for end, rows in zip(ends[skip:], lengths[skip:], strict=True):
                 yield {name: values[end - rows:end] for name, values in window.items()}
         elif skip < size:
             yield {name: values[skip:] for name, values in window.items()} if skip else window

@@ -8,7 +8,7 @@ than shown as a value.
 """
 from __future__ import annotations
 
-from typing import Dict, Union
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -16,8 +16,8 @@ import pyarrow as pa
 from ..errors import InvalidValueError
 from .schema import LIST, ColumnSchema
 
-Values = Union[np.ndarray, pa.Array]
-_DTYPES: Dict[str, np.dtype] = {}
+Values: TypeAlias = np.ndarray | pa.Array
+_DTYPES: dict[str, np.dtype] = {}
 
 
 def one_array(column) -> pa.Array:
@@ -29,7 +29,7 @@ def one_array(column) -> pa.Array:
     return column
 
 
-def to_values(column, spec: ColumnSchema) -> Dict[str, Values]:
+def to_values(column, spec: ColumnSchema) -> dict[str, Values]:
     """``{name: values}`` and, for a masked column, ``{mask name: validity}``."""
     array = one_array(column)
     if array.null_count and not spec.nullable:
@@ -39,7 +39,7 @@ def to_values(column, spec: ColumnSchema) -> Dict[str, Values]:
         return {spec.name: array}
     if spec.shape:
         return {spec.name: _fixed_lists(array, spec.shape)}
-    out: Dict[str, Values] = {}
+    out: dict[str, Values] = {}
     t = array.type
     if pa.types.is_floating(t):
         out[spec.name] = array.to_numpy(zero_copy_only=False)  # nulls are NaN

@@ -16,7 +16,8 @@ costs and a generator key, with a rule that makes every rank land near the same 
   (little padding), and the step at which each of those quantile buckets is served is drawn from a key *without*
   the rank, ``[seed, epoch, slot, window]``: at every step all ranks serve the same quantile of similar windows.
 - Token budgets (``max_batch_cost=C``, batches of varying rows): each window of ``R`` rows becomes exactly
-  ``k = ceil(R x mean cost per row x 1.03 / C)`` batches (``k`` depends only on the plan, so it is the same on every rank),
+  ``k = ceil(R x mean cost per row x 1.03 / C)`` batches (``k`` depends only on the plan, so it is the same on every
+  rank),
   filled worst-fit-decreasing (each row, largest first, into the emptiest batch), so batches are both full and
   alike. A row that fits in no batch is left out of this epoch; the cost left out of a window is at most
   ``max(0, window cost - k x (C - largest row cost))``.
@@ -32,21 +33,21 @@ of the window's costs and the key alone: resuming re-reads the window and gets t
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .batching import StartPoint, window_permutation
 from ..errors import InvalidValueError
 from ..params import check_int
+from .batching import StartPoint, window_permutation
 
 REDUCES = ("sum", "max")
 # Generator key tags, so the key of one use never equals the key of another.
 _TIE, _BATCH_ORDER, _ROWS_IN_BATCH, _STEP_ORDER = 1, 2, 3, 4
 
 
-def _rank_free(key: Sequence[int]) -> Tuple[int, ...]:
+def _rank_free(key: Sequence[int]) -> tuple[int, ...]:
     """``(seed, epoch, rank, slot, window)`` without the rank: the same on every rank for the same step."""
     seed, epoch, _rank, slot, window = key
     return (seed, epoch, slot, window)
@@ -134,7 +135,7 @@ def budget_batches(num_rows: int, mean_cost: float, budget: int) -> int:
 
 
 def arrange_budget(costs: np.ndarray, batches: int, budget: int, key: Sequence[int]
-                   ) -> Tuple[np.ndarray, np.ndarray]:
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """``(order, lengths)``: ``batches`` batches of at most ``budget`` total cost, filled worst-fit-decreasing;
     ``order`` lists the kept rows batch after batch, ``lengths`` the rows of each batch. Rows that fit nowhere are
     left out. Every batch holds at least one row when every row costs at most ``budget``."""
@@ -142,7 +143,7 @@ def arrange_budget(costs: np.ndarray, batches: int, budget: int, key: Sequence[i
     if costs.size and int(costs.max()) > budget:
         raise InvalidValueError(f"a row costs {int(costs.max())}, more than max_batch_cost={budget}")
     loads = [0] * batches
-    members = [[] for _ in range(batches)]
+    members: list[list[int]] = [[] for _ in range(batches)]
     # a heap of (load, tie, batch) keeps the emptiest batch on top
     import heapq
     tie = window_permutation(batches, (*key, _BATCH_ORDER))
@@ -174,15 +175,17 @@ class CostOptions:
 
     cost: str  # the plan's cost text
     column: str  # the source column the loader reads to compute it
-    function: Optional[str]
+    function: str | None
     reduce: str  # "sum" | "max"
-    budget: Optional[int] = None  # max_batch_cost: batches of varying rows
+    budget: int | None = None  # max_batch_cost: batches of varying rows
     mean_cost: float = 0.0  # the plan's cost per matching row (token budgets)
 
-    def arrange(self, costs: np.ndarray, batch_size: Optional[int], key: Sequence[int]):
+    def arrange(self, costs: np.ndarray, batch_size: int | None, key: Sequence[int]):
         """``(order, lengths)`` for one window: lengths is None for fixed-size batches."""
         if self.budget is not None:
             return arrange_budget(costs, budget_batches(len(costs), self.mean_cost, self.budget), self.budget, key)
+        if batch_size is None:
+            raise AssertionError("fixed-size cost batches need a batch_size")
         if self.reduce == "sum":
             return arrange_sum(costs, batch_size, key), None
         return arrange_max(costs, batch_size, key), None
@@ -190,13 +193,18 @@ class CostOptions:
     def budget_steps(self, rows: int, window_rows: int) -> int:
         """Batches of a slot of ``rows`` rows under the budget: the same on every rank with the same rows."""
         full, rest = divmod(rows, window_rows)
-        return full * budget_batches(window_rows, self.mean_cost, self.budget) + \
-            budget_batches(rest, self.mean_cost, self.budget)
+        budget = self._budget()
+        return full * budget_batches(window_rows, self.mean_cost, budget) + budget_batches(rest, self.mean_cost, budget)
+
+    def _budget(self) -> int:
+        if self.budget is None:  # the budget_* methods serve max_batch_cost loaders only
+            raise AssertionError("a budget method called on fixed-size cost batches (max_batch_cost=None)")
+        return self.budget
 
     def budget_start(self, rows: int, window_rows: int, fragment_rows: np.ndarray, batches_done: int) -> StartPoint:
         """Where a slot resumes under the budget: the start of the window holding batch ``batches_done``;
         ``skip_rows`` then counts *batches* of that window to drop."""
-        per_window = budget_batches(window_rows, self.mean_cost, self.budget)
+        per_window = budget_batches(window_rows, self.mean_cost, self._budget())
         steps = self.budget_steps(rows, window_rows)
         if batches_done < 0 or batches_done > steps:
             raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {steps} batches")
@@ -209,7 +217,7 @@ class CostOptions:
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool
-                 ) -> Optional[CostOptions]:
+                 ) -> CostOptions | None:
     """The loader's cost arrangement, or None for row balance; every bad combination is refused here, when the
     loader is built, naming the parameter."""
     from ..plan.cost import parse_cost
@@ -234,7 +242,7 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
         return None
     # Without shuffle there are no windows to arrange: the rows come in the plan's cost-dealt order, with ``_cost``.
     spec = parse_cost(plan.cost)
-    if not spec.loader_evaluable:
+    if spec.column is None:  # not spec.loader_evaluable
         raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate "
                                 "per row (it evaluates a column or length/octet_length/size of a column); store it as "
                                 "a column and re-plan with cost='that_column', or pass balance='rows'")

@@ -8,9 +8,9 @@ Columns whose types cannot be unified are refused here, when the loader is made,
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,10 +28,10 @@ class StoredColumns:
     """Delivered Arrow type (unified over files) and "may hold nulls" of every stored column, in file order."""
 
     schema: pa.Schema
-    nullable: Dict[str, bool]
+    nullable: dict[str, bool]
 
 
-def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Optional[Sequence[str]] = None,
+def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[str] | None = None,
                         threads: int = FOOTER_THREADS) -> StoredColumns:
     """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
     filesystem, root = dataset_root(dataset_url)
@@ -42,14 +42,14 @@ def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Optional[
 
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
         metas = list(pool.map(footer, paths))
-    return stored_columns(list(zip(paths, metas)), names)
+    return stored_columns(list(zip(paths, metas, strict=True)), names)
 
 
-def stored_columns(footers: Sequence[Tuple[str, pq.FileMetaData]],
-                   names: Optional[Sequence[str]] = None) -> StoredColumns:
+def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
+                   names: Sequence[str] | None = None) -> StoredColumns:
     """``StoredColumns`` from ``(path, footer)`` pairs (the first file's column order)."""
-    distinct: List[Tuple[pq.FileMetaData, pa.Schema, str]] = []  # one per distinct file schema
-    nullable: Dict[str, bool] = {}
+    distinct: list[tuple[pq.FileMetaData, pa.Schema, str]] = []  # one per distinct file schema
+    nullable: dict[str, bool] = {}
     for path, meta in footers:
         arrow = None
         for known, known_arrow, _ in distinct:
@@ -75,7 +75,7 @@ def _arrow_key(meta) -> bytes:
     return (meta.metadata or {}).get(b"ARROW:schema", b"")
 
 
-def _null_flags(meta, arrow: pa.Schema, names, nullable: Dict[str, bool]) -> None:
+def _null_flags(meta, arrow: pa.Schema, names, nullable: dict[str, bool]) -> None:
     """Mark in ``nullable`` the columns that may hold nulls in this file: a chunk counting nulls, or one whose
     statistics do not say (then nulls are possible)."""
     leaves = _leaf_ranges(arrow)
@@ -98,7 +98,7 @@ def _null_flags(meta, arrow: pa.Schema, names, nullable: Dict[str, bool]) -> Non
         nullable[name] = found
 
 
-def _leaf_ranges(arrow: pa.Schema) -> Dict[str, Tuple[int, int]]:
+def _leaf_ranges(arrow: pa.Schema) -> dict[str, tuple[int, int]]:
     """Parquet leaf column positions of each top-level field (Parquet flattens nested types depth first)."""
     out, at = {}, 0
     for field in arrow:
@@ -118,7 +118,7 @@ def _leaves(t: pa.DataType) -> int:
     return 1
 
 
-def partition_columns(paths: Sequence[str], names: Sequence[str]) -> Dict[str, Tuple[str, ColumnSchema]]:
+def partition_columns(paths: Sequence[str], names: Sequence[str]) -> dict[str, tuple[str, ColumnSchema]]:
     """``{name: (kind, ColumnSchema)}`` of the hive partition columns among ``names``."""
     kinds = partition_types(paths)
     with_nulls = {k for path in paths for k, v in partition_values(path).items() if v is None}

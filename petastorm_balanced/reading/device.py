@@ -20,15 +20,16 @@ are exactly those without a device, which is how CPU CI checks the bookkeeping. 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 
 try:
     import torch
 except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None
+    torch = None  # type: ignore[assignment]  # no torch on this stack: the functions that need it refuse
 
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -38,7 +39,7 @@ class Feed:
     """What ``feed`` does to a stream of batches: pin their tensors, and/or copy them ahead to ``device``."""
 
     pin_memory: bool = False
-    device: Optional[Any] = None  # a torch.device, already checked
+    device: Any | None = None  # a torch.device, already checked
 
     @property
     def active(self) -> bool:
@@ -116,7 +117,7 @@ def _pinned(batches: Iterable[dict]) -> Iterator[dict]:
         for batch in source:
             yield _map_tensors(batch, lambda t: t.pin_memory())
     finally:
-        _close(source)
+        close_iterator(source)
 
 
 def _ahead(batches: Iterable[dict], start) -> Iterator[dict]:
@@ -130,7 +131,7 @@ def _ahead(batches: Iterable[dict], start) -> Iterator[dict]:
             batch, finish = ready
             yield batch if finish is None else finish()
     finally:
-        _close(source)
+        close_iterator(source)
 
 
 def _next_started(source: Iterator[dict], start):
@@ -176,7 +177,8 @@ def _map_tensors(batch: dict, fn) -> dict:
     return out
 
 
-def _close(source) -> None:
+def close_iterator(source: object) -> None:
+    """Close a generator (or anything with ``close``); a plain iterator has nothing to close."""
     close = getattr(source, "close", None)
     if close is not None:
         close()

@@ -7,14 +7,12 @@ dropped when a new pass starts, so the state stays a few ints per world change.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
+from ..errors import InvalidValueError
+from ..params import check_int
 from ..plan import balance
 from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..plan.shuffle import Windows, slot_key
-from ..errors import InvalidValueError
-from ..params import check_int
 
 # The loader state keys, declared once: Position, the loaders, the cost identity and the CLI use these names.
 # STAGES and PARTITION_EPOCH may be absent (older states); the cost keys are only a cost-balancing loader's.
@@ -30,17 +28,19 @@ class Layout:
     size, the window shuffle and the sub-epochs. The loaders' ``Settings`` extend it; the CLI builds one from a
     saved state (``Layout.of_state``) to show or check an elastic resume without a loader."""
 
-    def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int, shuffle: bool,
+    def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int | None, shuffle: bool,
                  shuffle_window: int, reshuffle: str, partition_epoch: int = 1, balance_by: str = "rows"):
-        self.plan, self.world_size, self.rank, self.batch_size = plan, world_size, rank, batch_size
+        self.plan, self.world_size, self.rank = plan, world_size, rank
+        self.batch_size: int | None = batch_size  # None: a token budget (max_batch_cost), rows assigned one by one
         self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
         self.balance_by = balance_by  # "rows", or "cost" (the plan's cost order: ``plan.pieces``)
         self.steps = plan.steps_per_epoch(world_size, batch_size)  # of a whole pass
         self.partition_epoch = check_partition_epoch(partition_epoch, self.steps)
-        self._stage_steps = {}  # (epoch, stages, world) -> steps, for positions after an elastic resume
+        # (epoch, stages, world) -> steps, for positions after an elastic resume
+        self._stage_steps: dict[tuple, int] = {}
 
     @classmethod
-    def of_state(cls, plan: ShardPlan, state: dict, world_size: int) -> "Layout":
+    def of_state(cls, plan: ShardPlan, state: dict, world_size: int) -> Layout:
         """The layout a saved loader state was made with, for ``world_size`` ranks."""
         try:
             return cls(plan, world_size, batch_size=state[BATCH_SIZE], shuffle=state[SHUFFLE],
@@ -50,7 +50,7 @@ class Layout:
         except KeyError as exc:
             raise InvalidValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 
-    def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: Optional[int] = None):
+    def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: int | None = None):
         """Window shuffle key of a slot; a stage after an elastic resume gets its own (``shuffle.slot_key``)."""
         return slot_key(self.plan.seed, epoch, self.rank if rank is None else rank, slot, stage)
 
@@ -66,7 +66,7 @@ class Layout:
                     reshuffle=self.reshuffle, partition_epoch=self.partition_epoch, stages=stages,
                     windows=self.windows, balance_by=self.balance_by)
 
-    def steps_of(self, epoch: int, stages=(), world_size: Optional[int] = None) -> int:
+    def steps_of(self, epoch: int, stages=(), world_size: int | None = None) -> int:
         """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
         world = self.world_size if world_size is None else world_size
         if not stages:
@@ -86,8 +86,8 @@ def check_partition_epoch(partition_epoch, steps: int) -> int:
     return int(partition_epoch)
 
 
-def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_epoch: int, *,
-          strict: bool = False) -> Tuple[Stage, ...]:
+def carry(stages: tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_epoch: int, *,
+          strict: bool = False) -> tuple[Stage, ...]:
     """The stages still valid when the position moves from ``from_epoch`` to ``to_epoch``: all of them inside the
     same pass (at or after the part where the last world stopped), none in another pass."""
     if not stages or from_epoch // partition_epoch != to_epoch // partition_epoch:
@@ -102,7 +102,7 @@ def carry(stages: Tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_e
     return ()
 
 
-def loaded(settings: Layout, state: dict, workers: int) -> Tuple[int, int, Tuple[Stage, ...]]:
+def loaded(settings: Layout, state: dict, workers: int) -> tuple[int, int, tuple[Stage, ...]]:
     """(epoch, batches, stages) a ``state`` (its settings already checked) resumes at in ``settings``' world; a
     state from another world size adds a stage. ``workers``: slots per rank the state was saved with."""
     parts = state.get(PARTITION_EPOCH, 1)

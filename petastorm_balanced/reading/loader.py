@@ -2,7 +2,8 @@
 
 Every rank yields exactly ``len(loader) == plan.steps_per_epoch(world, batch_size)`` batches of exactly
 ``batch_size`` rows (G1). The rows are the plan's assignment for the epoch (a fresh one per epoch, G5), read in
-plan order, then shuffled in fixed windows seeded by ``[seed, epoch, rank, slot, window]`` (G4: same plan, epoch, world, rank give the same batches for any pool and worker count). Resuming
+plan order, then shuffled in fixed windows seeded by ``[seed, epoch, rank, slot, window]`` (G4: same plan, epoch,
+world, rank give the same batches for any pool and worker count). Resuming
 (G6) needs only the epoch and the number of batches delivered: fragments before the current shuffle window are
 skipped arithmetically, and only the window in progress is read again. The row groups are read by the Arrow
 backend (``arrow_backend.py``) or Petastorm's reader (``petastorm_backend.py``); the batches are the same.
@@ -10,14 +11,16 @@ backend (``arrow_backend.py``) or Petastorm's reader (``petastorm_backend.py``);
 from __future__ import annotations
 
 import weakref
-from typing import Optional
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any
 
-from . import stream
+from ..plan.model import ShardPlan
 from ..world import World, resolve_world
+from . import stream
 from .arrow_backend import arrow_chunks
-from .device import NO_FEED, Feed, check_feed, feed
+from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
-from .position import EpochSampler, Position, Settings, PlannedView
+from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, torch_batches
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
@@ -42,10 +45,11 @@ class BalancedLoader(PlannedView):
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
 
-    def __init__(self, plan, world: World, *, batch_size=None, epoch=0, shuffle=True, reshuffle="epoch",
-                 shuffle_window=stream.SHUFFLE_WINDOW, schema_fields=None, padding_mask=False,
-                 reader_options: Optional[dict] = None, backend: str = "auto", partition_epoch: int = 1,
-                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
+    def __init__(self, plan: ShardPlan | str, world: World, *, batch_size: int | None = None, epoch: int = 0,
+                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
+                 schema_fields: Sequence[Any] | None = None, padding_mask: bool = False,
+                 reader_options: dict | None = None, backend: str = "auto", partition_epoch: int = 1,
+                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                  feeding: Feed = NO_FEED):
         require_torch()
         self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
@@ -56,17 +60,18 @@ class BalancedLoader(PlannedView):
         self.backend = resolve_backend(backend, self._settings.plan.table)
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
-        self._iterator = None
+        self._iterator: Generator[dict[str, Any], None, None] | None = None
         self._reader = stream.ReaderSlot()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
-        self._iterator = self._run()  # starts (and takes the position) at its first next(): a probe consumes nothing
-        return self._iterator
+        # starts (and takes the position) at its first next(): a probe consumes nothing
+        iterator = self._iterator = self._run()
+        return iterator
 
-    def _run(self):
+    def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
@@ -91,8 +96,8 @@ class BalancedLoader(PlannedView):
                 run.delivered()
                 yield batch
         finally:
-            fed.close()
-            runs.close()
+            close_iterator(fed)
+            close_iterator(runs)
 
     @property
     def sampler(self) -> EpochSampler:
@@ -121,19 +126,20 @@ class BalancedLoader(PlannedView):
             self._iterator = None
         self._reader.close()
 
-    def __enter__(self):
+    def __enter__(self) -> BalancedLoader:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def make_loader(rank=None, world=None, *, plan, batch_size: Optional[int] = None, epoch: int = 0,
-                shuffle: bool = True, reshuffle: str = "epoch", workers_count: int = 4,
-                reader_pool_type: str = "thread", schema_fields=None, padding_mask: bool = False,
+def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str,
+                batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
+                workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,
+                padding_mask: bool = False,
                 shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
-                balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: Optional[int] = None,
-                pin_memory: bool = False, device=None, **petastorm_kwargs) -> BalancedLoader:
+                balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
+                pin_memory: bool = False, device: Any = None, **petastorm_kwargs: Any) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks

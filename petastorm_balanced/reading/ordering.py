@@ -12,11 +12,12 @@ import queue
 import sys
 import threading
 from traceback import format_exc
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 from petastorm.workers_pool import EmptyResultError, VentilatedItemProcessedMessage
 from petastorm.workers_pool.thread_pool import ThreadPool, WorkerTerminationRequested, WorkerThread
 from petastorm.workers_pool.ventilator import Ventilator
+
 from ..errors import InvalidValueError
 
 
@@ -51,16 +52,17 @@ class Gate:
 class OrderedVentilator(Ventilator):
     """Ventilates the items once, in order, never more than the gate allows ahead of the consumer."""
 
-    def __init__(self, ventilate_fn, items: List[dict], gate: Gate):
+    def __init__(self, ventilate_fn, items: list[dict], gate: Gate):
         super().__init__(ventilate_fn)
         self._items, self._gate = items, gate
         self._done = not items
         self._stop_requested = False
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def start(self):
-        self._thread = threading.Thread(target=self._run, name="petastorm-balanced-ventilator", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="petastorm-balanced-ventilator", daemon=True)
+        self._thread = thread
+        thread.start()
 
     def _run(self):
         for sequence, item in enumerate(self._items):
@@ -92,13 +94,13 @@ class OrderedResults:
     def __init__(self, pool, gate: Gate, count: int):
         self._pool, self._gate, self._count = pool, gate, count
         self._next = 0
-        self._early: Dict[int, Any] = {}
+        self._early: dict[int, Any] = {}
 
     @property
     def delivered(self) -> int:
         return self._next
 
-    def next(self) -> Tuple[int, Any]:
+    def next(self) -> tuple[int, Any]:
         """The next fragment's payload; ``EmptyResultError`` once every fragment was delivered."""
         if self._next >= self._count:
             raise EmptyResultError()
@@ -135,8 +137,8 @@ class BlockingThreadPool(ThreadPool):
     def start(self, worker_class, worker_args=None, ventilator=None):
         if self._stop_event.is_set():
             raise RuntimeError("a BlockingThreadPool cannot be restarted")
-        self._ventilator_queue = queue.Queue()
-        self._results_queue = queue.Queue(self._results_queue_size)
+        self._ventilator_queue: queue.Queue[Any] = queue.Queue()
+        self._results_queue: queue.Queue[Any] = queue.Queue(self._results_queue_size)
         self._workers = []
         for worker_id in range(self.workers_count):
             impl = worker_class(worker_id, self._stop_aware_put, worker_args)

@@ -8,20 +8,18 @@ ints each; see ``elastic_position.py``).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
-from . import elastic_position, stream
-from .elastic_position import Layout
+from ..errors import InvalidTypeError, InvalidValueError
+from ..params import check_int
+from ..plan import balance as balance_module
+from ..plan.cost import COST_COLUMN
 from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..world import World
+from . import elastic_position, stream
 from .cost_batching import resolve_cost
-from .schema import BatchSchema, extra_column
-from ..plan.cost import COST_COLUMN
-from ..params import check_int
-from ..plan import balance as balance_module
+from .elastic_position import Layout
 from .options import resolve_plan
-from ..errors import InvalidTypeError, InvalidValueError
+from .schema import BatchSchema, extra_column
 
 
 class Settings(Layout):
@@ -55,7 +53,7 @@ class Settings(Layout):
                         shuffle_window=shuffle_window, reshuffle=reshuffle, partition_epoch=partition_epoch,
                         balance_by="rows" if self.cost is None else "cost")
         self.batch_size = None if budget else rows_batch
-        if budget:
+        if budget and self.cost is not None:
             self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
         self.padding_mask = bool(padding_mask)
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
@@ -64,7 +62,7 @@ class Settings(Layout):
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
-        self._checksum = None
+        self._checksum: str | None = None
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
         return self.plan.assignment(self.rank, **self.pieces_args(epoch, num_workers, stages))
@@ -76,7 +74,7 @@ class Settings(Layout):
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
         cost = {} if self.cost is None else {elastic_position.BALANCE: "cost", elastic_position.COST_REDUCE:
                                              self.cost.reduce, elastic_position.MAX_BATCH_COST: self.cost.budget}
-        return {**dict(zip(Position.IDENTITY_KEYS, values)), **cost}
+        return {**dict(zip(Position.IDENTITY_KEYS, values, strict=True)), **cost}
 
 
 class Position:
@@ -112,11 +110,11 @@ class Position:
         epoch = check_int("epoch", epoch, minimum=0)
         self.settings = settings
         self.epoch, self.batches = epoch, 0  # the next batch served
-        self.stages: Tuple[Stage, ...] = ()  # worlds that served this epoch's pass before this one (elastic)
+        self.stages: tuple[Stage, ...] = ()  # worlds that served this epoch's pass before this one (elastic)
         self.resumed = False  # came from load_state_dict and no batch was delivered since
-        self._owner = None  # the iteration allowed to move the position
+        self._owner: Run | None = None  # the iteration allowed to move the position
 
-    def begin(self) -> "Run":
+    def begin(self) -> Run:
         """An iteration starting at the position now (call it when its first batch is about to be read).
 
         A loaded position at the very end of its epoch (an elastic resume that left fewer rows than one step of the
@@ -131,7 +129,7 @@ class Position:
         self._owner = run
         return run
 
-    def delivered(self, run: "Run") -> None:
+    def delivered(self, run: Run) -> None:
         """``run`` handed out one more batch."""
         if self._owner is not run:
             return
@@ -139,7 +137,7 @@ class Position:
         self.batches += 1
         self.epoch, self.batches, self.stages = self.where()
 
-    def where(self) -> Tuple[int, int, Tuple[Stage, ...]]:
+    def where(self) -> tuple[int, int, tuple[Stage, ...]]:
         """(epoch, batches, stages) of the next batch: at the end of an epoch (or of what an elastic resume left
         of it, which may be nothing), the next epoch's start."""
         if self.batches >= self.settings.steps_of(self.epoch, self.stages):
@@ -168,12 +166,12 @@ class Position:
             self.epoch, self.batches, self.resumed = epoch, 0, False
         self._owner = None
 
-    def state_dict(self, extra: Optional[dict] = None) -> dict:
+    def state_dict(self, extra: dict | None = None) -> dict:
         epoch, batches, stages = self.where()
         return {self.EPOCH: epoch, self.BATCHES: batches, **self.settings.identity(), **(extra or {}),
                 self.PARTITION_EPOCH: self.settings.partition_epoch, self.STAGES: [s.as_list() for s in stages]}
 
-    def load_state_dict(self, state: dict, extra: Optional[dict] = None, *, workers: int = 1) -> None:
+    def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
         """Strict about settings, except the world size: a state saved at another one resumes elastically (G10);
         ``workers`` is the number of slots per rank the state was saved with."""
         if not isinstance(state, dict):
@@ -197,7 +195,7 @@ class Run:
 
     __slots__ = ("position", "epoch", "start", "stages")
 
-    def __init__(self, position: Position, epoch: int, start: int, stages: Tuple[Stage, ...] = ()):
+    def __init__(self, position: Position, epoch: int, start: int, stages: tuple[Stage, ...] = ()):
         self.position, self.epoch, self.start, self.stages = position, epoch, start, stages
 
     def delivered(self) -> None:
@@ -217,6 +215,9 @@ class EpochSampler:
 
 class PlannedView:
     """What both loaders say about themselves, read from their settings and position."""
+
+    _settings: Settings  # set by the loader's __init__
+    _position: Position
 
     plan = property(lambda self: self._settings.plan)
     rank = property(lambda self: self._settings.rank)

@@ -10,21 +10,22 @@ few threads, in order, at most ``workers_count + 2`` fragments ahead.
 from __future__ import annotations
 
 import re
-from typing import Iterator, List, Optional
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
-from . import stream
-from .arrow_backend import BundleReader, in_order
-from .batching import window_permutation
-from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from ..errors import InvalidTypeError, InvalidValueError
 from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
 from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
+from . import stream
+from .arrow_backend import BundleReader, in_order
+from .batching import window_permutation
+from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 
 ARROW_READER_ARGUMENTS = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size",
                           "shuffle_rows", "seed", "transform_spec")
@@ -34,8 +35,8 @@ class ArrowReader:
     """Iterate for rows (Unischema datasets) or per-fragment batches (plain Parquet); a context manager, with
     Petastorm's ``stop()``, ``join()``, ``schema`` and ``batched_output``."""
 
-    def __init__(self, plan: ShardPlan, fragments: List[Fragment], *, schema_fields=None, workers_count: int = 10,
-                 reader_pool_type: str = "thread", shuffle_key=None):
+    def __init__(self, plan: ShardPlan, fragments: list[Fragment], *, schema_fields: Sequence[Any] | None = None,
+                 workers_count: int = 10, reader_pool_type: str = "thread", shuffle_key: Sequence[int] | None = None):
         check_pool_options(reader_pool_type, workers_count, "arrow")
         self.fragments = list(fragments)
         self._columns = stream.dataset_columns(plan, schema_fields)
@@ -61,10 +62,10 @@ class ArrowReader:
         make = self.schema._get_namedtuple()
         return [make(**row) for row in decoded_rows(table, self.schema)]
 
-    def __iter__(self):
+    def __iter__(self) -> ArrowReader:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         while not self.stopped:
             for value in self._pending:
                 return value
@@ -79,10 +80,10 @@ class ArrowReader:
         self.stopped = True
         self._results.close()
 
-    def __enter__(self):
+    def __enter__(self) -> ArrowReader:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
         self.join()
 
@@ -114,8 +115,9 @@ def batch_columns(table: pa.Table) -> dict:
     return out
 
 
-def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,
-                reshuffle: str = "epoch", backend: str = "auto", **reader_kwargs):
+def make_reader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str, epoch: int = 0,
+                batch_size: int | None = None, reshuffle: str = "epoch", backend: str = "auto",
+                **reader_kwargs: Any) -> Any:  # Petastorm's Reader (backend "petastorm") or an ArrowReader
     """Rank ``rank``'s planned rows of ``epoch``, as Petastorm's ``make_reader`` (Unischema datasets) or
     ``make_batch_reader`` (plain Parquet) yields them.
 
@@ -148,7 +150,8 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
         raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
                                "(NGram is not supported by planned readers)")
     if schema_fields is not None:
-        schema_fields = [re.escape(getattr(f, "name")) if isinstance(f, tuple) else f for f in schema_fields]
+        # names, patterns, UnischemaFields (namedtuples: ours or Petastorm's)
+        schema_fields = [re.escape(cast(Any, f).name) if isinstance(f, tuple) else f for f in schema_fields]
     return ArrowReader(plan, frags, schema_fields=schema_fields, workers_count=reader_kwargs.get("workers_count", 10),
                        reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key)
 

@@ -21,8 +21,8 @@ DataType(string)
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -48,12 +48,12 @@ class ColumnSchema:
     name: str
     arrow_type: str
     kind: str
-    dtype: Optional[str]
-    shape: Tuple[int, ...]
+    dtype: str | None
+    shape: tuple[int, ...]
     nullable: bool
     nulls: str
-    mask: Optional[str] = None
-    item: Optional[str] = None
+    mask: str | None = None
+    item: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,10 @@ class BatchSchema:
     """Every key of every batch, in order: data columns, each followed by its validity mask, then the loader's own
     (``_cost``, ``_padding``). ``schema["id"]`` is a column; ``schema.names`` the batch's keys."""
 
-    columns: Tuple[ColumnSchema, ...]
+    columns: tuple[ColumnSchema, ...]
 
     @property
-    def names(self) -> Tuple[str, ...]:
+    def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
     def __getitem__(self, name: str) -> ColumnSchema:
@@ -148,7 +148,7 @@ def unischema_column(field, stored_type: pa.DataType, nullable: bool, scalar: bo
                         item="numpy")
 
 
-def tensor_dtype(t: pa.DataType) -> Optional[str]:
+def tensor_dtype(t: pa.DataType) -> str | None:
     """The numpy/torch dtype of a scalar column delivered as a tensor, None if it is not one."""
     if pa.types.is_boolean(t):
         return "bool"
@@ -163,8 +163,8 @@ def _is_temporal(t: pa.DataType) -> bool:
     return pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
 
 
-def _fixed_shape(t: pa.DataType) -> Tuple[Tuple[int, ...], pa.DataType]:
-    shape: List[int] = []
+def _fixed_shape(t: pa.DataType) -> tuple[tuple[int, ...], pa.DataType]:
+    shape: list[int] = []
     while pa.types.is_fixed_size_list(t):
         shape.append(t.list_size)
         t = t.value_type
@@ -214,12 +214,12 @@ def _field(f: pa.Field) -> pa.Field:
     return pa.field(f.name, delivered_type(f.type), f.nullable)
 
 
-def unify_types(name: str, typed: Sequence[Tuple[str, pa.DataType]]) -> pa.DataType:
+def unify_types(name: str, typed: Sequence[tuple[str, pa.DataType]]) -> pa.DataType:
     """The one delivered type of column ``name`` given ``(file, Arrow type)`` of each file: equal delivered types,
     integers widened where no value can change (int32 and int64 -> int64, uint32 and int32 -> int64), floats to the
     widest, a file's all-null ``null`` column to the others' type. Anything else (int and float, int64 and string,
     other units or time zones) is refused, naming both files and both types: converting would change values."""
-    chosen: Optional[pa.DataType] = None
+    chosen: pa.DataType | None = None
     first = ""
     for path, arrow_type in typed:
         t = delivered_type(arrow_type)
@@ -237,7 +237,7 @@ def unify_types(name: str, typed: Sequence[Tuple[str, pa.DataType]]) -> pa.DataT
     return chosen if chosen is not None else pa.null()
 
 
-def _widen(a: pa.DataType, b: pa.DataType) -> Optional[pa.DataType]:
+def _widen(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     if pa.types.is_floating(a) and pa.types.is_floating(b):
         return a if a.bit_width >= b.bit_width else b
     if not (pa.types.is_integer(a) and pa.types.is_integer(b)):
@@ -252,7 +252,7 @@ def _widen(a: pa.DataType, b: pa.DataType) -> Optional[pa.DataType]:
 
 def batch_schema(columns: Sequence[ColumnSchema], extras: Sequence[ColumnSchema] = ()) -> BatchSchema:
     """The batch's keys in order: each column, its mask right after it, then the loader's extras."""
-    out: List[ColumnSchema] = []
+    out: list[ColumnSchema] = []
     for column in columns:
         out.append(column)
         if column.mask is not None:
@@ -266,5 +266,5 @@ def batch_schema(columns: Sequence[ColumnSchema], extras: Sequence[ColumnSchema]
     return BatchSchema(tuple(out) + tuple(extras))
 
 
-def by_name(schema: BatchSchema) -> Dict[str, ColumnSchema]:
+def by_name(schema: BatchSchema) -> dict[str, ColumnSchema]:
     return {c.name: c for c in schema.columns}

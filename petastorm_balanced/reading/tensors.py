@@ -11,7 +11,7 @@ from .fragments import as_list
 try:
     import torch
 except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None
+    torch = None  # type: ignore[assignment]  # no torch on this stack: require_torch refuses
 
 
 def require_torch():
@@ -45,7 +45,7 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool):
         parts[name] = torch.from_numpy(values).split(batch_size)
     names, columns = list(parts), list(parts.values())
     for i in range(_rows(run) // batch_size):
-        yield dict(zip(names, [column[i] for column in columns]))
+        yield dict(zip(names, [column[i] for column in columns], strict=True))
 
 
 def _rows(columns: dict) -> int:

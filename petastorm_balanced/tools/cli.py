@@ -12,10 +12,10 @@ import json
 import os
 import sys
 import warnings
-from typing import List, Optional
+from typing import Any
 
-from ..io import fs as fsutil
 from ..errors import BadInputError, PlanError
+from ..io import fs as fsutil
 from ..plan.format import PLAN_JSON
 from .progress import Progress
 
@@ -27,7 +27,7 @@ class InputError(Exception):
     """Bad input found by the CLI itself (exit 2)."""
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Petastorm 0.12.1 drives pyarrow's legacy API; its deprecation warnings are noise a CLI user cannot act on.
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -165,6 +165,8 @@ def _resume(plan, args):
     if not isinstance(state, dict) or state.get(PLAN_CHECKSUM) != plan.checksum:
         raise InputError(f"--state {args.state!r} was not saved by a loader of this plan (plan_checksum differs)")
     world = args.world_size or state.get(WORLD_SIZE)
+    if world is None:
+        raise InputError(f"--state {args.state!r} holds no {WORLD_SIZE}; pass --world-size")
     layout = Layout.of_state(plan, state, world)
     epoch, batches, stages = loaded(layout, state, workers=state.get(NUM_WORKERS, 1))
     return layout, epoch, batches, stages, state
@@ -330,8 +332,9 @@ def _load(url: str):
 class _spark:
     """A SparkSession for ``--engine spark`` (stopped afterwards), None for the local engine."""
 
-    def __init__(self, args, engine: Optional[str] = None):
-        self.engine, self.master, self.session = engine or args.engine, args.master, None
+    def __init__(self, args, engine: str | None = None):
+        self.engine, self.master = engine or args.engine, args.master
+        self.session: Any = None  # a SparkSession once entered
 
     def __enter__(self):
         if self.engine != "spark":

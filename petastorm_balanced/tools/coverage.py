@@ -12,8 +12,8 @@ rule is written once and a bug in it shows up everywhere. Pure numpy: no I/O, no
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -43,9 +43,9 @@ def coverage_check(ids: Sequence[np.ndarray], padding: Sequence[np.ndarray], *, 
     """G2 over every rank's delivered row ids (``ids``, with their padding flags) of one epoch.
 
     ``expected`` are the ids that may be delivered (the matching rows), or only their number when the caller
-    cannot list them (a training job): then padding must repeat delivered ids. Policy ``drop``: no row twice, no padding,
-    fewer than ``global_batch`` left out. Policy ``pad``: every expected row delivered, fewer than ``global_batch``
-    padding rows, each a repeat of an expected row.
+    cannot list them (a training job): then padding must repeat delivered ids. Policy ``drop``: no row twice, no
+    padding, fewer than ``global_batch`` left out. Policy ``pad``: every expected row delivered, fewer than
+    ``global_batch`` padding rows, each a repeat of an expected row.
     """
     all_ids = np.concatenate(list(ids)) if len(ids) else np.zeros(0, np.int64)
     flags = np.concatenate(list(padding)).astype(bool) if len(padding) else np.zeros(0, bool)

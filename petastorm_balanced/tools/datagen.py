@@ -11,13 +11,17 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from ..errors import InvalidValueError
 from ..unischema.pickling import dumps
+
+if TYPE_CHECKING:
+    from ..unischema.schema import Unischema
 
 __all__ = ["DatasetInfo", "make_plain_dataset", "make_petastorm_dataset", "main"]
 
@@ -39,10 +43,10 @@ class DatasetInfo:
     url: str
     path: str
     num_rows: int
-    files: Tuple[str, ...]
-    row_groups: Tuple[Tuple[str, int, int], ...]
+    files: tuple[str, ...]
+    row_groups: tuple[tuple[str, int, int], ...]
     kind: str
-    partition_columns: Tuple[str, ...] = ()
+    partition_columns: tuple[str, ...] = ()
 
     @property
     def num_row_groups(self) -> int:
@@ -94,9 +98,9 @@ def _plan(rng, num_files, total_rows, empty_files, min_rg, max_rg):
 def _relpaths(num_files: int, hive: bool):
     """Spark-like names; with ``hive`` files are spread round-robin over ``year=...`` folders so every
     partition gets files of different sizes."""
-    names = ["part-%05d.parquet" % i for i in range(num_files)]
+    names = [f"part-{i:05d}.parquet" for i in range(num_files)]
     if hive:
-        names = ["year=%d/%s" % (2020 + i % min(3, num_files), n) for i, n in enumerate(names)]
+        names = [f"year={2020 + i % min(3, num_files)}/{n}" for i, n in enumerate(names)]
     return names
 
 
@@ -115,13 +119,13 @@ def _write(path, kind, num_files, total_rows, seed, hive, empty_files, min_rg, m
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path) and os.listdir(path):
         # Leftover files from another layout would silently become part of the dataset.
-        raise FileExistsError("output directory is not empty: %s" % path)
+        raise FileExistsError(f"output directory is not empty: {path}")
     os.makedirs(path, exist_ok=True)
     rng = np.random.default_rng(seed)
     counts, plans = _plan(rng, num_files, total_rows, empty_files, min_rg, max_rg)
     relpaths = _relpaths(num_files, hive)
     row_groups, start = [], 0
-    for i, (rel, n, sizes) in enumerate(zip(relpaths, counts.tolist(), plans)):
+    for i, (rel, n, sizes) in enumerate(zip(relpaths, counts.tolist(), plans, strict=True)):
         table = make_table(rng, i, start, n)
         full = os.path.join(path, *rel.split("/"))
         os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -142,9 +146,9 @@ PLAIN_SCHEMA = pa.schema([("id", pa.int64()), ("lang", pa.string()), ("value", p
                           ("label", pa.int32()), ("text", pa.string())])
 
 
-def make_plain_dataset(path, *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0, hive: bool = False,
-                       min_row_group_rows: int = 32, max_row_group_rows: int = 4096, compression: str = "snappy",
-                       empty_files: int = 0) -> DatasetInfo:
+def make_plain_dataset(path: str | os.PathLike[str], *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0,
+                       hive: bool = False, min_row_group_rows: int = 32, max_row_group_rows: int = 4096,
+                       compression: str = "snappy", empty_files: int = 0) -> DatasetInfo:
     """Write a plain (non-Petastorm) Parquet store, the input of ``make_batch_reader``.
 
     ``value`` is shifted per file so per-file statistics differ too; ``empty_files`` of the ``num_files``
@@ -163,7 +167,7 @@ def make_plain_dataset(path, *, num_files: int = 8, total_rows: int = 20_000, se
                   max_row_group_rows, compression, make_table, PLAIN_SCHEMA)
 
 
-def make_unischema():
+def make_unischema() -> "Unischema":
     """The Unischema of ``make_petastorm_dataset``.  Built lazily so plain datasets need no petastorm/pyspark
     import.  ``image`` uses the plain ``NdarrayCodec`` because ``make_reader`` decodes every cell in Python and
     tests read every row; ``CompressedNdarrayCodec`` would add zip/zlib cost for no coverage gain."""
@@ -182,7 +186,7 @@ PETASTORM_SCHEMA = pa.schema([("id", pa.int64()), ("lang", pa.string()), ("label
                               ("vec", pa.binary()), ("image", pa.binary())])
 
 
-def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0,
+def make_petastorm_dataset(path: str | os.PathLike[str], *, num_files: int = 8, total_rows: int = 20_000, seed: int = 0,
                            min_row_group_rows: int = 32, max_row_group_rows: int = 4096,
                            compression: str = "snappy", empty_files: int = 0) -> DatasetInfo:
     """Write a Petastorm dataset (``make_reader`` input) with the same skew as the plain one, no Spark.
@@ -195,6 +199,11 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
     """
     schema = make_unischema()
     fields = [schema.fields[name] for name in PETASTORM_SCHEMA.names]
+    encoders = []  # (field, its codec): every field of make_unischema has one
+    for f in fields:
+        if f.codec is None:
+            raise AssertionError(f"make_unischema's field {f.name!r} has no codec")
+        encoders.append((f, f.codec))
 
     def make_table(rng, i, start, n):
         ids, lang = _base_columns(rng, i, num_files, start, n)
@@ -202,8 +211,8 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
         vec = rng.standard_normal((n, 4)).astype(np.float32)
         image = rng.integers(0, 256, size=(n, 8, 8), dtype=np.uint8)
         raw = [ids, lang, label, vec, image]
-        cols = [[f.codec.encode(f, v) for v in values] for f, values in zip(fields, raw)]
-        return pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(cols, PETASTORM_SCHEMA.types)],
+        cols = [[codec.encode(f, v) for v in values] for (f, codec), values in zip(encoders, raw, strict=True)]
+        return pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(cols, PETASTORM_SCHEMA.types, strict=True)],
                                     schema=PETASTORM_SCHEMA)
 
     info = _write(path, "petastorm", num_files, total_rows, seed, False, empty_files, min_row_group_rows,
@@ -219,12 +228,13 @@ def make_petastorm_dataset(path, *, num_files: int = 8, total_rows: int = 20_000
 
 def _summary(info: DatasetInfo) -> str:
     sizes = np.array([n for _, _, n in info.row_groups]) if info.row_groups else np.zeros(1, dtype=int)
-    return ("kind=%s partitions=%s rows=%d files=%d row_groups=%d rg_rows(min/median/max)=%d/%d/%d url=%s"
-            % (info.kind, ",".join(info.partition_columns) or "-", info.num_rows, len(info.files), info.num_row_groups, sizes.min(),
-               int(np.median(sizes)), sizes.max(), info.url))
+    partitions = ",".join(info.partition_columns) or "-"
+    return (f"kind={info.kind} partitions={partitions} rows={info.num_rows} files={len(info.files)} "
+            f"row_groups={info.num_row_groups} "
+            f"rg_rows(min/median/max)={int(sizes.min())}/{int(np.median(sizes))}/{int(sizes.max())} url={info.url}")
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m petastorm_balanced.datagen", description=__doc__.split("\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--kind", choices=["plain", "petastorm", "hive"], default="plain")

@@ -14,7 +14,6 @@ rows run out first and the others hang in their next all-reduce.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
 
 import numpy as np
 
@@ -43,7 +42,7 @@ class PetastormShards:
         return self.rows // self.batch_size
 
 
-def piece_keys(catalog: Catalog) -> Tuple[Tuple[str, int, int], ...]:
+def piece_keys(catalog: Catalog) -> tuple[tuple[str, int, int], ...]:
     """Petastorm's piece list as ``(path, row group, rows)``: sorted files, row groups in file order."""
     return tuple((f.path, i, n) for f in sorted(catalog.files, key=lambda f: f.path)
                  for i, n in enumerate(f.row_group_rows))
@@ -52,7 +51,7 @@ def piece_keys(catalog: Catalog) -> Tuple[Tuple[str, int, int], ...]:
 def petastorm_shards(catalog: Catalog, world_size: int, batch_size: int = 1) -> PetastormShards:
     """Rows, steps and row groups each of ``world_size`` ranks gets from Petastorm's own sharding."""
     check_params(world_size=world_size, batch_size=batch_size)
-    matching: Dict[Tuple[str, int], int] = {(r.path, r.row_group): r.matching_rows for r in catalog.row_groups}
+    matching: dict[tuple[str, int], int] = {(r.path, r.row_group): r.matching_rows for r in catalog.row_groups}
     pieces = piece_keys(catalog)
     # (pieces,) arrays: the rank of each piece, its matching rows and its total rows
     rank = np.arange(len(pieces)) % world_size

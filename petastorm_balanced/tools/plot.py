@@ -8,6 +8,7 @@ import os
 import textwrap
 
 import numpy as np
+
 from ..errors import InvalidValueError
 
 FIGSIZE = (12.0, 5.0)  # inches

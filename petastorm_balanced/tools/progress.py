@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, TextIO
+from typing import TextIO
 
 
 class Progress:
     """``with Progress("footers", total) as bar: bar(1)``; redraws at most ten times a second."""
 
-    def __init__(self, label: str, total: Optional[int] = None, *, stream: Optional[TextIO] = None,
-                 enabled: Optional[bool] = None):
+    def __init__(self, label: str, total: int | None = None, *, stream: TextIO | None = None,
+                 enabled: bool | None = None):
         self.label, self.total, self.done = label, total, 0
         self.stream = sys.stderr if stream is None else stream
         self.enabled = _is_tty(self.stream) if enabled is None else enabled
@@ -35,7 +35,7 @@ class Progress:
             return f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
         return f"{self.label} {self.done}"
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

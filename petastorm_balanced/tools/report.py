@@ -5,25 +5,23 @@ Pure: a plan (already in memory) in, dicts and strings out. The field names are 
 """
 from __future__ import annotations
 
-from typing import List, Optional
-
 import numpy as np
 
 from ..plan import balance
 from ..plan.catalog import Catalog
-from .petastorm_sharding import petastorm_shards, piece_keys
 from ..plan.cost_report import rank_costs, straggler_ratio
-from ..plan.model import ShardPlan
 from ..plan.format import split_row_groups
+from ..plan.model import ShardPlan
+from .petastorm_sharding import petastorm_shards, piece_keys
 
 JSON_VERSION = 1
 _BATCH_FROM = {"argument": "(--batch-size)", "plan": "(the plan's)", "state": "(the state's)",
                "none": "(the plan has none, so rows are counted one by one; pass --batch-size)"}
 
 
-def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: Optional[int] = None, epoch: int = 0,
-                   num_workers: int = 1, batch_size: Optional[int] = None, partition_epoch: int = 1,
-                   stages=(), windows=None, resume: Optional[dict] = None) -> dict:
+def inspect_report(plan: ShardPlan, *, plan_url: str, world_size: int | None = None, epoch: int = 0,
+                   num_workers: int = 1, batch_size: int | None = None, partition_epoch: int = 1,
+                   stages=(), windows=None, resume: dict | None = None) -> dict:
     """Per-rank rows, steps, padding and read cost of one epoch, beside what Petastorm's sharding would give.
 
     With ``partition_epoch=P`` the epoch is part ``epoch % P`` of pass ``epoch // P``; with ``stages`` (an elastic
@@ -65,7 +63,7 @@ def cost_report(catalog: Catalog, pieces: balance.Pieces) -> dict:
     if catalog.cost is None:
         return {}
     ours = rank_costs(catalog, pieces)
-    sums = {(r.path, r.row_group): r.cost_sum for r in catalog.row_groups}
+    sums = {(r.path, r.row_group): r.cost_sum or 0 for r in catalog.row_groups}
     keys = piece_keys(catalog)
     theirs = np.bincount(np.arange(len(keys)) % pieces.world_size,
                          weights=[sums.get((p, i), 0) for p, i, _ in keys], minlength=pieces.world_size)
@@ -76,7 +74,7 @@ def cost_report(catalog: Catalog, pieces: balance.Pieces) -> dict:
                      "petastorm_straggler_ratio": round(straggler_ratio(theirs), 4)}}
 
 
-def format_cost(report: dict) -> List[str]:
+def format_cost(report: dict) -> list[str]:
     """Lines for the cost side (none for a plan without a cost)."""
     cost = report.get("cost")
     if not cost:
@@ -89,7 +87,7 @@ def format_cost(report: dict) -> List[str]:
             "(benchmarks/bench_cost.py)"]
 
 
-def compare_report(plan: ShardPlan, *, batch_size: Optional[int] = None) -> dict:
+def compare_report(plan: ShardPlan, *, batch_size: int | None = None) -> dict:
     """Petastorm's per-rank rows and steps beside the balanced plan's, for the plan's world size, epoch 0."""
     batch = batch_size or plan.batch_size or 1
     pieces = plan.pieces(batch_size=batch)
@@ -123,7 +121,7 @@ def balanced_totals(catalog: Catalog, pieces: balance.Pieces) -> dict:
     }
 
 
-def balanced_ranks(catalog: Catalog, pieces: balance.Pieces) -> List[dict]:
+def balanced_ranks(catalog: Catalog, pieces: balance.Pieces) -> list[dict]:
     """One dict per rank; a rank reads whole row groups (each worker its own) and keeps its slice of them."""
     world = pieces.world_size
     slot = pieces.rank * pieces.num_workers + pieces.worker
@@ -175,7 +173,7 @@ def format_inspect(report: dict) -> str:
     return "\n".join(lines + format_cost(report))
 
 
-def _parts_lines(report: dict) -> List[str]:
+def _parts_lines(report: dict) -> list[str]:
     lines = []
     if report.get("partition_epoch", 1) > 1:
         lines.append(f"part {report['part']} of pass {report['pass']} ({report['partition_epoch']} parts; steps per "
@@ -195,7 +193,7 @@ def format_compare(report: dict) -> str:
                               f"{'':>6}  {'Petastorm cur_shard/shard_count':^33}      {'petastorm-balanced':^32}",
                               _row("rank", "rows", "steps", "row_groups", "|", "rows", "steps", "padded",
                                    widths=(6, 10, 8, 11, 2, 10, 8, 8))]
-    for ours, theirs in zip(report["ranks"], p["ranks"]):
+    for ours, theirs in zip(report["ranks"], p["ranks"], strict=True):
         lines.append(_row(ours["rank"], theirs["rows"], theirs["steps"], theirs["row_groups"], "|", ours["rows"],
                           ours["steps"], ours["padded_rows"], widths=(6, 10, 8, 11, 2, 10, 8, 8)))
     ours_steps = [r["steps"] for r in report["ranks"]]
@@ -214,7 +212,7 @@ def _header(dataset_url, kind, text, world, batch, policy, seed) -> dict:
             "batch_size": batch, "policy": policy, "seed": seed}
 
 
-def _title(report: dict) -> List[str]:
+def _title(report: dict) -> list[str]:
     pred = report["predicate"]
     what = "none" if pred["kind"] == "none" else f"{pred['kind']}: {pred['text']}"
     head = [f"dataset {report['dataset_url']}", f"predicate {what}"]
@@ -234,7 +232,7 @@ def _totals_line(report: dict) -> str:
 
 
 def _row(*cells, widths=(6, 10, 8, 8, 11, 6, 11, 9)) -> str:
-    return "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, widths)).rstrip()
+    return "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, widths, strict=True)).rstrip()
 
 
 def _rows_read(catalog: Catalog, pieces: balance.Pieces) -> np.ndarray:

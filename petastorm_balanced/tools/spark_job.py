@@ -1,7 +1,8 @@
 """spark-submit job: plan equal steps per rank over a Parquet dataset and write the plan (ships in the package).
 
     spark-submit "$(petastorm-balanced spark-job-path)" DATASET_URL --world-size W --output PLAN_URL \\
-        [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S] [--cost EXPR] [--table-version N | --snapshot-id ID]
+        [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S] [--cost EXPR] \\
+        [--table-version N | --snapshot-id ID]
 
 ``petastorm-balanced spark-job-path`` prints this file's path (``spark_jobs/plan_shards.py`` in a checkout is a thin
 wrapper around it). The work happens in ``petastorm_balanced.planning.engines.spark`` (footers and filters in Spark

@@ -10,10 +10,11 @@ G1 for every world and part (every rank the same steps, whole batches), and G2 o
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..errors import InvalidValueError
 from ..plan.elastic import Stage
 from ..reading.batching import WindowBatcher, start_point, window_rows
 from ..reading.elastic_position import Layout
@@ -24,14 +25,14 @@ FragmentKeys = Callable[[object], np.ndarray]
 
 
 def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num_workers: int = 1,
-                keys: Optional[FragmentKeys] = None, expected: Optional[np.ndarray] = None,
-                label: str = "plan") -> List[Check]:
+                keys: FragmentKeys | None = None, expected: np.ndarray | None = None,
+                label: str = "plan") -> list[Check]:
     """G1 per world and part, G2 over the pass of ``epoch`` served by ``stages`` and then ``layout``'s world.
 
     ``keys`` maps a fragment to its rows' keys (default: one id per matching row, from the catalog) and
     ``expected`` is every key the pass must cover (default: every matching row).
     """
-    plan, batch, parts = layout.plan, layout.batch_size, layout.partition_epoch
+    plan, batch, parts = layout.plan, _fixed_batch(layout), layout.partition_epoch
     if keys is None:
         offsets = np.concatenate(([0], np.cumsum(plan.catalog.matching_counts())))
         index = {(r.path, r.row_group): i for i, r in enumerate(plan.catalog.row_groups)}
@@ -43,10 +44,16 @@ def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num
                 positions[i] = plan.catalog.row_groups[i].positions()
             return offsets[i] + np.searchsorted(positions[i], fragment.row_indices())
         expected = np.arange(plan.total_rows, dtype=np.int64)
+    if expected is None:
+        raise InvalidValueError("pass_checks(keys=...) needs expected= (every key the pass must cover)")
     pass_index = epoch // parts
-    worlds = [(s.world_size, s.num_workers, s.part, s.batches) for s in stages]
+    worlds: list[tuple[int, int, int, int | None]] = [(s.world_size, s.num_workers, s.part, s.batches)
+                                                      for s in stages]
     worlds.append((layout.world_size, num_workers, parts - 1, None))
-    checks, real, padded, first_part = [], [], [], 0
+    checks: list[Check] = []
+    real_parts: list[np.ndarray] = []  # keys delivered per slot: real rows, and padding rows
+    padded_parts: list[np.ndarray] = []
+    first_part = 0
     for index_, (world, workers, stop_part, stop_batches) in enumerate(worlds):
         for part in range(first_part, stop_part + 1):
             e = pass_index * parts + part
@@ -66,8 +73,8 @@ def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num
                     order = _delivery_order(len(slot_keys), layout, e, index_, rank, worker)
                     done = len(order) if take is None else (take + workers - 1 - worker) // workers * batch
                     order = order[:done]
-                    real.append(slot_keys[order][~flags[order]])
-                    padded.append(slot_keys[order][flags[order]])
+                    real_parts.append(slot_keys[order][~flags[order]])
+                    padded_parts.append(slot_keys[order][flags[order]])
             if len(set(rank_rows)) != 1 or rank_rows[0] % batch:
                 checks.append(Check(f"G1 equal steps, {where} ({label})", False,
                                     f"rows per rank {min(rank_rows)}..{max(rank_rows)}, batch {batch}"))
@@ -75,7 +82,7 @@ def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num
                 checks.append(Check(f"G1 equal steps, {where} ({label})", True,
                                     f"{world} ranks x {rank_rows[0] // batch} steps x {batch} rows"))
         first_part = stop_part
-    real, padded = np.concatenate(real), np.concatenate(padded)
+    real, padded = np.concatenate(real_parts), np.concatenate(padded_parts)
     unique = np.unique(real)
     foreign = len(np.setdiff1d(np.concatenate([unique, padded]), expected))
     left_out = len(np.setdiff1d(expected, unique))
@@ -92,14 +99,22 @@ def pass_checks(layout: Layout, *, epoch: int, stages: Sequence[Stage] = (), num
     return checks + [check]
 
 
+def _fixed_batch(layout: Layout) -> int:
+    if layout.batch_size is None:
+        raise InvalidValueError("the pass check replays fixed-size batches; a token-budget layout (max_batch_cost, "
+                                "batch_size=None) is not supported: check the plan with a batch size")
+    return layout.batch_size
+
+
 def _delivery_order(rows: int, layout: Layout, epoch: int, stage: int, rank: int, slot: int) -> np.ndarray:
     """Slot positions in the order the loaders deliver them (fixed-window shuffle), via ``WindowBatcher``."""
     if rows == 0:
         return np.zeros(0, dtype=np.int64)
-    size = window_rows(layout.batch_size, layout.shuffle_window, layout.shuffle)
-    start = start_point(np.array([rows]), batch_size=layout.batch_size, window_rows=size, batches_done=0,
+    batch = _fixed_batch(layout)
+    size = window_rows(batch, layout.shuffle_window, layout.shuffle)
+    start = start_point(np.array([rows]), batch_size=batch, window_rows=size, batches_done=0,
                         shuffle=layout.shuffle)
-    batcher = WindowBatcher(total_rows=rows, batch_size=layout.batch_size, window_rows=size, start=start,
+    batcher = WindowBatcher(total_rows=rows, batch_size=batch, window_rows=size, start=start,
                             key=layout.key(epoch, slot, stage, rank) if layout.shuffle else None)
     runs = [run["i"] for run in batcher.push({"i": np.arange(rows, dtype=np.int64)})]
     batcher.finish()

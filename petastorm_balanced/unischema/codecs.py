@@ -16,24 +16,25 @@ paths, and Petastorm reads them back as its own.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from . import spark_types
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
+from . import spark_types
 
 
 class DataframeColumnCodec:
     """What every codec does: ``encode`` a value to what the Parquet cell stores, ``decode`` it back."""
 
-    def encode(self, unischema_field, value):  # pragma: no cover - abstract
+    def encode(self, unischema_field: Any, value: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def decode(self, unischema_field, value):  # pragma: no cover - abstract
+    def decode(self, unischema_field: Any, value: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def spark_dtype(self):
+    def spark_dtype(self) -> Any:
         """The Spark SQL type of the stored column (needs pyspark)."""
         import pyspark.sql.types as sql_types
         return sql_types.BinaryType()
@@ -64,38 +65,38 @@ def _check_array(unischema_field, value, *, exact_type: bool) -> None:
                                 f"size), got {value.shape}")
 
 
-def compliant_shape(actual, expected) -> bool:
+def compliant_shape(actual: Sequence[int | None], expected: Sequence[int | None]) -> bool:
     """Whether ``actual`` fits ``expected`` (same rank; ``None`` or 0 in either matches any size).
 
     >>> compliant_shape((2, 3), (None, 3)), compliant_shape((2, 3), (2, 4)), compliant_shape((2,), (2, 1))
     (True, False, False)
     """
-    return len(actual) == len(expected) and all(not a or not b or a == b for a, b in zip(actual, expected))
+    return len(actual) == len(expected) and all(not a or not b or a == b for a, b in zip(actual, expected, strict=True))
 
 
 class NdarrayCodec(DataframeColumnCodec):
     """An ndarray as ``.npy`` bytes."""
 
-    def encode(self, unischema_field, value) -> bytearray:
+    def encode(self, unischema_field: Any, value: Any) -> bytearray:
         _check_array(unischema_field, value, exact_type=True)
         memfile = io.BytesIO()
         np.save(memfile, value)
         return bytearray(memfile.getvalue())
 
-    def decode(self, unischema_field, value) -> np.ndarray:
+    def decode(self, unischema_field: Any, value: Any) -> np.ndarray:
         return np.load(io.BytesIO(value))
 
 
 class CompressedNdarrayCodec(DataframeColumnCodec):
     """An ndarray as ``.npz`` bytes (zlib), under the name ``arr``."""
 
-    def encode(self, unischema_field, value) -> bytearray:
+    def encode(self, unischema_field: Any, value: Any) -> bytearray:
         _check_array(unischema_field, value, exact_type=True)
         memfile = io.BytesIO()
         np.savez_compressed(memfile, arr=value)
         return bytearray(memfile.getvalue())
 
-    def decode(self, unischema_field, value) -> np.ndarray:
+    def decode(self, unischema_field: Any, value: Any) -> np.ndarray:
         with np.load(io.BytesIO(value)) as archive:
             return archive["arr"]
 
@@ -113,12 +114,12 @@ class CompressedImageCodec(DataframeColumnCodec):
     def image_codec(self) -> str:
         return self._image_codec[1:]
 
-    def encode(self, unischema_field, value) -> bytearray:
+    def encode(self, unischema_field: Any, value: Any) -> bytearray:
         _check_array(unischema_field, value, exact_type=False)
         _check_image_shape(value.shape)
         return bytearray(_images().encode(value, self._image_codec, self._quality))
 
-    def decode(self, unischema_field, value) -> np.ndarray:
+    def decode(self, unischema_field: Any, value: Any) -> np.ndarray:
         image = _images().decode(value)
         _check_image_shape(image.shape)
         return image
@@ -141,7 +142,7 @@ class ScalarCodec(DataframeColumnCodec):
     def __init__(self, spark_type: Any):
         self._spark_type = spark_type
 
-    def encode(self, unischema_field, value):
+    def encode(self, unischema_field: Any, value: Any) -> Any:
         unsized = isinstance(value, np.ndarray) and value.shape == ()
         if not unsized and hasattr(value, "__len__") and not isinstance(value, str):
             raise InvalidTypeError(f"field {unischema_field.name!r} expects a scalar, got {type(value).__name__}")
@@ -161,10 +162,10 @@ class ScalarCodec(DataframeColumnCodec):
             return str(value)
         return value
 
-    def decode(self, unischema_field, value):
+    def decode(self, unischema_field: Any, value: Any) -> Any:
         return unischema_field.numpy_dtype(value)
 
-    def spark_dtype(self):
+    def spark_dtype(self) -> Any:
         return spark_types.to_pyspark(self._spark_type)
 
     def __str__(self) -> str:
@@ -220,7 +221,7 @@ class _Pillow:
         return out.astype(out.dtype.newbyteorder("=")) if not out.dtype.isnative else out
 
 
-_BACKEND = None
+_BACKEND: _OpenCV | _Pillow | None = None
 
 
 def _images():

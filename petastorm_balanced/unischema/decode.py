@@ -6,7 +6,7 @@ evaluation at planning, so a value is decoded the same way wherever it is read.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Dict, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +14,7 @@ import pyarrow as pa
 from .codecs import ScalarCodec
 
 
-def is_scalar(unischema_field) -> bool:
+def is_scalar(unischema_field: Any) -> bool:
     """Whether the column is read as a plain Arrow column (no codec, or a ScalarCodec of a numeric/text type)."""
     codec = unischema_field.codec
     if codec is None or isinstance(codec, ScalarCodec) or type(codec).__name__ == "ScalarCodec":
@@ -26,7 +26,7 @@ def is_scalar(unischema_field) -> bool:
     return False
 
 
-def decode_value(unischema_field, value):
+def decode_value(unischema_field: Any, value: Any) -> Any:
     """One cell as Petastorm's ``decode_row`` decodes it: the codec's ``decode``; without a codec, a cast to the
     field's numpy (or Decimal) type; ``None`` stays ``None``."""
     if value is None:
@@ -40,13 +40,13 @@ def decode_value(unischema_field, value):
     return value
 
 
-def decode_row(row: dict, unischema) -> dict:
+def decode_row(row: dict, unischema: Any) -> dict:
     """The decoded values of the fields of ``unischema`` that ``row`` holds (Petastorm's ``decode_row``)."""
     fields = unischema.fields
     return {name: decode_value(fields[name], value) for name, value in row.items() if name in fields}
 
 
-def decode_column(column, unischema_field) -> np.ndarray:
+def decode_column(column: Any, unischema_field: Any) -> np.ndarray:
     """A codec column's cells decoded one by one and stacked (rows on axis 0); ragged or null cells give an
     object array of per-row values."""
     values = column.to_pylist() if isinstance(column, (pa.Array, pa.ChunkedArray)) else list(column)
@@ -60,10 +60,10 @@ def decode_column(column, unischema_field) -> np.ndarray:
     return out
 
 
-def rows(table: pa.Table, unischema) -> list:
+def rows(table: pa.Table, unischema: Any) -> list:
     """A table's rows as Petastorm's ``make_reader`` decodes them: pandas' values (``to_pandas(
     integer_object_nulls=True)``, as Petastorm reads), then ``decode_row``."""
-    columns: Dict[str, list] = {name: _python_values(table.column(name)) for name in table.column_names}
+    columns: dict[str, list] = {name: _python_values(table.column(name)) for name in table.column_names}
     names = [n for n in table.column_names if n in unischema.fields]
     fields = unischema.fields
     return [{n: decode_value(fields[n], columns[n][i]) for n in names} for i in range(table.num_rows)]
@@ -84,7 +84,7 @@ def _python_values(column: pa.ChunkedArray) -> list:
     return column.to_pylist()
 
 
-def decoded_columns(table: pa.Table, fields: Optional[dict]) -> Dict[str, np.ndarray]:
+def decoded_columns(table: pa.Table, fields: dict | None) -> dict[str, np.ndarray]:
     """The codec columns of ``table`` decoded (``fields``: Unischema fields by name); scalar columns are left to
     the caller's conversion."""
     if not fields:

@@ -22,14 +22,16 @@ import builtins
 import collections
 import copyreg
 import decimal
+import importlib
 import io
 import pickle
-from typing import Any, Callable, Dict, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from . import codecs, schema, spark_types
 from ..errors import InvalidValueError, UnsafeDatasetError
+from . import codecs, schema, spark_types
 
 PETASTORM_MODULES = {"petastorm.unischema": schema, "petastorm.codecs": codecs}
 # Petastorm's own legacy names (datasets written before the package was renamed), read as today's.
@@ -45,17 +47,17 @@ SAFE_BUILTINS = ("str", "bytes", "bytearray", "int", "float", "complex", "bool",
                  "set", "frozenset")
 
 
-def _numpy_internals() -> Dict[str, Callable]:
-    try:  # numpy >= 2
-        from numpy._core import multiarray
+def _numpy_internals() -> dict[str, Callable]:
+    try:  # numpy >= 2 (by name: each numpy's stubs know only one of the two paths)
+        multiarray: Any = importlib.import_module("numpy._core.multiarray")
     except ImportError:  # numpy 1
-        from numpy.core import multiarray
+        multiarray = importlib.import_module("numpy.core.multiarray")
     return {"_reconstruct": multiarray._reconstruct, "scalar": multiarray.scalar}
 
 
-def allowed_globals() -> Dict[Tuple[str, str], object]:
+def allowed_globals() -> dict[tuple[str, str], object]:
     """Every ``(module, name)`` a stored Unischema may name, and what it loads as (our classes for Petastorm's)."""
-    table: Dict[Tuple[str, str], object] = {}
+    table: dict[tuple[str, str], object] = {}
     for module in ("petastorm.unischema", "petastorm.codecs"):
         names = ("Unischema", "UnischemaField") if module.endswith("unischema") else \
             ("NdarrayCodec", "CompressedNdarrayCodec", "CompressedImageCodec", "ScalarCodec")
@@ -122,7 +124,7 @@ def loads(payload: bytes, where: str = "the dataset") -> schema.Unischema:
     return value
 
 
-def check_loaded(value, where: str) -> None:
+def check_loaded(value: Any, where: str) -> None:
     """A loaded Unischema holds fields of our field class with our codecs (or none): nothing else."""
     if not isinstance(value, schema.Unischema) or not isinstance(getattr(value, "_fields", None),
                                                                   collections.OrderedDict):
@@ -143,7 +145,7 @@ _WRITE_AS.update({cls: ("pyspark.sql.types", name) for name, cls in spark_types.
 _WRITE_AS[np.bool_] = ("numpy", "bool_")  # numpy 2 names it numpy.bool, which numpy 1 (Petastorm's stack) cannot load
 
 
-_Python: Any = pickle._Pickler  # type: ignore[attr-defined]  # the Python pickler, whose save_global can be overridden
+_Python: Any = pickle._Pickler  # the Python pickler, whose save_global can be overridden
 
 
 class _PetastormPickler(_Python):
@@ -166,7 +168,7 @@ class _PetastormPickler(_Python):
         self.memoize(obj)
 
 
-def dumps(unischema) -> bytes:
+def dumps(unischema: Any) -> bytes:
     """``unischema`` pickled as Petastorm pickles its own (protocol 4, Petastorm's class paths)."""
     memfile = io.BytesIO()
     _PetastormPickler(memfile, protocol=4).dump(unischema)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import warnings
 from collections import OrderedDict, namedtuple
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from ..errors import InvalidTypeError, InvalidValueError
 
@@ -22,9 +23,9 @@ class UnischemaField(NamedTuple):
 
     name: str
     numpy_dtype: Any
-    shape: Tuple[Optional[int], ...]
-    codec: Optional[Any] = None
-    nullable: Optional[bool] = False
+    shape: tuple[int | None, ...]
+    codec: Any | None = None
+    nullable: bool | None = False
 
     def __eq__(self, other: object) -> bool:
         return _key(self) == _key(other) if isinstance(other, tuple) and len(other) == 5 else False
@@ -40,10 +41,10 @@ def _key(field) -> tuple:
     return (field[0], field[1], field[2], field[4])
 
 
-_NAMEDTUPLES: Dict[str, type] = {}
+_NAMEDTUPLES: dict[str, type] = {}
 
 
-def row_type(schema_name: str, names) -> type:
+def row_type(schema_name: str, names: Iterable[str]) -> type:
     """The namedtuple type of rows of ``names`` (one type per schema name and field list, as Petastorm caches)."""
     names = list(names)
     key = " ".join([schema_name] + names)
@@ -55,23 +56,24 @@ def row_type(schema_name: str, names) -> type:
 class Unischema:
     """A named, ordered set of ``UnischemaField``: what each column of a Petastorm dataset holds and its codec."""
 
-    def __init__(self, name: str, fields: List[UnischemaField]):
+    def __init__(self, name: str, fields: list[UnischemaField]):
         self._name = name
         self._fields = OrderedDict((f.name, f) for f in fields)
         for f in fields:
             if not hasattr(self, f.name):
                 setattr(self, f.name, f)
             else:
-                warnings.warn(f"Unischema field {f.name!r} is not an attribute: the name is taken by Unischema itself")
+                warnings.warn(f"Unischema field {f.name!r} is not an attribute: the name is taken by Unischema itself",
+                              stacklevel=2)
 
     @property
-    def fields(self) -> "OrderedDict[str, UnischemaField]":
+    def fields(self) -> OrderedDict[str, UnischemaField]:
         return self._fields
 
-    def create_schema_view(self, fields) -> "Unischema":
+    def create_schema_view(self, fields: Sequence[Any]) -> Unischema:
         """A Unischema of some fields: ``UnischemaField`` objects and/or regular expressions matching whole names."""
         patterns = [f for f in fields if isinstance(f, str)]
-        objects = [f for f in fields if isinstance(f, tuple)]
+        objects: list[Any] = [f for f in fields if isinstance(f, tuple)]  # UnischemaFields: ours or Petastorm's
         if len(patterns) + len(objects) != len(fields):
             raise InvalidTypeError("fields must be regular expressions (str) or UnischemaField objects")
         unknown = sorted({f.name for f in objects} - set(self._fields))
@@ -83,10 +85,10 @@ class Unischema:
     def _get_namedtuple(self) -> type:
         return row_type(self._name, self._fields.keys())
 
-    def make_namedtuple(self, **values):
+    def make_namedtuple(self, **values: Any) -> Any:
         return self._get_namedtuple()(**values)
 
-    def as_spark_schema(self):
+    def as_spark_schema(self) -> Any:
         """The ``pyspark.sql.types.StructType`` of the stored columns (needs pyspark)."""
         import pyspark.sql.types as sql_types
         return sql_types.StructType([sql_types.StructField(f.name, _spark_type(f), bool(f.nullable))
@@ -100,7 +102,7 @@ class Unischema:
     __repr__ = __str__
 
 
-def _spark_type(field: UnischemaField):
+def _spark_type(field: UnischemaField) -> Any:
     if field.codec is not None:
         return field.codec.spark_dtype()
     if field.shape != ():
@@ -118,6 +120,6 @@ def _spark_type(field: UnischemaField):
     return mapping[field.numpy_dtype]()
 
 
-def match_unischema_fields(schema: Unischema, patterns) -> List[UnischemaField]:
+def match_unischema_fields(schema: Unischema, patterns: Sequence[str]) -> list[UnischemaField]:
     """The fields whose whole name matches one of the regular expressions ``patterns``, in schema order."""
     return [f for name, f in schema.fields.items() if any(re.fullmatch(p, name) for p in patterns or ())]

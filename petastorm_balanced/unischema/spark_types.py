@@ -9,10 +9,10 @@ back is the one Petastorm wrote.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any
 
 # Every DataType class of pyspark.sql.types that a column (and so a ScalarCodec) can carry.
-NAMES: Tuple[str, ...] = (
+NAMES: tuple[str, ...] = (
     "NullType", "StringType", "CharType", "VarcharType", "BinaryType", "BooleanType", "DateType", "TimestampType",
     "TimestampNTZType", "DecimalType", "DoubleType", "FloatType", "ByteType", "IntegerType", "LongType", "ShortType",
     "DayTimeIntervalType", "YearMonthIntervalType", "CalendarIntervalType", "ArrayType", "MapType", "StructField",
@@ -42,7 +42,7 @@ class SparkType:
     def typeName(self) -> str:  # noqa: N802 - pyspark's name
         return self.name[:-4].lower()
 
-    def to_pyspark(self):
+    def to_pyspark(self) -> Any:
         """The real ``pyspark.sql.types`` object (needs pyspark), with the same attributes."""
         import pyspark.sql.types as sql_types
         real = getattr(sql_types, self.name).__new__(getattr(sql_types, self.name))
@@ -55,7 +55,7 @@ def type_name(spark_type: object) -> str:
     return spark_type.name if isinstance(spark_type, SparkType) else type(spark_type).__name__
 
 
-def to_pyspark(value):
+def to_pyspark(value: Any) -> Any:
     """``value`` with stand-ins (also inside lists) replaced by real pyspark types."""
     if isinstance(value, SparkType):
         return value.to_pyspark()
@@ -64,13 +64,13 @@ def to_pyspark(value):
     return value
 
 
-def _state(value: object) -> Dict[str, Any]:
+def _state(value: object) -> dict[str, Any]:
     return dict(getattr(value, "__dict__", {}))
 
 
-STAND_INS: Dict[str, type] = {name: type(name, (SparkType,), {"name": name, "__module__": __name__})
+STAND_INS: dict[str, type] = {name: type(name, (SparkType,), {"name": name, "__module__": __name__})
                               for name in NAMES}
-DEFAULTS: Dict[str, Dict[str, Any]] = {"StringType": {"collation": "UTF8_BINARY"}}  # pyspark 4's attributes
+DEFAULTS: dict[str, dict[str, Any]] = {"StringType": {"collation": "UTF8_BINARY"}}  # pyspark 4's attributes
 
 
 def spark_type(name: str, **attributes: Any) -> SparkType:

@@ -12,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import pickling
 from ..errors import InvalidTypeError, InvalidValueError
+from . import pickling
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 ROW_GROUPS_PER_FILE_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
@@ -30,7 +31,7 @@ _HADOOP_KEYS = ("parquet.summary.metadata.level", "parquet.enable.summary-metada
                 "parquet.row-group.size.row.check.min", "parquet.block.size")
 
 
-def dict_to_spark_row(unischema, row_dict: dict):
+def dict_to_spark_row(unischema: Any, row_dict: dict) -> Any:
     """A ``pyspark.Row`` of ``row_dict`` encoded by the schema's codecs, fields in schema order.
 
     Missing nullable fields become None; a missing or None non-nullable field, or an unknown key, is an error.
@@ -64,7 +65,8 @@ def dict_to_spark_row(unischema, row_dict: dict):
 
 
 @contextlib.contextmanager
-def materialize_dataset(spark, dataset_url: str, schema, row_group_size_mb: Optional[int] = None) -> Iterator[None]:
+def materialize_dataset(spark: Any, dataset_url: str, schema: Any,
+                        row_group_size_mb: int | None = None) -> Iterator[None]:
     """Around the Spark write of a Petastorm dataset: row-group size and summary settings during the write, then
     ``_common_metadata`` with the schema and row-group counts (Petastorm's ``materialize_dataset``).
 
