@@ -22,7 +22,7 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
 from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
@@ -134,6 +134,7 @@ class BalancedConverter:
         """Remove this converter's copy (and its plans) from the cache folder; nothing else there is touched."""
         with _memo_lock:
             _in_process[:] = [(p, k) for p, k in _in_process if k != self._key]
+        self._cache.delete(self._key + PLANS_SUFFIX)  # the plans first: none may outlive the copy they describe
         self._cache.delete(self._key)
 
 
@@ -307,11 +308,45 @@ def _materialize(df, url: str, options: ConvertOptions) -> None:
                      else options.compression_codec)
      .option("parquet.block.size", str(options.parquet_row_group_size_bytes))
      .parquet(spark_url(url)))
-    _check_fixed_shapes(df.sparkSession, url)
+    lengths = _check_fixed_shapes(df.sparkSession, url)
+    if lengths:
+        _as_fixed_size_lists(url, lengths)
     log.info("materialized the DataFrame at %s", url)
 
 
-def _check_fixed_shapes(spark, url: str) -> None:
+def _as_fixed_size_lists(url: str, lengths: Dict[str, int]) -> None:
+    """Rewrite the copy's array columns as Arrow ``fixed_size_list`` (row groups kept as Spark wrote them), so the
+    loader's schema, decided from the footers alone, delivers them as ``(rows, length)`` tensors (G13: a plain
+    ``list`` column is a list of lists, since nothing in a footer promises one length). Runs before the copy is
+    committed; Spark and pyarrow read the files as before (Parquet stores a list either way)."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    filesystem, root = fsutil.resolve(url)
+    for info in filesystem.get_file_info(pafs.FileSelector(root)):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type != pafs.FileType.File or not name.endswith(".parquet") or name.startswith((".", "_")):
+            continue
+        with filesystem.open_input_file(info.path) as handle:
+            source = pq.ParquetFile(handle)
+            meta = source.metadata
+            codec = meta.row_group(0).column(0).compression if meta.num_row_groups else "UNCOMPRESSED"
+            codec = "none" if codec == "UNCOMPRESSED" else codec.lower()
+            fields = [pa.field(f.name, pa.list_(f.type.value_type, lengths[f.name]), f.nullable)
+                      if f.name in lengths else f for f in source.schema_arrow]
+            schema = pa.schema(fields, metadata=source.schema_arrow.metadata)
+            temporary = f"{root}/.{name}.fixed"
+            with filesystem.open_output_stream(temporary) as out, \
+                    pq.ParquetWriter(out, schema, compression=codec) as writer:
+                for i in range(meta.num_row_groups):
+                    writer.write_table(source.read_row_group(i).cast(schema), row_group_size=meta.row_group(i).num_rows)
+        filesystem.move(temporary, info.path)
+        crc = f"{root}/.{name}.crc"  # Hadoop's checksum of the file Spark wrote would not match the rewrite
+        if filesystem.get_file_info(crc).type == pafs.FileType.File:
+            filesystem.delete_file(crc)
+
+
+def _check_fixed_shapes(spark, url: str) -> Dict[str, int]:
     """Every top-level array column holds arrays of one length, no null array and no null element: a tensor of
     shape (rows, length). Checked on the written copy (one scan of those columns), before it is committed."""
     F, T = _pyspark()
@@ -319,7 +354,7 @@ def _check_fixed_shapes(spark, url: str) -> None:
     written = spark.read.parquet(spark_url(url))
     arrays = [f.name for f in written.schema.fields if isinstance(f.dataType, T.ArrayType)]
     if not arrays:
-        return
+        return {}
     aggs = []
     for i, name in enumerate(arrays):
         col = F.col(_quoted(name))
@@ -327,6 +362,7 @@ def _check_fixed_shapes(spark, url: str) -> None:
                  F.sum(F.when(col.isNull(), 1).otherwise(0)).alias(f"nulls{i}"),
                  F.sum(F.when(F.exists(col, lambda x: x.isNull()), 1).otherwise(0)).alias(f"holes{i}")]
     row = written.agg(*aggs).collect()[0]
+    lengths: Dict[str, int] = {}
     for i, name in enumerate(arrays):
         lo, hi, nulls, holes = row[f"lo{i}"], row[f"hi{i}"], row[f"nulls{i}"], row[f"holes{i}"]
         if (nulls or 0) or (holes or 0) or lo != hi:
@@ -334,16 +370,28 @@ def _check_fixed_shapes(spark, url: str) -> None:
                 f"column {name!r} holds arrays of lengths {lo} to {hi} ({nulls or 0} null arrays, {holes or 0} "
                 "with a null element); a converter delivers array columns as fixed-shape tensors: pad or cut them "
                 f"to one length (e.g. slice/concat in Spark), fill the nulls, or drop the column before converting")
+        if lo is not None:
+            lengths[name] = int(lo)
+    return lengths
 
 
 # ---------------------------------------------------------------------------------------------- planning
 
+PLANS_SUFFIX = "-plans"
+
+
+def plans_url(dataset_url: str) -> str:
+    """The folder of a copy's plans: a sibling of the copy (a plan is never written into its dataset)."""
+    return dataset_url.rstrip("/") + PLANS_SUFFIX
+
+
 def _plan(dataset_url: str, spark, *, world_size, batch_size, where, cost, policy, seed) -> ShardPlan:
-    """The plan for these parameters, saved beside the copy (``_plans/<digest>``) and reused when it is there."""
+    """The plan for these parameters, saved beside the copy (``<copy>-plans/<digest>``: never inside the dataset it
+    describes, G14) and reused when it is there."""
     params = {"world_size": world_size, "batch_size": batch_size, "where": where, "cost": cost, "policy": policy,
               "seed": seed}
     digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=repr).encode()).hexdigest()[:24]
-    plans = Cache(f"{dataset_url}/_plans")
+    plans = Cache(plans_url(dataset_url))
     found = plans.lookup(digest)
     if found is not None:
         return load_plan(found)

@@ -8,6 +8,7 @@ leaves the others waiting for its broadcast).
 import json
 import os
 import sys
+import time
 
 import torch
 from accelerate import Accelerator
@@ -31,6 +32,11 @@ def main(plan, record, batch, workers, dispatch):
     with open(os.path.join(record, f"rank{accelerator.process_index}.json"), "w") as handle:
         json.dump(out, handle)
     if out["error"] is not None:
+        # Before ending the job, give the other ranks up to 30 s to record theirs: a rank that fails first (rank 1
+        # seeing the broadcast connection drop) must not make torchrun kill rank 0 before rank 0 has recorded.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(os.listdir(record)) < accelerator.num_processes:
+            time.sleep(0.2)
         sys.stdout.flush()
         os._exit(3)
 

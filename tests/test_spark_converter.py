@@ -107,7 +107,7 @@ def test_the_same_dataframe_reuses_its_copy_and_plan_and_others_get_new_folders(
     # A new plan for new planning parameters, beside the same copy.
     replanned = make_spark_converter(df, parent_cache_dir_url=parent, batch_size=BATCH, where="x > 10")
     assert replanned.dataset_url == first.dataset_url and replanned.plan.checksum != first.plan.checksum
-    assert len(list(Path(first.dataset_url[len("file://"):], "_plans").iterdir())) == 2
+    assert len(list(Path(first.dataset_url[len("file://"):] + "-plans").iterdir())) == 2  # beside, never inside
 
 
 def test_a_rewritten_input_file_is_a_new_dataframe(spark, tmp_path):
@@ -205,8 +205,8 @@ def test_the_conf_names_the_cache_folder_and_delete_removes_only_its_own(spark, 
         spark.conf.unset(PARENT_CACHE_DIR_URL_CONF)
     (tmp_path / "cache" / "mine.txt").write_text("not the converter's")
     doomed.delete()
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([keep.dataset_url.rsplit("/", 1)[1],
-                                                                             "mine.txt"])
+    kept = keep.dataset_url.rsplit("/", 1)[1]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([kept, kept + "-plans", "mine.txt"])
     assert len(keep) == 100
 
 
@@ -232,8 +232,9 @@ def test_two_processes_converting_the_same_dataframe_end_with_one_copy(spark, tm
     out, err = other.communicate(timeout=240)
     assert other.returncode == 0, err[-3000:]
     assert f"URL {ours.dataset_url} {ours.plan.checksum}" in out.splitlines()
-    assert [p.name for p in tmp_path.iterdir()] == [ours.dataset_url.rsplit("/", 1)[1]]
-    copy = pads.dataset(str(next(tmp_path.iterdir())), format="parquet").to_table()
+    name = ours.dataset_url.rsplit("/", 1)[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name, name + "-plans"]  # one copy, its plans beside it
+    copy = pads.dataset(str(tmp_path / name), format="parquet").to_table()
     assert sorted(copy.column("id").to_numpy()) == list(range(20310))
 
 
@@ -266,4 +267,4 @@ def test_acceptance_torchrun_three_ranks_two_epochs_and_the_cache_is_reused(spar
                                  batch_size=BATCH, parquet_row_group_size_bytes=SMALL_ROW_GROUPS)
     assert again.dataset_url == converter.dataset_url and again.plan.checksum == converter.plan.checksum
     assert sorted((p.name, p.stat().st_mtime_ns) for p in folder.rglob("*")) == before  # nothing rewritten
-    assert len(os.listdir(tmp_path / "cache")) == 1
+    assert len(os.listdir(tmp_path / "cache")) == 2  # the copy and its plans folder
