@@ -21,8 +21,9 @@ import logging
 import re
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
@@ -55,13 +56,14 @@ _EXPLAIN_ID = re.compile(r"#\d+L?")
 
 log = logging.getLogger(__name__)
 _memo_lock = threading.Lock()
-_in_process: List[Tuple[Any, str]] = []  # (analyzed JVM plan, key) of plans only this process can compare
+_in_process: list[tuple[Any, str]] = []  # (analyzed JVM plan, key) of plans only this process can compare
 
 
 def _pyspark():
     try:
         import pyspark.sql  # noqa: F401
-        from pyspark.sql import functions as F, types as T
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
     except ImportError as exc:  # pragma: no cover - exercised only without pyspark
         raise MissingDependencyError("make_spark_converter needs pyspark (pip install 'pyspark>=4.0')") from exc
     return F, T
@@ -73,10 +75,10 @@ class ConvertOptions:
 
     parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES
     compression_codec: str = "uncompressed"
-    dtype: Optional[str] = "float32"
+    dtype: str | None = "float32"
 
     @classmethod
-    def of(cls, parquet_row_group_size_bytes, compression_codec, dtype) -> "ConvertOptions":
+    def of(cls, parquet_row_group_size_bytes, compression_codec, dtype) -> ConvertOptions:
         from .params import check_int
         size = check_int("parquet_row_group_size_bytes", parquet_row_group_size_bytes, minimum=1)
         codec = "uncompressed" if compression_codec is None else compression_codec
@@ -137,11 +139,11 @@ class BalancedConverter:
         self._cache.delete(self._key)
 
 
-def make_spark_converter(df, *, world_size: Optional[int] = None, batch_size: Optional[int] = None,
-                         parent_cache_dir_url=None, where: Optional[str] = None, cost: Optional[str] = None,
+def make_spark_converter(df, *, world_size: int | None = None, batch_size: int | None = None,
+                         parent_cache_dir_url=None, where: str | None = None, cost: str | None = None,
                          policy: str = "drop", seed: int = 0,
                          parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
-                         compression_codec: Optional[str] = None, dtype: Optional[str] = "float32"
+                         compression_codec: str | None = None, dtype: str | None = "float32"
                          ) -> BalancedConverter:
     """Materialize ``df`` once as Parquet under the cache folder and plan it; see the module docstring for reuse.
 
@@ -190,7 +192,7 @@ def _default_world_size() -> int:
         return 1  # on the driver: the plan serves any world size (elastic assignment from the same catalog)
 
 
-def _prepare(df, dtype: Optional[str]):
+def _prepare(df, dtype: str | None):
     """Vectors to arrays and floating-point columns to ``dtype``, as Petastorm's converter writes them."""
     F, T = _pyspark()
     vectors = [f.name for f in df.schema.fields if type(f.dataType).__name__ == "VectorUDT"]
@@ -235,7 +237,7 @@ def _cache_key(spark, df, options: ConvertOptions) -> str:
     return key
 
 
-def _plan_text(spark, df) -> Tuple[str, bool, Any]:
+def _plan_text(spark, df) -> tuple[str, bool, Any]:
     """Text describing ``df``'s content, whether it describes all of it, and the JVM plan (classic Spark).
 
     Classic: the canonicalized analyzed plan as JSON (expression ids normalized by Spark, the JVM id removed);
@@ -280,7 +282,7 @@ def _canonical_proto(message, seen: dict) -> None:
                     _canonical_proto(item, seen)
 
 
-def _input_files(df) -> List[list]:
+def _input_files(df) -> list[list]:
     """The data files ``df`` reads with their size and modification time (a rewritten file changes the key)."""
     names = sorted(df.inputFiles())
     if not names:
@@ -290,7 +292,7 @@ def _input_files(df) -> List[list]:
         infos = filesystem.get_file_info([fsutil.resolve(_as_url(n))[1] for n in names])
     except (OSError, ValueError):  # a filesystem pyarrow cannot open here: names only (Spark's names are unique)
         return [[n] for n in names]
-    return [[n, i.size, i.mtime_ns] for n, i in zip(names, infos)]
+    return [[n, i.size, i.mtime_ns] for n, i in zip(names, infos, strict=True)]
 
 
 def _as_url(spark_path: str) -> str:

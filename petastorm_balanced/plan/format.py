@@ -7,13 +7,13 @@ crash, a truncated copy or an edited file is refused rather than read as valid.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import io
+import itertools
 import json
 import os
 import uuid
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,11 +22,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._version import __version__
-from . import balance
-from ..io import fs as fsutil
-from .catalog import Catalog, FileInfo, RowGroups
 from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError
+from ..io import fs as fsutil
 from ..io.dataset import list_data_files
+from . import balance
+from .catalog import Catalog, FileInfo, RowGroups
 
 if TYPE_CHECKING:
     from ..io.tables import TableRef
@@ -44,7 +44,7 @@ class ShardPlan(Protocol):
     @property
     def world_size(self) -> int: ...
     @property
-    def batch_size(self) -> Optional[int]: ...
+    def batch_size(self) -> int | None: ...
     @property
     def policy(self) -> str: ...
     @property
@@ -56,8 +56,8 @@ class ShardPlan(Protocol):
     @property
     def total_rows(self) -> int: ...
     @property
-    def table(self) -> Optional[TableRef]: ...
-    def pieces(self, *, batch_size: Optional[int] = None) -> balance.Pieces: ...
+    def table(self) -> TableRef | None: ...
+    def pieces(self, *, batch_size: int | None = None) -> balance.Pieces: ...
 
 
 FORMAT_NAME = "petastorm-balanced-plan"
@@ -144,7 +144,7 @@ def _row_group_bytes(rows: RowGroups, paths: pa.Array, start: int, stop: int, wi
     if len(chosen):
         sha256 = hashlib.sha256
         hashed = b"".join([sha256(data[a:b]).digest() for a, b in zip(offsets[chosen].tolist(),
-                                                                        offsets[chosen + 1].tolist())])
+                                                                        offsets[chosen + 1].tolist(), strict=True)])
         digests[chosen] = np.frombuffer(hashed, np.uint8).reshape(-1, 32)
     fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(digests)])
     parts = [text.cast(pa.large_binary()), fixed.cast(pa.large_binary())]
@@ -199,7 +199,7 @@ def check_output(output_url, dataset_url: str) -> str:
     return url
 
 
-def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
+def plan_document(plan: ShardPlan, digests: dict | None = None) -> dict:
     """The content of ``plan.json``."""
     return {
         **_header(plan),
@@ -217,7 +217,7 @@ def planned_pieces(plan: ShardPlan) -> balance.Pieces:
     return plan.pieces(batch_size=plan.batch_size or 1)
 
 
-def totals(plan: ShardPlan, pieces: Optional[balance.Pieces] = None) -> dict:
+def totals(plan: ShardPlan, pieces: balance.Pieces | None = None) -> dict:
     """What the planned world size gets at epoch 0 (what ``inspect`` shows); ``pieces``: ``planned_pieces``."""
     pieces = planned_pieces(plan) if pieces is None else pieces
     delivered = int(pieces.num_rows[~pieces.padding].sum())
@@ -281,7 +281,7 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
                    mtime_ns=current[path].mtime_ns)
 
 
-def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: Optional[int] = None) -> None:
+def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: int | None = None) -> None:
     """``StalePlanError`` when a file's footer digest or modification time differs from the plan's (G15); a value
     either side does not know (``""``, ``None``) is not compared. A rewrite of the same size, the same row counts
     and even a byte-identical footer (the same rows in another order) changes the modification time; a copy that
@@ -353,7 +353,7 @@ def catalog_row_groups(table: pa.Table) -> RowGroups:
                                   table.column("selection"), *costs)
 
 
-def assignment_table(plan: ShardPlan, pieces: Optional[balance.Pieces] = None) -> pa.Table:
+def assignment_table(plan: ShardPlan, pieces: balance.Pieces | None = None) -> pa.Table:
     """``planned_pieces`` as a table (``pieces`` when the caller has them already); a cost plan's are
     cost-balanced ("auto")."""
     p = planned_pieces(plan) if pieces is None else pieces

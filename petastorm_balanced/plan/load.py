@@ -2,8 +2,6 @@
 longer describes what the caller is about to read."""
 from __future__ import annotations
 
-from typing import Optional
-
 import hashlib
 import itertools
 import json
@@ -19,15 +17,28 @@ from ..io.dataset import load_unischema
 from ..io.tables import TableRef
 from . import balance
 from .catalog import Catalog, FileInfo
-from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, PLAN_JSON, READABLE_VERSIONS, assignment_table, catalog_row_groups,
-                     check_predicate, content_checksum, content_fingerprint,
-                     dataset_fingerprint, get_bytes, planned_pieces, totals)
+from .format import (
+    ASSIGNMENT,
+    CATALOG,
+    FORMAT_NAME,
+    PLAN_JSON,
+    READABLE_VERSIONS,
+    assignment_table,
+    catalog_row_groups,
+    check_predicate,
+    content_checksum,
+    content_fingerprint,
+    dataset_fingerprint,
+    get_bytes,
+    planned_pieces,
+    totals,
+)
 from .format import check_dataset as _check_dataset
 from .model import ShardPlan
 from .predicate import PredicateInfo, predicate_info
 
 
-def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: Optional[str] = None,
+def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: str | None = None,
               predicate=None) -> ShardPlan:
     """Load the plan at ``plan_url`` (or take a ``ShardPlan`` as is).
 

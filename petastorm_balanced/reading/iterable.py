@@ -18,20 +18,19 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import numpy as np
 
+from ..errors import InvalidTypeError, InvalidValueError
+from ..world import resolve_world
 from . import elastic_position, stream
 from .arrow_backend import arrow_chunks
-from .options import resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
+from .options import resolve_backend
 from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
-from ..world import resolve_world
-from ..errors import InvalidTypeError, InvalidValueError
 
 _Base = torch.utils.data.IterableDataset if torch is not None else object
 
@@ -49,7 +48,7 @@ class BalancedIterableDataset(PlannedView, _Base):
     NUM_WORKERS = elastic_position.NUM_WORKERS
     WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
 
-    def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
+    def __init__(self, plan, rank=None, world=None, *, batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
                  schema_fields=None, padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1,
                  balance: str = "auto", cost_reduce: str = "sum"):
@@ -187,7 +186,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
         self._worker_resume = (*self._position.current(), own)
 
-    def dataloader(self, num_workers: int = 0, **kwargs) -> "BalancedDataLoader":
+    def dataloader(self, num_workers: int = 0, **kwargs) -> BalancedDataLoader:
         """A ``BalancedDataLoader`` over this dataset: counts batches for ``state_dict``, one epoch per iter."""
         return BalancedDataLoader(self, num_workers=num_workers, **kwargs)
 

@@ -13,13 +13,13 @@ the three things that decide *which* rows come out and in what order:
 """
 from __future__ import annotations
 
-import hashlib
 import contextlib
+import hashlib
 import posixpath
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
 
 import pyarrow as pa
 
@@ -39,16 +39,16 @@ except ImportError as _missing:
                                  "BalancedIterableDataset; or install the petastorm stack: pip install "
                                  "'petastorm-balanced[petastorm]' (docs/stacks.md)") from None
 
-from . import fragments as fr
-from . import stream
 from ..io.dataset import load_unischema
-from ..unischema.pickling import harden_petastorm_unpickler
-from .batching import window_permutation
-from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
-from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from ..unischema.pickling import harden_petastorm_unpickler
 from ..world import resolve_world
+from . import fragments as fr
+from . import stream
+from .batching import window_permutation
+from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 
 # Every private member of Petastorm 0.12 this backend and ordering.py override or read, in one place; a test checks
 # each still exists in the installed Petastorm (the extra bounds Petastorm to the versions tested: < 0.14).
@@ -88,11 +88,11 @@ class ReadTask:
     """What every ventilated fragment carries besides itself (small: it is pickled per item for process pools)."""
 
     mode: str
-    columns: Optional[Tuple[str, ...]] = None  # None: the reader's schema view, in its order
-    partition_types: Tuple[Tuple[str, str], ...] = ()
-    target: Optional[pa.Schema] = None  # the loader's delivered types of the stored columns
+    columns: tuple[str, ...] | None = None  # None: the reader's schema view, in its order
+    partition_types: tuple[tuple[str, str], ...] = ()
+    target: pa.Schema | None = None  # the loader's delivered types of the stored columns
     schemas: tuple = ()  # the loader's ColumnSchemas (Unischema columns are converted inside the workers)
-    shuffle_key: Optional[Tuple[int, ...]] = None  # make_reader(shuffle_rows=True): permute inside fragments
+    shuffle_key: tuple[int, ...] | None = None  # make_reader(shuffle_rows=True): permute inside fragments
 
 
 class _PlannedWorkerMixin:
@@ -144,7 +144,8 @@ class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
 
     # pylint: disable=arguments-differ
     def process(self, piece_indexes, sequence, fragments, task):
-        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in zip(piece_indexes, fragments)])
+        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
+                                  zip(piece_indexes, fragments, strict=True)])
         if task.mode == "batches" and self._transform_spec:
             self._pending = table
             table = self._load_rows(None, self._split_pieces[piece_indexes[0]], (0, 1))  # Petastorm's transform
@@ -160,7 +161,8 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
 
     # pylint: disable=arguments-differ
     def process(self, piece_indexes, sequence, fragments, task):
-        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in zip(piece_indexes, fragments)])
+        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
+                                  zip(piece_indexes, fragments, strict=True)])
         if task.mode == "columns":
             payload = fr.to_columns(table, self._schema.fields, task.schemas)
         else:
@@ -205,7 +207,7 @@ class BalancedReader(Reader):
     """
 
     def __init__(self, pyarrow_filesystem, dataset_path, *, fragments: Sequence[Fragment], task: ReadTask,
-                 plan_files: Sequence[str], dataset_url: str, max_ahead: Optional[int] = None, **reader_kwargs):
+                 plan_files: Sequence[str], dataset_url: str, max_ahead: int | None = None, **reader_kwargs):
         if task.mode not in MODES:
             raise InvalidValueError(f"mode={task.mode!r} is not one of {MODES}")
         self.fragments = list(fragments)
@@ -345,7 +347,7 @@ def quiet_legacy_pyarrow():
         yield
 
 
-def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,
+def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int | None = None,
                 reshuffle: str = "epoch", **petastorm_kwargs) -> BalancedReader:
     """A Petastorm reader over exactly rank ``rank``'s planned rows of ``epoch``, in plan order.
 
@@ -375,7 +377,7 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
 
 
 def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: dict,
-                     slot: Optional[stream.ReaderSlot] = None) -> stream.Chunks:
+                     slot: stream.ReaderSlot | None = None) -> stream.Chunks:
     """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
     def chunks(todo: Sequence[Fragment]):
         holder = slot or stream.ReaderSlot()

@@ -7,10 +7,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from ...io import fs as fsutil
-from ...plan.catalog import Catalog, full_catalog, match_from_mask
-from ..predicates import check_fields, row_group_mask
 from ...io.dataset import dataset_root, load_unischema
 from ...io.partitions import partition_types
+from ...plan.catalog import Catalog, full_catalog, match_from_mask
+from ..predicates import check_fields, row_group_mask
 from ..scan import scan
 
 
