@@ -158,9 +158,9 @@ class S3FSWrapper(legacyfs.S3FSWrapper):
                 directories.add(posixpath.basename(name))
             else:
                 files.add(posixpath.basename(name))
-        directories = sorted(directories)
-        yield path, directories, sorted(files - set(directories))
-        for directory in directories:
+        names = sorted(directories)
+        yield path, names, sorted(files - directories)
+        for directory in names:
             yield from self.walk(f"{path}/{directory}", refresh=refresh)
 
     def __reduce__(self):

@@ -82,6 +82,8 @@ class RowGroups(Sequence):
         self.cost_sum = None if cost_sum is None else np.asarray(cost_sum, dtype=np.int64)
         self.cost_max = None if cost_max is None else np.asarray(cost_max, dtype=np.int64)
         n = len(self.path_index)
+        if (self.cost_sum is None) != (self.cost_max is None):
+            raise ValueError("catalog cost columns come together: cost_sum and cost_max, or neither")
         costs = [a for a in (self.cost_sum, self.cost_max) if a is not None]
         if not all(len(a) == n for a in (self.row_group, self.total_rows, self.matching_rows, self.selection, *costs)):
             raise ValueError("catalog columns must have one value per row group")
@@ -129,12 +131,14 @@ class RowGroups(Sequence):
                              int(self.matching_rows[i]), self.selection[i].as_py(), *self._costs_of(i))
 
     def _costs_of(self, i: int) -> tuple:
-        return () if self.cost_sum is None else (int(self.cost_sum[i]), int(self.cost_max[i]))
+        if self.cost_sum is None or self.cost_max is None:  # both or neither (__init__)
+            return ()
+        return int(self.cost_sum[i]), int(self.cost_max[i])
 
     def __iter__(self) -> Iterator[RowGroupMatch]:
         paths = self.paths
-        costs = (zip(self.cost_sum.tolist(), self.cost_max.tolist(), strict=True) if self.cost_sum is not None else
-                 itertools.repeat(()))
+        costs = (zip(self.cost_sum.tolist(), self.cost_max.tolist(), strict=True)
+                 if self.cost_sum is not None and self.cost_max is not None else itertools.repeat(()))
         for p, g, t, m, s, c in zip(self.path_index.tolist(), self.row_group.tolist(), self.total_rows.tolist(),
                                     self.matching_rows.tolist(), self.selection.to_pylist(), costs, strict=False):
             yield RowGroupMatch(paths[p], g, t, m, s, *c)
@@ -198,14 +202,17 @@ class Catalog:
 
     def cost_sums(self) -> np.ndarray:
         """Cost of each row group's matching rows, shape (row groups,); only for a catalog with a cost."""
+        if self.row_groups.cost_sum is None:
+            raise InvalidValueError("this catalog has no cost statistics; plan with cost= to get them")
         return self.row_groups.cost_sum
 
     @property
     def max_row_cost(self) -> int | None:
         """The largest cost of one matching row (a token budget below it could never hold that row)."""
-        if self.cost is None:
+        cost_max = self.row_groups.cost_max
+        if self.cost is None or cost_max is None:  # a cost catalog always has cost_max (__post_init__)
             return None
-        return int(self.row_groups.cost_max.max()) if len(self.row_groups) else 0
+        return int(cost_max.max()) if len(self.row_groups) else 0
 
     def matching_counts(self) -> np.ndarray:
         # (row groups,)

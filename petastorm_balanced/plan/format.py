@@ -149,6 +149,8 @@ def _row_group_bytes(rows: RowGroups, paths: pa.Array, start: int, stop: int, wi
     fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(digests)])
     parts = [text.cast(pa.large_binary()), fixed.cast(pa.large_binary())]
     if with_cost:
+        if rows.cost_sum is None or rows.cost_max is None:
+            raise InvalidValueError("a cost plan's catalog has no cost statistics")
         costs = [pc.cast(pa.array(a[start:stop]), pa.string()) for a in (rows.cost_sum, rows.cost_max)]
         parts.append(pc.binary_join_element_wise("[", costs[0], ", ", costs[1], "]", "").cast(pa.large_binary()))
     joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
@@ -347,10 +349,11 @@ def catalog_row_groups(table: pa.Table) -> RowGroups:
     for name in table.schema.names:
         if table.column(name).null_count:
             raise PlanIntegrityError(f"catalog.parquet has a null {name}; re-run planning")
-    costs = [table.column(n).to_numpy() for n in ("cost_sum", "cost_max") if n in table.schema.names]
-    return RowGroups.from_columns(table.column("file"),
-                                  *(table.column(n).to_numpy() for n in ("row_group", "total_rows", "matching_rows")),
-                                  table.column("selection"), *costs)
+    cost_sum, cost_max = ((table.column("cost_sum").to_numpy(), table.column("cost_max").to_numpy())
+                          if "cost_sum" in table.schema.names else (None, None))  # both or neither (the schemas)
+    return RowGroups.from_columns(table.column("file"), table.column("row_group").to_numpy(),
+                                  table.column("total_rows").to_numpy(), table.column("matching_rows").to_numpy(),
+                                  table.column("selection"), cost_sum, cost_max)
 
 
 def assignment_table(plan: ShardPlan, pieces: balance.Pieces | None = None) -> pa.Table:

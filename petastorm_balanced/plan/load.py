@@ -137,19 +137,19 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
     # them in a row, 1.3 s side by side; benchmarks/bench_scale.py).
     edited = f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning"
     with ThreadPoolExecutor(1) as pool:
-        checksum = pool.submit(content_checksum, plan, version)
+        pending = pool.submit(content_checksum, plan, version)
         try:
-            fingerprint = dataset_fingerprint(files)
+            fingerprint: str | None = dataset_fingerprint(files)
             if version >= 2 and document["content_fingerprint"] != content_fingerprint(files):
                 fingerprint = None  # an edited footer digest or modification time: an edited plan.json
             pieces = planned_pieces(plan)  # balanced once for both checks below
             assignment_ok = assignment_table(plan, pieces).equals(tables[ASSIGNMENT])
             totals_ok = document["totals"] == totals(plan, pieces)  # not in the checksum, but shown to users
         except Exception:
-            if checksum.result() != document["checksum"]:  # an edited plan.json: say that, not what it broke
+            if pending.result() != document["checksum"]:  # an edited plan.json: say that, not what it broke
                 raise PlanIntegrityError(edited) from None
             raise
-        checksum = checksum.result()
+        checksum = pending.result()
     if checksum != document["checksum"] or fingerprint != dataset["fingerprint"]:
         raise PlanIntegrityError(edited)
     if not assignment_ok:

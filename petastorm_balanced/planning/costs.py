@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
-from ..plan.catalog import Catalog
+from ..plan.catalog import Catalog, RowGroups
 from ..plan.cost import CostSpec, check_costs, evaluate, row_group_stats
 
 Stats = dict[tuple[str, int], tuple[int, int]]
@@ -26,8 +26,8 @@ def with_costs(catalog: Catalog, spec: CostSpec, stats: Stats) -> Catalog:
     missing = [(r.path, r.row_group) for r in catalog.row_groups if (r.path, r.row_group) not in stats]
     if missing:
         raise RuntimeError(f"no cost statistics for {missing[0]}; the dataset changed while planning: re-run")
-    groups = tuple(replace(r, cost_sum=stats[(r.path, r.row_group)][0], cost_max=stats[(r.path, r.row_group)][1])
-                   for r in catalog.row_groups)
+    groups = RowGroups.from_matches(replace(r, cost_sum=stats[(r.path, r.row_group)][0],
+                                            cost_max=stats[(r.path, r.row_group)][1]) for r in catalog.row_groups)
     return Catalog(catalog.files, groups, catalog.kind, catalog.partition_columns, spec.text)
 
 

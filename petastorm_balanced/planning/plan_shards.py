@@ -68,13 +68,13 @@ def plan_shards(dataset_url, world_size: int, *, where: str | None = None, predi
         if where is not None:
             raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a "
                                     "Petastorm predicate= instead")
-        from .engines.local import build_catalog
+        from .engines.local import build_catalog as local_catalog
         started = time.perf_counter()
-        catalog = build_catalog(url, predicate=predicate, progress=progress, table=table)
+        catalog = local_catalog(url, predicate=predicate, progress=progress, table=table)
         timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
     else:
-        from .engines.spark import build_catalog
-        catalog = build_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table)
+        from .engines.spark import build_catalog as spark_catalog
+        catalog = spark_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table)
     if snapshot is not None and snapshot.deleted_rows():
         catalog = without_rows(catalog, snapshot.deleted_rows())  # position deletes: both engines, one rule
     if cost_spec is not None:

@@ -208,7 +208,8 @@ class FileCache:
     """A few open Parquet files (footers parsed once), keyed by path, least recently used out first."""
 
     def __init__(self, opener: Callable[[str], pq.ParquetFile], size: int = OPEN_FILES):
-        self._opener, self._size, self._files = opener, size, OrderedDict()
+        self._opener, self._size = opener, size
+        self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
 
     def get(self, path: str) -> pq.ParquetFile:
         handle = self._files.pop(path, None)

@@ -18,6 +18,8 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 from __future__ import annotations
 
 import sys
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,10 +31,17 @@ from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
 from .options import resolve_backend
-from .position import EpochSampler, PlannedView, Position, Settings
+from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 
-_Base = torch.utils.data.IterableDataset if torch is not None else object
+if TYPE_CHECKING:  # the classes as torch defines them (the runtime bases are object where torch is missing)
+    from torch.utils.data import DataLoader as _Loader
+    from torch.utils.data import IterableDataset as _Base
+    from torch.utils.data.dataloader import _InfiniteConstantSampler as _ConstantSampler
+else:
+    _Base = torch.utils.data.IterableDataset if torch is not None else object
+    _Loader = torch.utils.data.DataLoader if torch is not None else object
+    _ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
 
 
 class BalancedIterableDataset(PlannedView, _Base):
@@ -62,8 +71,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
-        self._in_worker = None  # inside a DataLoader worker: [epoch, start, batches this worker delivered]
-        self._worker_resume = None  # the same, loaded into this worker (torchdata's per-worker state)
+        self._in_worker: list[int] | None = None  # inside a DataLoader worker: [epoch, start, batches delivered]
+        self._worker_resume: tuple[int, ...] | None = None  # the same, loaded (torchdata's per-worker state)
 
     def __iter__(self):
         """This worker's batches, from the position at the first ``next()`` (a probe consumes nothing).
@@ -96,10 +105,14 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
         settings = self._settings
+        batch_size = settings.batch_size
+        if batch_size is None:  # Settings leaves it None only for a token budget, which this dataset never asks for
+            raise RuntimeError("BalancedIterableDataset has no batch size")
         if self._position.resumed and self._worker_resume is None and self._num_workers != num_workers:
             self._position.rebase(self._num_workers)  # saved with other slots (a plain DataLoader, or none)
             self._num_workers = num_workers
         stages = self._position.stages
+        run: Run | None
         if in_worker:
             run = None
             progress = self._in_worker = list(self._worker_resume or (*self._position.current(), 0))
@@ -125,9 +138,9 @@ class BalancedIterableDataset(PlannedView, _Base):
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
                 keep = {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
                         for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
-                batches = split_batches(keep, settings.batch_size)
+                batches = split_batches(keep, batch_size)
             else:
-                batches = torch_batches(batch_run, settings.batch_size, settings.padding_mask)
+                batches = torch_batches(batch_run, batch_size, settings.padding_mask)
             for batch in batches:
                 if run is None:
                     progress[2] += 1
@@ -191,9 +204,6 @@ class BalancedIterableDataset(PlannedView, _Base):
         return BalancedDataLoader(self, num_workers=num_workers, **kwargs)
 
 
-_Loader = torch.utils.data.DataLoader if torch is not None else object
-
-
 class BalancedDataLoader(_Loader):
     """A ``torch.utils.data.DataLoader`` that tracks its ``BalancedIterableDataset``'s position.
 
@@ -206,6 +216,8 @@ class BalancedDataLoader(_Loader):
     a side CUDA stream while the current step runs (``reading/device.py``); with the DataLoader's own
     ``pin_memory=True`` the copies come from pinned memory. The batch held ahead is not counted as delivered.
     """
+
+    dataset: BalancedIterableDataset  # DataLoader keeps its dataset there; __init__ accepts only ours
 
     # accelerate's prepare() would rebuild this loader around the dataset and shard it a second time (half the rows
     # lost with 2 ranks); this flag makes prepare() hand it back untouched, as it does make_loader's loader.
@@ -263,9 +275,6 @@ class BalancedDataLoader(_Loader):
         self.dataset.load_state_dict(state)
 
 
-_ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
-
-
 class _EpochSampler(_ConstantSampler, EpochSampler):
     def __init__(self, dataset):
         _ConstantSampler.__init__(self)
@@ -308,7 +317,7 @@ _REWRAPPERS = ("accelerate.data_loader",)
 
 def _rewrapper():
     """The name of a known re-sharding wrapper iterating us in this process (its frame is on the stack), or None."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module.startswith(_REWRAPPERS):

@@ -20,6 +20,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -98,6 +99,13 @@ class ReadTask:
 class _PlannedWorkerMixin:
     """The part shared by both worker classes: read a fragment's rows, checked and cut, as an Arrow table."""
 
+    # Set by the Petastorm worker class each subclass also derives from (WorkerBase and its ReaderWorkers).
+    args: tuple
+    _split_pieces: list
+    _schema: Any  # a Unischema
+    _local_cache: Any  # a petastorm.cache.CacheBase
+    _file_cache: fr.FileCache  # made on first use (_files)
+
     def _read_planned(self, piece_index, sequence, fragment: Fragment, task: ReadTask):
         piece = self._split_pieces[piece_index]
         if piece.row_group != fragment.row_group:
@@ -164,7 +172,7 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
         table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
                                   zip(piece_indexes, fragments, strict=True)])
         if task.mode == "columns":
-            payload = fr.to_columns(table, self._schema.fields, task.schemas)
+            payload: dict[str, Any] | list[dict] = fr.to_columns(table, self._schema.fields, task.schemas)
         else:
             payload = [decode_row(row, self._schema) for row in table.to_pylist()]
             if self._transform_spec:
@@ -205,6 +213,8 @@ class BalancedReader(Reader):
     ``payload`` holds the rows of the fragments ``bundles[sequence]``: consecutive small fragments travel together
     (about ``BUNDLE_ROWS`` rows), so tiny row groups do not pay the pool's per-item cost one by one.
     """
+
+    _results_queue_reader: Any  # Petastorm's; _create_ventilator wraps it in an _InOrder
 
     def __init__(self, pyarrow_filesystem, dataset_path, *, fragments: Sequence[Fragment], task: ReadTask,
                  plan_files: Sequence[str], dataset_url: str, max_ahead: int | None = None, **reader_kwargs):
@@ -269,12 +279,12 @@ def piece_indexes(fragments: Sequence[Fragment], row_groups, root, plan_files, d
                              "re-run planning")
     out = []
     for fragment in fragments:
-        index = positions.get((fragment.path, fragment.row_group))
-        if index is None:
+        found = positions.get((fragment.path, fragment.row_group))
+        if found is None:
             raise StalePlanError(f"the plan reads row group {fragment.row_group} of {fragment.path!r}, which "
                                  f"Petastorm does not find in {dataset_url} (file removed or rewritten since "
                                  "planning?); re-run planning")
-        out.append(index)
+        out.append(found)
     return out
 
 

@@ -120,12 +120,14 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
     budget = cost is not None and cost.budget is not None
-    size = window_rows(1 if budget else batch_size, shuffle_window, shuffle)
-    if budget:
+    step = 1 if budget else batch_size  # rows per batcher step: a token budget cuts batches row by row
+    if step is None:
+        raise ValueError("slot_runs: batch_size=None needs a cost with a token budget")
+    size = window_rows(step, shuffle_window, shuffle)
+    if cost is not None and cost.budget is not None:
         start = cost.budget_start(total, size, rows, batches_done)
     else:
-        start = start_point(rows, batch_size=batch_size, window_rows=size, batches_done=batches_done,
-                            shuffle=shuffle)
+        start = start_point(rows, batch_size=step, window_rows=size, batches_done=batches_done, shuffle=shuffle)
     if start.row >= total:
         return
     first = fragments[start.fragment]
@@ -134,17 +136,17 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     if cost is not None:
         def arrange(window, window_key):
             return cost.arrange(window[COST_COLUMN], batch_size, window_key)
-    batcher = WindowBatcher(total_rows=total, batch_size=1 if budget else batch_size, window_rows=size,
+    batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
     stream = iter(chunks(todo))
     try:
         for chunk, columns in stream:
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
-            if spec is not None:
+            if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
-                raw = evaluate(spec, columns[spec.column])
-                valid = columns.get(spec.column + MASK_SUFFIX)
+                raw = evaluate(spec, columns[cost.column])
+                valid = columns.get(cost.column + MASK_SUFFIX)
                 if valid is not None and not valid.all():  # a null cost: refused by check_costs, not taken as 0
                     raw = raw.astype(object)
                     raw[~valid] = None

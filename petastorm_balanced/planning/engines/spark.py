@@ -45,7 +45,7 @@ from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, Mi
 from ...io import fs as fsutil
 from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
 from ...io.partitions import partition_types
-from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
+from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog, match_from_mask
 from ..predicates import check_fields, row_group_mask
 from ..scan import footer_error, listed_mtime, read_footer
 
@@ -75,7 +75,7 @@ _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wa
 # 64-row words: at most 2 bits per scanned row, within twice the plan's own selections.
 ROWS_TO_DRIVER_MAX = 1 << 24
 WORD_BITS = 6
-_SHIPPED = set()  # application ids that already got the package zip
+_SHIPPED: set[str | tuple[str, str]] = set()  # application ids that already got the package zip
 
 
 def get_session(spark=None):
@@ -173,8 +173,8 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
         fields = check_fields(predicate, columns, url)
         matches = _predicate_matches(spark, url, root, files, predicate, fields, kind)
         what = f"predicate on {fields}"
-    catalog = Catalog(tuple(files), tuple(sorted(matches, key=lambda m: (m.path, m.row_group))), kind,
-                      partition_columns)
+    catalog = Catalog(tuple(files), RowGroups.from_matches(sorted(matches, key=lambda m: (m.path, m.row_group))),
+                      kind, partition_columns)
     if where is None:
         timings["predicate"] = time.perf_counter() - started
     log.info("%s matches %d of %d rows in %d row groups (%.1f s)", what, catalog.total_rows, catalog.scanned_rows,
@@ -290,8 +290,9 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     # Which file a row comes from: its size when that tells the files with rows apart (a number: cheaper to hash
     # and move than a path), packed with the row index as size << shift | row index when that fits in 63 bits.
     sizes = [f.size for f in with_rows]
-    shift = max([f.num_rows for f in files] + [1 << WORD_BITS]).bit_length()
-    if len(set(sizes)) != len(sizes) or (max(sizes + [0]) + 1) << shift >= 2 ** 63:
+    width = max([f.num_rows for f in files] + [1 << WORD_BITS]).bit_length()
+    shift: int | None = width
+    if len(set(sizes)) != len(sizes) or (max(sizes + [0]) + 1) << width >= 2 ** 63:
         shift = None
     packed = f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index"
     # One small shuffle (files or words): a partition per core, and no adaptive re-planning between its stages.
@@ -331,10 +332,11 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
         keys = table.column("file").to_pylist()
         chosen = [by_size.get(k) for k in keys] if shift is not None else \
             [listed.get(spark_relative_path(k, root)) for k in keys]
-        if None in chosen:
+        found = [f for f in chosen if f is not None]
+        if len(found) != len(chosen):
             raise _changed_while_planning()
-        matches = [RowGroupMatch(f.path, i, n, n) for f in chosen for i, n in enumerate(f.row_group_rows) if n]
-    elif mode == "rows":
+        matches = [RowGroupMatch(f.path, i, n, n) for f in found for i, n in enumerate(f.row_group_rows) if n]
+    elif mode == "rows" and shift is not None:  # rows mode is chosen only with a shift
         matches = matches_from_rows(table.column("row").to_numpy(), shift, with_rows)
     elif shift is not None:
         word = table.column("word").to_numpy()
@@ -413,7 +415,9 @@ def _file_matches(info: FileInfo, mask: np.ndarray) -> list[RowGroupMatch]:
     encodes them (G8)."""
     bounds = np.concatenate(([0], np.cumsum(info.row_group_rows, dtype=np.int64)))
     counts = np.diff(np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))[bounds])
-    return [match_from_mask(info.path, int(i), mask[bounds[i]:bounds[i + 1]]) for i in np.flatnonzero(counts)]
+    # every row group here has a matching row, so match_from_mask never answers None
+    return [m for i in np.flatnonzero(counts)
+            if (m := match_from_mask(info.path, int(i), mask[bounds[i]:bounds[i + 1]])) is not None]
 
 
 def _changed_while_planning() -> InvalidValueError:

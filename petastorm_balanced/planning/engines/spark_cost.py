@@ -45,11 +45,11 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
     shared = _Inline(lookup) if is_connect(spark) else spark.sparkContext.broadcast(lookup)
     _ship_package(spark)
     with _quiet_pyspark_error_logs():
-        try:
-            if where is not None:
+        if where is not None:
+            try:
                 frame = frame.where(where)
-        except AnalysisException as exc:
-            raise InvalidWhereError(where, _first_line(exc), columns) from None
+            except AnalysisException as exc:
+                raise InvalidWhereError(where, _first_line(exc), columns) from None
         try:
             rows = frame.select(F.col("_metadata.file_path").alias("file"),
                                 F.col("_metadata.row_index").alias("row_index"),
@@ -87,7 +87,7 @@ def _partial_stats(root: str, lookup):
         for frame in batches:
             if frame.empty:
                 continue
-            out = []
+            out: list[tuple[str, int, int, int, str | None]] = []  # bad: the error text, None when the costs are ok
             for key, part in frame.groupby("file", sort=True):
                 relpath = spark_relative_path(key, root)
                 bounds = np.concatenate(([0], np.cumsum(lookup.value[relpath], dtype=np.int64)))
