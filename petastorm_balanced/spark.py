@@ -23,7 +23,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
@@ -34,6 +34,12 @@ from .plan.load import load_plan
 from .plan.model import ShardPlan
 from .planning.plan_shards import plan_shards
 from .world import World
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from .reading.iterable import BalancedIterableDataset
+    from .reading.loader import BalancedLoader
 
 PARENT_CACHE_DIR_URL_CONF = "petastorm.spark.converter.parentCacheDirUrl"  # Petastorm's conf name, kept
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024  # Petastorm's default
@@ -111,7 +117,8 @@ class BalancedConverter:
         return f"BalancedConverter({self.dataset_url!r}, rows={len(self)})"
 
     @contextlib.contextmanager
-    def make_torch_dataloader(self, rank=None, world=None, **make_loader_kwargs) -> Iterator:
+    def make_torch_dataloader(self, rank: int | None = None, world: int | None = None,
+                              **make_loader_kwargs: Any) -> Iterator[BalancedLoader]:
         """A ``BalancedLoader`` over this rank's rows, closed on exit (``with ... as loader``), as Petastorm's.
 
         ``batch_size`` defaults to the converter's, else 32 (Petastorm's default); ``rank``/``world`` default to
@@ -125,7 +132,8 @@ class BalancedConverter:
         finally:
             loader.close()
 
-    def make_dataset(self, rank=None, world=None, **kwargs):
+    def make_dataset(self, rank: int | None = None, world: int | None = None,
+                     **kwargs: Any) -> BalancedIterableDataset:
         """A ``BalancedIterableDataset`` (for ``torch.utils.data.DataLoader(num_workers=K)``) over this rank's rows;
         ``batch_size`` defaults as in ``make_torch_dataloader``."""
         from .reading.iterable import BalancedIterableDataset
@@ -139,8 +147,9 @@ class BalancedConverter:
         self._cache.delete(self._key)
 
 
-def make_spark_converter(df, *, world_size: int | None = None, batch_size: int | None = None,
-                         parent_cache_dir_url=None, where: str | None = None, cost: str | None = None,
+def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: int | None = None,
+                         parent_cache_dir_url: str | PathLike[str] | None = None, where: str | None = None,
+                         cost: str | None = None,
                          policy: str = "drop", seed: int = 0,
                          parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
                          compression_codec: str | None = None, dtype: str | None = "float32"

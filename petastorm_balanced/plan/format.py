@@ -29,6 +29,8 @@ from . import balance
 from .catalog import Catalog, FileInfo, RowGroups
 
 if TYPE_CHECKING:
+    from os import PathLike
+
     from ..io.tables import TableRef
     from .predicate import PredicateInfo
 
@@ -165,7 +167,7 @@ def _values(array: pa.Array) -> memoryview:
     return memoryview(array.buffers()[2] or b"")[int(ends[0]):int(ends[-1])] if len(array) else memoryview(b"")
 
 
-def write_plan(plan: ShardPlan, output_url: str) -> str:
+def write_plan(plan: ShardPlan, output_url: str | PathLike[str]) -> str:
     """Write ``plan`` under ``output_url``; returns the normalized URL. Overwrites an older plan there.
 
     Every byte is made before the first is written (a value JSON cannot hold fails with nothing written), and a

@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,9 +38,13 @@ from .format import check_dataset as _check_dataset
 from .model import ShardPlan
 from .predicate import PredicateInfo, predicate_info
 
+if TYPE_CHECKING:
+    from os import PathLike
 
-def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: str | None = None,
-              predicate=None) -> ShardPlan:
+
+def load_plan(plan_url: str | PathLike[str] | ShardPlan, *, check_dataset: bool = True,
+              dataset_url: str | PathLike[str] | None = None, where: str | None = None,
+              predicate: Any = None) -> ShardPlan:
     """Load the plan at ``plan_url`` (or take a ``ShardPlan`` as is).
 
     ``check_dataset`` compares the dataset's files (paths, sizes) with the plan's (G7; the reader compares row
@@ -72,7 +77,7 @@ def _dataset_names(plan: ShardPlan, dataset_url) -> str:
     return url
 
 
-def read_plan(plan_url: str) -> ShardPlan:
+def read_plan(plan_url: str | PathLike[str]) -> ShardPlan:
     """Load and fully check a plan; every defect raises a ``PlanError`` subclass."""
     url = fsutil.normalize_url(plan_url, name="plan_url")
     filesystem, root = fsutil.resolve(url, name="plan_url")

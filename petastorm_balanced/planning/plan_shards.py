@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
@@ -16,13 +18,17 @@ from ..plan.format import check_output, dataset_fingerprint
 from ..plan.model import ShardPlan
 from ..plan.predicate import PredicateInfo, predicate_info
 
+if TYPE_CHECKING:
+    from os import PathLike
+
 ENGINES = ("spark", "local")
 log = logging.getLogger(__name__)
 
 
-def plan_shards(dataset_url, world_size: int, *, where: str | None = None, predicate=None,
-                batch_size: int | None = None, policy: str = "drop", seed: int = 0, engine: str = "spark",
-                spark=None, output_url=None, progress=None, cost: str | None = None,
+def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str | None = None,
+                predicate: Any = None, batch_size: int | None = None, policy: str = "drop", seed: int = 0,
+                engine: str = "spark", spark: Any = None, output_url: str | PathLike[str] | None = None,
+                progress: Callable[[int], object] | None = None, cost: str | None = None,
                 table_version: int | None = None, snapshot_id: int | None = None,
                 table_format: str | None = None) -> ShardPlan:
     """Scan ``dataset_url``, keep the rows that match ``where`` (Spark SQL) or ``predicate`` (Petastorm), and

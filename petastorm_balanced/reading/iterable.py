@@ -18,8 +18,9 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,9 +36,13 @@ from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 
 if TYPE_CHECKING:  # the classes as torch defines them (the runtime bases are object where torch is missing)
+    from os import PathLike
+
     from torch.utils.data import DataLoader as _Loader
     from torch.utils.data import IterableDataset as _Base
     from torch.utils.data.dataloader import _InfiniteConstantSampler as _ConstantSampler
+
+    from ..plan.model import ShardPlan
 else:
     _Base = torch.utils.data.IterableDataset if torch is not None else object
     _Loader = torch.utils.data.DataLoader if torch is not None else object
@@ -57,10 +62,11 @@ class BalancedIterableDataset(PlannedView, _Base):
     NUM_WORKERS = elastic_position.NUM_WORKERS
     WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
 
-    def __init__(self, plan, rank=None, world=None, *, batch_size: int | None = None, epoch: int = 0,
+    def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
+                 batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
-                 schema_fields=None, padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1,
-                 balance: str = "auto", cost_reduce: str = "sum"):
+                 schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
+                 partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum") -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
@@ -223,7 +229,7 @@ class BalancedDataLoader(_Loader):
     # lost with 2 ranks); this flag makes prepare() hand it back untouched, as it does make_loader's loader.
     _is_accelerate_prepared = True
 
-    def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, device=None, **kwargs):
+    def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, device: Any = None, **kwargs: Any):
         if not isinstance(dataset, BalancedIterableDataset):
             raise InvalidTypeError(f"dataset must be a BalancedIterableDataset, got {type(dataset).__name__}")
         self._feed = check_feed(False, device)  # pinning is the DataLoader's own pin_memory (its pin thread)

@@ -72,12 +72,12 @@ class ReadCheck:
 
     def _rank_rows(self, rank: int, epoch: int):
         """(keys, padding flags, batch sizes) of one rank, in delivery order."""
-        batch, keys, padding = self.batch, [], []
+        batch, parts, padding = self.batch, [], []
         for frag in self.plan.assignment(rank, epoch=epoch, batch_size=batch):
             got = self.rows.keys(frag)
-            keys.append(got)
+            parts.append(got)
             padding.append(np.full(len(got), frag.padding))
-        keys = np.concatenate(keys or [np.zeros(0, np.int64)])
+        keys = np.concatenate(parts or [np.zeros(0, np.int64)])
         sizes = [batch] * (len(keys) // batch) + ([len(keys) % batch] if len(keys) % batch else [])
         return keys, np.concatenate(padding or [np.zeros(0, bool)]), sizes
 
