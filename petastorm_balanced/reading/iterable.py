@@ -18,7 +18,7 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +80,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._in_worker: list[int] | None = None  # inside a DataLoader worker: [epoch, start, batches delivered]
         self._worker_resume: tuple[int, ...] | None = None  # the same, loaded (torchdata's per-worker state)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         """This worker's batches, from the position at the first ``next()`` (a probe consumes nothing).
 
         Iterated in this process (directly, ``num_workers=0``) it counts what it delivers, so ``state_dict()`` is
