@@ -40,7 +40,7 @@ def synthesize(num_files: int, num_row_groups: int, partial: float, seed: int):
     files = tuple(FileInfo(f"date={i % 365:03d}/part-{i:06d}.parquet", int(rows[lo:hi].sum()) * 9 + 4096,
                            tuple(rows[lo:hi].tolist()), f"{rng.integers(2**63):016x}" * 4,
                            1_700_000_000_000_000_000 + int(rng.integers(10**15)))
-                  for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])))
+                  for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)))
     order = sorted(range(num_files), key=lambda i: files[i].path)  # catalog row groups are sorted by path
     files = tuple(files[i] for i in order)
     per_file = per_file[order]
@@ -65,10 +65,11 @@ def rss_mb() -> float:
 
 def rank_child(plan_dir: str, rank: int, world: int, workers: int, epochs: int) -> dict:
     """One rank's start, in a fresh process so the memory figure is the plan's alone."""
+    import pandas  # noqa: F401  - pyarrow imports it on first conversions; a training process has it anyway
+    import pyarrow.parquet  # noqa: F401
+
     import petastorm_balanced  # noqa: F401  - the package and its imports are part of any rank, not of the plan
     from petastorm_balanced import load_plan
-    import pyarrow.parquet  # noqa: F401
-    import pandas  # noqa: F401  - pyarrow imports it on first conversions; a training process has it anyway
     before = rss_mb()
     started, cpu = time.perf_counter(), time.process_time()
     plan = load_plan(plan_dir, check_dataset=False)

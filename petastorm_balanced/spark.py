@@ -21,8 +21,9 @@ import logging
 import re
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
@@ -33,6 +34,12 @@ from .plan.load import load_plan
 from .plan.model import ShardPlan
 from .planning.plan_shards import plan_shards
 from .world import World
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from .reading.iterable import BalancedIterableDataset
+    from .reading.loader import BalancedLoader
 
 PARENT_CACHE_DIR_URL_CONF = "petastorm.spark.converter.parentCacheDirUrl"  # Petastorm's conf name, kept
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024  # Petastorm's default
@@ -55,13 +62,14 @@ _EXPLAIN_ID = re.compile(r"#\d+L?")
 
 log = logging.getLogger(__name__)
 _memo_lock = threading.Lock()
-_in_process: List[Tuple[Any, str]] = []  # (analyzed JVM plan, key) of plans only this process can compare
+_in_process: list[tuple[Any, str]] = []  # (analyzed JVM plan, key) of plans only this process can compare
 
 
 def _pyspark():
     try:
         import pyspark.sql  # noqa: F401
-        from pyspark.sql import functions as F, types as T
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
     except ImportError as exc:  # pragma: no cover - exercised only without pyspark
         raise MissingDependencyError("make_spark_converter needs pyspark (pip install 'pyspark>=4.0')") from exc
     return F, T
@@ -73,10 +81,10 @@ class ConvertOptions:
 
     parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES
     compression_codec: str = "uncompressed"
-    dtype: Optional[str] = "float32"
+    dtype: str | None = "float32"
 
     @classmethod
-    def of(cls, parquet_row_group_size_bytes, compression_codec, dtype) -> "ConvertOptions":
+    def of(cls, parquet_row_group_size_bytes, compression_codec, dtype) -> ConvertOptions:
         from .params import check_int
         size = check_int("parquet_row_group_size_bytes", parquet_row_group_size_bytes, minimum=1)
         codec = "uncompressed" if compression_codec is None else compression_codec
@@ -109,7 +117,8 @@ class BalancedConverter:
         return f"BalancedConverter({self.dataset_url!r}, rows={len(self)})"
 
     @contextlib.contextmanager
-    def make_torch_dataloader(self, rank=None, world=None, **make_loader_kwargs) -> Iterator:
+    def make_torch_dataloader(self, rank: int | None = None, world: int | None = None,
+                              **make_loader_kwargs: Any) -> Iterator[BalancedLoader]:
         """A ``BalancedLoader`` over this rank's rows, closed on exit (``with ... as loader``), as Petastorm's.
 
         ``batch_size`` defaults to the converter's, else 32 (Petastorm's default); ``rank``/``world`` default to
@@ -123,7 +132,8 @@ class BalancedConverter:
         finally:
             loader.close()
 
-    def make_dataset(self, rank=None, world=None, **kwargs):
+    def make_dataset(self, rank: int | None = None, world: int | None = None,
+                     **kwargs: Any) -> BalancedIterableDataset:
         """A ``BalancedIterableDataset`` (for ``torch.utils.data.DataLoader(num_workers=K)``) over this rank's rows;
         ``batch_size`` defaults as in ``make_torch_dataloader``."""
         from .reading.iterable import BalancedIterableDataset
@@ -138,11 +148,12 @@ class BalancedConverter:
         self._cache.delete(self._key)
 
 
-def make_spark_converter(df, *, world_size: Optional[int] = None, batch_size: Optional[int] = None,
-                         parent_cache_dir_url=None, where: Optional[str] = None, cost: Optional[str] = None,
+def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: int | None = None,
+                         parent_cache_dir_url: str | PathLike[str] | None = None, where: str | None = None,
+                         cost: str | None = None,
                          policy: str = "drop", seed: int = 0,
                          parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
-                         compression_codec: Optional[str] = None, dtype: Optional[str] = "float32"
+                         compression_codec: str | None = None, dtype: str | None = "float32"
                          ) -> BalancedConverter:
     """Materialize ``df`` once as Parquet under the cache folder and plan it; see the module docstring for reuse.
 
@@ -191,7 +202,7 @@ def _default_world_size() -> int:
         return 1  # on the driver: the plan serves any world size (elastic assignment from the same catalog)
 
 
-def _prepare(df, dtype: Optional[str]):
+def _prepare(df, dtype: str | None):
     """Vectors to arrays and floating-point columns to ``dtype``, as Petastorm's converter writes them."""
     F, T = _pyspark()
     vectors = [f.name for f in df.schema.fields if type(f.dataType).__name__ == "VectorUDT"]
@@ -236,7 +247,7 @@ def _cache_key(spark, df, options: ConvertOptions) -> str:
     return key
 
 
-def _plan_text(spark, df) -> Tuple[str, bool, Any]:
+def _plan_text(spark, df) -> tuple[str, bool, Any]:
     """Text describing ``df``'s content, whether it describes all of it, and the JVM plan (classic Spark).
 
     Classic: the canonicalized analyzed plan as JSON (expression ids normalized by Spark, the JVM id removed);
@@ -281,7 +292,7 @@ def _canonical_proto(message, seen: dict) -> None:
                     _canonical_proto(item, seen)
 
 
-def _input_files(df) -> List[list]:
+def _input_files(df) -> list[list]:
     """The data files ``df`` reads with their size and modification time (a rewritten file changes the key)."""
     names = sorted(df.inputFiles())
     if not names:
@@ -291,7 +302,7 @@ def _input_files(df) -> List[list]:
         infos = filesystem.get_file_info([fsutil.resolve(_as_url(n))[1] for n in names])
     except (OSError, ValueError):  # a filesystem pyarrow cannot open here: names only (Spark's names are unique)
         return [[n] for n in names]
-    return [[n, i.size, i.mtime_ns] for n, i in zip(names, infos)]
+    return [[n, i.size, i.mtime_ns] for n, i in zip(names, infos, strict=True)]
 
 
 def _as_url(spark_path: str) -> str:
@@ -314,7 +325,7 @@ def _materialize(df, url: str, options: ConvertOptions) -> None:
     log.info("materialized the DataFrame at %s", url)
 
 
-def _as_fixed_size_lists(url: str, lengths: Dict[str, int]) -> None:
+def _as_fixed_size_lists(url: str, lengths: dict[str, int]) -> None:
     """Rewrite the copy's array columns as Arrow ``fixed_size_list`` (row groups kept as Spark wrote them), so the
     loader's schema, decided from the footers alone, delivers them as ``(rows, length)`` tensors (G13: a plain
     ``list`` column is a list of lists, since nothing in a footer promises one length). Runs before the copy is
@@ -346,7 +357,7 @@ def _as_fixed_size_lists(url: str, lengths: Dict[str, int]) -> None:
             filesystem.delete_file(crc)
 
 
-def _check_fixed_shapes(spark, url: str) -> Dict[str, int]:
+def _check_fixed_shapes(spark, url: str) -> dict[str, int]:
     """Every top-level array column holds arrays of one length, no null array and no null element: a tensor of
     shape (rows, length). Checked on the written copy (one scan of those columns), before it is committed."""
     F, T = _pyspark()
@@ -362,7 +373,7 @@ def _check_fixed_shapes(spark, url: str) -> Dict[str, int]:
                  F.sum(F.when(col.isNull(), 1).otherwise(0)).alias(f"nulls{i}"),
                  F.sum(F.when(F.exists(col, lambda x: x.isNull()), 1).otherwise(0)).alias(f"holes{i}")]
     row = written.agg(*aggs).collect()[0]
-    lengths: Dict[str, int] = {}
+    lengths: dict[str, int] = {}
     for i, name in enumerate(arrays):
         lo, hi, nulls, holes = row[f"lo{i}"], row[f"hi{i}"], row[f"nulls{i}"], row[f"holes{i}"]
         if (nulls or 0) or (holes or 0) or lo != hi:

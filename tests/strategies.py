@@ -86,7 +86,7 @@ def positions_in_row_group(draw, max_rows=5_000):
         bounds = sorted(set(draw(st.lists(st.integers(0, total), min_size=1, max_size=40))) | {0, total})
         first = draw(st.booleans())
         mask = np.zeros(total, dtype=bool)
-        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
             mask[lo:hi] = (i % 2 == 0) == first
     if not mask.any():
         mask[draw(st.integers(0, total - 1))] = True

@@ -15,8 +15,9 @@ import pytest
 pytest.importorskip("accelerate", reason="accelerate is not installed (requirements/frameworks.txt)")
 pytestmark = pytest.mark.slow  # real jobs; accelerate alone takes seconds to import
 
-from petastorm_balanced import BalancedIterableDataset, datagen, make_loader, plan_shards  # noqa: E402
 from jobs import ROOT, torchrun  # noqa: E402
+
+from petastorm_balanced import BalancedIterableDataset, datagen, make_loader, plan_shards  # noqa: E402
 
 BATCH = 64
 EPOCHS = 3
@@ -89,6 +90,7 @@ def test_prepare_of_a_plain_dataloader_under_torchrun_is_refused_whatever_the_wo
     pickling for spawned ones) and refuses with the fix before a batch is delivered."""
     import subprocess
     import sys
+
     from jobs import free_port, job_env
     root, plan, _ = data
     record = root / f"plain-{workers}-{dispatch}"

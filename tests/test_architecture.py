@@ -11,7 +11,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from stacks import HAVE_PETASTORM, petastorm_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,7 +143,8 @@ def test_the_petastorm_internals_we_use_still_exist():
         if how == "method":
             ok = callable(getattr(cls, name, None))
         else:  # set on the instance by some method of the class or its bases
-            ok = any(f"self.{name} =" in inspect.getsource(k) for k in cls.__mro__ if k.__module__.startswith("petastorm"))
+            ok = any(f"self.{name} =" in inspect.getsource(k) for k in cls.__mro__
+                     if k.__module__.startswith("petastorm"))
         if not ok:
             missing.append((owner, name))
     assert not missing, f"Petastorm no longer has {missing}: update petastorm_backend.py or bound the version"

@@ -10,17 +10,24 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from petastorm_balanced.predicates import in_lambda, in_set
 
 import petastorm_balanced as pb
-from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, datagen, load_plan,
-                                plan_shards)
+from petastorm_balanced import (
+    PlanError,
+    PlanIntegrityError,
+    PlanVersionError,
+    StalePlanError,
+    datagen,
+    load_plan,
+    plan_shards,
+)
+from petastorm_balanced.predicates import in_lambda, in_set
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -84,7 +91,7 @@ class Case:
     id: str
     call: Callable  # (inputs, monkeypatch) -> anything; must raise
     error: type
-    says: Tuple[str, ...]  # substrings the message must hold: the parameter and the value, or the culprit
+    says: tuple[str, ...]  # substrings the message must hold: the parameter and the value, or the culprit
 
 
 def _loader(i, **kw):
@@ -303,7 +310,7 @@ def _check_cli_result(case, result):
 def test_cli_bad_input_exits_2_with_one_line(inputs, tmp_path):
     cases = CLI_CASES + ([SPARK_CLI_CASE] if _has_pyspark() else [])
     results = _run_cli_cases(cases, inputs, tmp_path)
-    for case, result in zip(cases, results):
+    for case, result in zip(cases, results, strict=True):
         _check_cli_result(case, result)
     assert not (tmp_path / "out").exists()  # no half-made plan left behind by a refused run
 

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from jobs import job_env
 
 from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.io.cache_dir import Cache
-from jobs import job_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # A writer: FILES files with its pid in each, a pause between them (a wide window for the others to interleave).

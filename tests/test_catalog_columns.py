@@ -7,12 +7,13 @@ from json.encoder import encode_basestring_ascii
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from petastorm_balanced import load_plan
-from petastorm_balanced.plan import format as plan_format, selection
-from petastorm_balanced.plan.catalog import (Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog,
-                                             match_from_mask)
+from petastorm_balanced.plan import format as plan_format
+from petastorm_balanced.plan import selection
+from petastorm_balanced.plan.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog, match_from_mask
 from petastorm_balanced.plan.predicate import predicate_info
 from petastorm_balanced.planning.plan_shards import make_plan
 

@@ -10,15 +10,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from stacks import PYARROW_MAJOR, petastorm_only
 
 from petastorm_balanced import datagen, load_plan, plan_shards
 from petastorm_balanced.plan.catalog import Catalog
-from petastorm_balanced.planning.engines.local import build_catalog
-from petastorm_balanced.tools.petastorm_sharding import petastorm_shards
 from petastorm_balanced.plan.format import write_plan
 from petastorm_balanced.plan.load import read_plan
+from petastorm_balanced.planning.engines.local import build_catalog
+from petastorm_balanced.tools.petastorm_sharding import petastorm_shards
 from petastorm_balanced.tools.progress import Progress
-from stacks import PYARROW_MAJOR, petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -67,8 +67,8 @@ def test_inspect_json_invariants(plans, plain_dataset, policy, extra):
     r = inspect_json(plans[policy], *extra)
     world, batch = r["world_size"], r["batch_size"]
     ranks = r["ranks"]
-    assert [x["rank"] for x in ranks] == list(range(world)) and world == dict(zip(extra[::2], extra[1::2])).get(
-        "--world-size", WORLD)
+    assert [x["rank"] for x in ranks] == list(range(world))
+    assert world == dict(zip(extra[::2], extra[1::2], strict=True)).get("--world-size", WORLD)
     assert {x["rows"] for x in ranks} == {r["rows_per_rank"]} == {r["steps_per_epoch"] * batch}  # G1
     assert {x["steps"] for x in ranks} == {r["steps_per_epoch"]} == {sum(r["worker_steps"])}
     assert sum(x["rows"] for x in ranks) + r["dropped_rows"] - r["padded_rows"] == r["matching_rows"]
@@ -99,6 +99,7 @@ def test_inspect_text_shows_the_json_numbers(plans):
 
 def test_plot_writes_a_png_of_the_expected_size(plans, tmp_path):
     import matplotlib.image as mpimg
+
     from petastorm_balanced.tools.plot import DPI, FIGSIZE
     target = tmp_path / "sub" / "ranks.png"
     r = json.loads(cli("inspect", plans["drop"], "--world-size", 6, "--json", "--plot", target, expect=0).stdout)
@@ -280,13 +281,16 @@ def _markdown_rows(text, header_start):
     return rows
 
 
-@pytest.mark.skipif(PYARROW_MAJOR != 14, reason="the example's file sizes are what pyarrow 14 writes (the petastorm stack)")
+@pytest.mark.skipif(PYARROW_MAJOR != 14,
+                    reason="the example's file sizes are what pyarrow 14 writes (the petastorm stack)")
 def test_plan_format_doc_example_is_what_the_code_writes(tmp_path):
     """docs/plan-format.md shows a full plan; regenerate it and compare every value that is not path-bound."""
     import re
+
     import pyarrow.parquet as pq
-    from petastorm_balanced.predicates import in_set
+
     from petastorm_balanced.plan.format import content_checksum
+    from petastorm_balanced.predicates import in_set
     text = open(os.path.join(REPO, "docs", "plan-format.md")).read()
     doc = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
     ds = datagen.make_plain_dataset(tmp_path / "reviews", num_files=3, total_rows=1000, seed=7,

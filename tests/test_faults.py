@@ -13,10 +13,17 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-
-from petastorm_balanced import (BalancedIterableDataset, PlanError, StalePlanError, datagen, load_plan, make_loader,
-                                plan_shards)
 from stacks import petastorm_only
+
+from petastorm_balanced import (
+    BalancedIterableDataset,
+    PlanError,
+    StalePlanError,
+    datagen,
+    load_plan,
+    make_loader,
+    plan_shards,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 

@@ -33,7 +33,7 @@ def write_dataset(folder, rows, files=3, offset=0, row_group_size=25):
     """``rows`` ids from ``offset`` in ``files`` Parquet files (fixed-size pages); returns the folder."""
     os.makedirs(folder, exist_ok=True)
     cuts = np.linspace(0, rows, files + 1).astype(int)
-    for i, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+    for i, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
         ids = np.arange(offset + lo, offset + hi, dtype=np.int64)
         pq.write_table(pa.table({"id": ids, "x": ids * 2}), os.path.join(folder, f"part-{i}.parquet"),
                        row_group_size=row_group_size, **PLAIN)

@@ -10,16 +10,16 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings, strategies as st
-from petastorm_balanced.predicates import in_lambda, in_set
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import catalog_paths
 
-from petastorm_balanced import (PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan,
-                                plan_shards)
-from petastorm_balanced.plan import format as plan_format
+from petastorm_balanced import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan, plan_shards
 from petastorm_balanced.datagen import make_plain_dataset
+from petastorm_balanced.plan import format as plan_format
 from petastorm_balanced.plan.predicate import predicate_info
 from petastorm_balanced.planning.scan import check_footers
-from strategies import catalog_paths
+from petastorm_balanced.predicates import in_lambda, in_set
 
 WORLD, BATCH = 3, 16
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -356,7 +356,8 @@ def test_catalog_paths_outside_the_root_never_load(saved, tmp_path_factory, path
     plan_format.write_plan(forged, folder)
     plain = (bool(path) and not path.startswith("/") and "\\" not in path and "://" not in path
              and all(part not in ("", ".", "..") for part in path.split("/"))
-             and not any(ord(c) < 32 or c == "\x7f" for c in path) and not re.match(r"[A-Za-z][A-Za-z0-9+.\-]+:/", path))
+             and not any(ord(c) < 32 or c == "\x7f" for c in path)
+             and not re.match(r"[A-Za-z][A-Za-z0-9+.\-]+:/", path))
     try:
         loaded = load_plan(folder, check_dataset=False)
     except PlanIntegrityError as exc:

@@ -3,19 +3,20 @@
 Planning and the Arrow backend go through ``pyarrow.fs.S3FileSystem`` (fs.resolve); Petastorm reads through
 ``remote.S3FSWrapper`` (petastorm stack only). All must see exactly what they see on local disk for the same files.
 """
-from dataclasses import replace
 import json
 import os
 import pickle
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from stacks import HAVE_PETASTORM, petastorm_only
+
 from petastorm_balanced import BalancedIterableDataset, StalePlanError, load_plan, make_loader, plan_shards
 from petastorm_balanced.predicates import in_set
-from stacks import HAVE_PETASTORM, petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
@@ -99,6 +100,7 @@ def test_missing_s3_dataset_is_a_clear_value_error(s3):
 def test_petastorm_reads_s3_through_the_wrapper(s3, petastorm_dataset, hive_dataset):
     """Petastorm 0.12.1 lists and reads S3 with remote.petastorm_source (it cannot with pyarrow.fs or bare s3fs)."""
     from petastorm import make_batch_reader, make_reader
+
     from petastorm_balanced.io import remote
     s3.upload(petastorm_dataset.path, "pet")
     s3.upload(hive_dataset.path, "hive")

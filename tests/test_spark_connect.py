@@ -4,13 +4,13 @@ plan (G8), a Petastorm predicate is refused with the alternatives, and the conve
 import numpy as np
 import pyarrow.dataset as pads
 import pytest
+from connect_server import classic_mode
 
 from petastorm_balanced import plan_shards
 from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.planning.engines import spark as spark_engine
 from petastorm_balanced.predicates import in_set
 from petastorm_balanced.spark import make_spark_converter
-from connect_server import classic_mode
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
 

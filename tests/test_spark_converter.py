@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.dataset as pads
 import pytest
+from jobs import ROOT, job_env, torchrun
 
 from petastorm_balanced.errors import InvalidTypeError, InvalidValueError
 from petastorm_balanced.spark import PARENT_CACHE_DIR_URL_CONF, make_spark_converter
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
-from jobs import ROOT, job_env, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
 BATCH = 16
@@ -260,7 +260,7 @@ def test_acceptance_torchrun_three_ranks_two_epochs_and_the_cache_is_reused(spar
                                global_batch=3 * BATCH, name="G2")
         assert check.ok, check.detail
         epochs.append(ids)
-    assert any(not np.array_equal(a, b) for a, b in zip(*epochs)), "epoch 1 repeated epoch 0's order"
+    assert any(not np.array_equal(a, b) for a, b in zip(*epochs, strict=True)), "epoch 1 repeated epoch 0's order"
     folder = Path(converter.dataset_url[len("file://"):])
     before = sorted((p.name, p.stat().st_mtime_ns) for p in folder.rglob("*"))
     again = make_spark_converter(skewed_frame(spark), parent_cache_dir_url=str(tmp_path / "cache"), where=WHERE,

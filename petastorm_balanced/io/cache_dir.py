@@ -18,8 +18,8 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
@@ -39,7 +39,7 @@ class Cache:
     url: str
 
     @classmethod
-    def at(cls, url, *, parameter: str = "parent_cache_dir_url") -> "Cache":
+    def at(cls, url, *, parameter: str = "parent_cache_dir_url") -> Cache:
         normalized = fsutil.normalize_url(url)
         scheme = urlparse(normalized).scheme
         if scheme not in RENAME_SCHEMES:
@@ -51,7 +51,7 @@ class Cache:
     def child(self, name: str) -> str:
         return f"{self.url}/{name}"
 
-    def lookup(self, key: str) -> Optional[str]:
+    def lookup(self, key: str) -> str | None:
         """The URL of the complete copy under ``key``, or None."""
         _check_key(key)
         filesystem, path = fsutil.resolve(self.child(key))

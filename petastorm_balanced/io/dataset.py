@@ -7,17 +7,16 @@ list datasets here, so they agree on what a data file is.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..errors import InvalidValueError
+from ..unischema.pickling import loads
 from . import fs as fsutil
 from . import tables
 from .partitions import partition_values  # noqa: F401 - re-exported: hive values, decoded (partitions.py)
-from ..errors import InvalidValueError
-from ..unischema.pickling import loads
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 
@@ -31,8 +30,8 @@ def is_data_name(name: str) -> bool:
     return not name.endswith(".crc")
 
 
-def list_data_files(url: str, *, table: Optional[tables.TableRef] = None
-                    ) -> Tuple[pafs.FileSystem, str, List[pafs.FileInfo]]:
+def list_data_files(url: str, *, table: tables.TableRef | None = None
+                    ) -> tuple[pafs.FileSystem, str, list[pafs.FileInfo]]:
     """The data files under ``url`` (a folder or a single file), sorted by relative path.
 
     For a single file the root is its folder, so its catalog path is its name. On a local disk symlinks are
@@ -64,7 +63,7 @@ def list_data_files(url: str, *, table: Optional[tables.TableRef] = None
     return filesystem, root, sorted(files, key=lambda e: relative_path(e.path, root))
 
 
-def dataset_root(url: str) -> Tuple[pafs.FileSystem, str]:
+def dataset_root(url: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the folder a plan's catalog paths are relative to: the dataset folder, or the folder of a
     single-file dataset (as ``list_data_files`` lists it)."""
     filesystem, root = fsutil.resolve(url)
@@ -73,19 +72,19 @@ def dataset_root(url: str) -> Tuple[pafs.FileSystem, str]:
     return filesystem, root
 
 
-def _local_files(url: str, root: str) -> List[pafs.FileInfo]:
+def _local_files(url: str, root: str) -> list[pafs.FileInfo]:
     """A local folder's data files, walked with ``os.scandir`` so symlinks can be judged (``pyarrow.fs`` follows
     them blindly: a folder linked to its parent listed the data 41 times)."""
     real_root = os.path.realpath(root)
-    seen: Dict[Tuple[int, int], str] = {}  # (device, inode) -> relative path: one physical file, one name
-    out: List[pafs.FileInfo] = []
+    seen: dict[tuple[int, int], str] = {}  # (device, inode) -> relative path: one physical file, one name
+    out: list[pafs.FileInfo] = []
 
     def refuse(relative: str, what: str) -> InvalidValueError:
         return InvalidValueError(f"{relative!r} in dataset_url={url!r} {what}; a dataset must hold each of its files "
                                  "once, under its root: replace the link by the file, or point dataset_url at the "
                                  "real folder")
 
-    def walk(folder: str, relative: str, stack: Tuple[str, ...]) -> None:
+    def walk(folder: str, relative: str, stack: tuple[str, ...]) -> None:
         with os.scandir(folder) as entries:
             for entry in entries:
                 if not is_data_name(entry.name):
@@ -141,7 +140,7 @@ def load_unischema(url: str):
     return loads(payload, where=url)
 
 
-def _unischema_bytes(url: str) -> Optional[bytes]:
+def _unischema_bytes(url: str) -> bytes | None:
     filesystem, root = fsutil.resolve(url)
     meta_path = root + "/_common_metadata"
     if filesystem.get_file_info(meta_path).type != pafs.FileType.File:
@@ -151,7 +150,7 @@ def _unischema_bytes(url: str) -> Optional[bytes]:
     return metadata.get(UNISCHEMA_KEY)
 
 
-def unreadable_file(url: str, paths) -> Optional[Tuple[str, Exception]]:
+def unreadable_file(url: str, paths) -> tuple[str, Exception] | None:
     """The first of ``paths`` (relative to ``url``) whose footer cannot be read, with the error; None if all can.
 
     Used after a read failed with an error that does not say which file (pyarrow's footer errors do not), to name it.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional, Tuple
 from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
@@ -70,7 +69,7 @@ def normalize_url(url, *, name: str = "dataset_url") -> str:
     return url.rstrip("/")
 
 
-def resolve(url, *, name: str = "dataset_url") -> Tuple[pafs.FileSystem, str]:
+def resolve(url, *, name: str = "dataset_url") -> tuple[pafs.FileSystem, str]:
     """The filesystem and the (decoded) path inside it for a location, raw or normalized; the one URL parser."""
     url = normalize_url(url, name=name)
     parsed = urlparse(url)
@@ -120,7 +119,7 @@ def check_relative(path) -> None:
                                 "'.', an empty name, a scheme, a backslash or a control character)")
 
 
-def first_not_relative(paths) -> Optional[str]:
+def first_not_relative(paths) -> str | None:
     """The first of ``paths`` that ``check_relative`` refuses, or None: one vectorized regex pass (RE2, the same
     pattern), since a plan lists up to ~10^5 files and every rank checks them at start-up."""
     import pyarrow as pa

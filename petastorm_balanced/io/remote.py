@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import posixpath
 import warnings
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 from urllib.parse import parse_qs, urlparse
 
 import pyarrow.filesystem as legacyfs
@@ -40,7 +40,7 @@ class PetastormSource(NamedTuple):
     """
 
     url: str
-    filesystem: Optional[object]
+    filesystem: object | None
     path: str
 
 
@@ -48,7 +48,7 @@ def is_s3(url) -> bool:
     return urlparse(fsutil.normalize_url(url)).scheme in S3_SCHEMES
 
 
-def endpoint_url(url) -> Optional[str]:
+def endpoint_url(url) -> str | None:
     """The S3 endpoint (``http://host:port``) for ``url``: its ``endpoint_override`` query, else
     ``AWS_ENDPOINT_URL``, else None (AWS)."""
     query = parse_qs(urlparse(fsutil.normalize_url(url)).query)
@@ -66,7 +66,8 @@ def s3fs_filesystem(url, **storage_options):
     try:
         import s3fs
     except ImportError:  # pragma: no cover - depends on the installation
-        raise MissingDependencyError("reading s3:// datasets needs s3fs: pip install 'petastorm-balanced[s3]'") from None
+        raise MissingDependencyError(
+            "reading s3:// datasets needs s3fs: pip install 'petastorm-balanced[s3]'") from None
     options = dict(storage_options)
     client = options["client_kwargs"] = dict(options.get("client_kwargs") or {})  # never edit the caller's dict
     endpoint = endpoint_url(url)
@@ -157,9 +158,9 @@ class S3FSWrapper(legacyfs.S3FSWrapper):
                 directories.add(posixpath.basename(name))
             else:
                 files.add(posixpath.basename(name))
-        directories = sorted(directories)
-        yield path, directories, sorted(files - set(directories))
-        for directory in directories:
+        names = sorted(directories)
+        yield path, names, sorted(files - directories)
+        for directory in names:
             yield from self.walk(f"{path}/{directory}", refresh=refresh)
 
     def __reduce__(self):

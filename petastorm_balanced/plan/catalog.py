@@ -7,16 +7,14 @@ dataset root, index in the file), never by a position in some list whose order d
 from __future__ import annotations
 
 import itertools
-
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from collections.abc import Sequence
-from typing import Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 
-from . import selection
 from ..errors import InvalidValueError
+from . import selection
 
 
 @dataclass(frozen=True)
@@ -25,9 +23,9 @@ class FileInfo:
 
     path: str  # relative to the dataset root, '/'-separated
     size: int
-    row_group_rows: Tuple[int, ...]
+    row_group_rows: tuple[int, ...]
     footer: str = ""  # sha256 (hex) of the footer bytes; "" when unknown (plans of format version 1)
-    mtime_ns: Optional[int] = None  # modification time as listed; None where the filesystem reports none
+    mtime_ns: int | None = None  # modification time as listed; None where the filesystem reports none
 
     @property
     def num_rows(self) -> int:
@@ -43,8 +41,8 @@ class RowGroupMatch:
     total_rows: int
     matching_rows: int
     selection: bytes = b""
-    cost_sum: Optional[int] = None  # cost plans: the matching rows' cost sum and largest row cost
-    cost_max: Optional[int] = None
+    cost_sum: int | None = None  # cost plans: the matching rows' cost sum and largest row cost
+    cost_max: int | None = None
 
     def positions(self) -> np.ndarray:
         return selection.decode(self.selection, self.total_rows)
@@ -68,7 +66,7 @@ class RowGroups(Sequence):
             raise ValueError(f"path_index must point into the {len(paths)} paths")
         used = np.bincount(path_index, minlength=len(paths)) > 0  # (paths,)
         if not used.all():  # keep only paths with a row group, so equal catalogs have equal columns
-            paths = tuple(p for p, u in zip(paths, used.tolist()) if u)
+            paths = tuple(p for p, u in zip(paths, used.tolist(), strict=True) if u)
             path_index = (np.cumsum(used) - 1)[path_index]
         self.paths = paths  # (distinct paths,) sorted
         self.path_index = path_index  # (row groups,)
@@ -84,12 +82,14 @@ class RowGroups(Sequence):
         self.cost_sum = None if cost_sum is None else np.asarray(cost_sum, dtype=np.int64)
         self.cost_max = None if cost_max is None else np.asarray(cost_max, dtype=np.int64)
         n = len(self.path_index)
+        if (self.cost_sum is None) != (self.cost_max is None):
+            raise ValueError("catalog cost columns come together: cost_sum and cost_max, or neither")
         costs = [a for a in (self.cost_sum, self.cost_max) if a is not None]
         if not all(len(a) == n for a in (self.row_group, self.total_rows, self.matching_rows, self.selection, *costs)):
             raise ValueError("catalog columns must have one value per row group")
 
     @classmethod
-    def from_matches(cls, matches: Iterable[RowGroupMatch]) -> "RowGroups":
+    def from_matches(cls, matches: Iterable[RowGroupMatch]) -> RowGroups:
         matches = list(matches)
         paths = sorted({m.path for m in matches})
         where = {p: i for i, p in enumerate(paths)}
@@ -101,7 +101,7 @@ class RowGroups(Sequence):
 
     @classmethod
     def from_columns(cls, path, row_group, total_rows, matching_rows, selection, cost_sum=None,
-                     cost_max=None) -> "RowGroups":
+                     cost_max=None) -> RowGroups:
         """From per-row-group columns; ``path``: a sequence of strings, or an Arrow string or dictionary array
         (chunked or not), which is never expanded into one Python string per row group."""
         if not isinstance(path, (pa.Array, pa.ChunkedArray)):
@@ -131,14 +131,16 @@ class RowGroups(Sequence):
                              int(self.matching_rows[i]), self.selection[i].as_py(), *self._costs_of(i))
 
     def _costs_of(self, i: int) -> tuple:
-        return () if self.cost_sum is None else (int(self.cost_sum[i]), int(self.cost_max[i]))
+        if self.cost_sum is None or self.cost_max is None:  # both or neither (__init__)
+            return ()
+        return int(self.cost_sum[i]), int(self.cost_max[i])
 
     def __iter__(self) -> Iterator[RowGroupMatch]:
         paths = self.paths
-        costs = (zip(self.cost_sum.tolist(), self.cost_max.tolist()) if self.cost_sum is not None else
-                 itertools.repeat(()))
+        costs = (zip(self.cost_sum.tolist(), self.cost_max.tolist(), strict=True)
+                 if self.cost_sum is not None and self.cost_max is not None else itertools.repeat(()))
         for p, g, t, m, s, c in zip(self.path_index.tolist(), self.row_group.tolist(), self.total_rows.tolist(),
-                                    self.matching_rows.tolist(), self.selection.to_pylist(), costs):
+                                    self.matching_rows.tolist(), self.selection.to_pylist(), costs, strict=False):
             yield RowGroupMatch(paths[p], g, t, m, s, *c)
 
     def is_sorted_unique(self) -> bool:
@@ -175,11 +177,11 @@ class Catalog:
     ``row_groups`` may be given as any sequence of ``RowGroupMatch``; it is kept as ``RowGroups`` columns.
     """
 
-    files: Tuple[FileInfo, ...]
+    files: tuple[FileInfo, ...]
     row_groups: RowGroups
     kind: str = "plain"  # 'petastorm' when the dataset carries a Unischema
-    partition_columns: Tuple[str, ...] = field(default=())
-    cost: Optional[str] = None  # the cost (column or Spark SQL expression) every row group has stats for
+    partition_columns: tuple[str, ...] = field(default=())
+    cost: str | None = None  # the cost (column or Spark SQL expression) every row group has stats for
 
     def __post_init__(self):
         if not isinstance(self.row_groups, RowGroups):
@@ -200,14 +202,17 @@ class Catalog:
 
     def cost_sums(self) -> np.ndarray:
         """Cost of each row group's matching rows, shape (row groups,); only for a catalog with a cost."""
+        if self.row_groups.cost_sum is None:
+            raise InvalidValueError("this catalog has no cost statistics; plan with cost= to get them")
         return self.row_groups.cost_sum
 
     @property
-    def max_row_cost(self) -> Optional[int]:
+    def max_row_cost(self) -> int | None:
         """The largest cost of one matching row (a token budget below it could never hold that row)."""
-        if self.cost is None:
+        cost_max = self.row_groups.cost_max
+        if self.cost is None or cost_max is None:  # a cost catalog always has cost_max (__post_init__)
             return None
-        return int(self.row_groups.cost_max.max()) if len(self.row_groups) else 0
+        return int(cost_max.max()) if len(self.row_groups) else 0
 
     def matching_counts(self) -> np.ndarray:
         # (row groups,)
@@ -234,7 +239,7 @@ def empty_selections(n: int) -> pa.Array:
                                                                    pa.py_buffer(b"")])
 
 
-def match_from_mask(path: str, row_group: int, mask: np.ndarray) -> Optional[RowGroupMatch]:
+def match_from_mask(path: str, row_group: int, mask: np.ndarray) -> RowGroupMatch | None:
     """The catalog entry for a row group given its boolean match mask, or None if nothing matches."""
     positions = np.flatnonzero(np.asarray(mask, dtype=bool))
     if len(positions) == 0:

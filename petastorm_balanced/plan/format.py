@@ -7,13 +7,13 @@ crash, a truncated copy or an edited file is refused rather than read as valid.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import io
+import itertools
 import json
 import os
 import uuid
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,13 +22,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._version import __version__
-from . import balance
-from ..io import fs as fsutil
-from .catalog import Catalog, FileInfo, RowGroups
 from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError
+from ..io import fs as fsutil
 from ..io.dataset import list_data_files
+from . import balance
+from .catalog import Catalog, FileInfo, RowGroups
 
 if TYPE_CHECKING:
+    from os import PathLike
+
     from ..io.tables import TableRef
     from .predicate import PredicateInfo
 
@@ -44,7 +46,7 @@ class ShardPlan(Protocol):
     @property
     def world_size(self) -> int: ...
     @property
-    def batch_size(self) -> Optional[int]: ...
+    def batch_size(self) -> int | None: ...
     @property
     def policy(self) -> str: ...
     @property
@@ -56,8 +58,8 @@ class ShardPlan(Protocol):
     @property
     def total_rows(self) -> int: ...
     @property
-    def table(self) -> Optional[TableRef]: ...
-    def pieces(self, *, batch_size: Optional[int] = None) -> balance.Pieces: ...
+    def table(self) -> TableRef | None: ...
+    def pieces(self, *, batch_size: int | None = None) -> balance.Pieces: ...
 
 
 FORMAT_NAME = "petastorm-balanced-plan"
@@ -144,11 +146,13 @@ def _row_group_bytes(rows: RowGroups, paths: pa.Array, start: int, stop: int, wi
     if len(chosen):
         sha256 = hashlib.sha256
         hashed = b"".join([sha256(data[a:b]).digest() for a, b in zip(offsets[chosen].tolist(),
-                                                                        offsets[chosen + 1].tolist())])
+                                                                        offsets[chosen + 1].tolist(), strict=True)])
         digests[chosen] = np.frombuffer(hashed, np.uint8).reshape(-1, 32)
     fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(digests)])
     parts = [text.cast(pa.large_binary()), fixed.cast(pa.large_binary())]
     if with_cost:
+        if rows.cost_sum is None or rows.cost_max is None:
+            raise InvalidValueError("a cost plan's catalog has no cost statistics")
         costs = [pc.cast(pa.array(a[start:stop]), pa.string()) for a in (rows.cost_sum, rows.cost_max)]
         parts.append(pc.binary_join_element_wise("[", costs[0], ", ", costs[1], "]", "").cast(pa.large_binary()))
     joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
@@ -163,7 +167,7 @@ def _values(array: pa.Array) -> memoryview:
     return memoryview(array.buffers()[2] or b"")[int(ends[0]):int(ends[-1])] if len(array) else memoryview(b"")
 
 
-def write_plan(plan: ShardPlan, output_url: str) -> str:
+def write_plan(plan: ShardPlan, output_url: str | PathLike[str]) -> str:
     """Write ``plan`` under ``output_url``; returns the normalized URL. Overwrites an older plan there.
 
     Every byte is made before the first is written (a value JSON cannot hold fails with nothing written), and a
@@ -199,7 +203,7 @@ def check_output(output_url, dataset_url: str) -> str:
     return url
 
 
-def plan_document(plan: ShardPlan, digests: Optional[dict] = None) -> dict:
+def plan_document(plan: ShardPlan, digests: dict | None = None) -> dict:
     """The content of ``plan.json``."""
     return {
         **_header(plan),
@@ -217,7 +221,7 @@ def planned_pieces(plan: ShardPlan) -> balance.Pieces:
     return plan.pieces(batch_size=plan.batch_size or 1)
 
 
-def totals(plan: ShardPlan, pieces: Optional[balance.Pieces] = None) -> dict:
+def totals(plan: ShardPlan, pieces: balance.Pieces | None = None) -> dict:
     """What the planned world size gets at epoch 0 (what ``inspect`` shows); ``pieces``: ``planned_pieces``."""
     pieces = planned_pieces(plan) if pieces is None else pieces
     delivered = int(pieces.num_rows[~pieces.padding].sum())
@@ -281,7 +285,7 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
                    mtime_ns=current[path].mtime_ns)
 
 
-def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: Optional[int] = None) -> None:
+def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: int | None = None) -> None:
     """``StalePlanError`` when a file's footer digest or modification time differs from the plan's (G15); a value
     either side does not know (``""``, ``None``) is not compared. A rewrite of the same size, the same row counts
     and even a byte-identical footer (the same rows in another order) changes the modification time; a copy that
@@ -347,13 +351,14 @@ def catalog_row_groups(table: pa.Table) -> RowGroups:
     for name in table.schema.names:
         if table.column(name).null_count:
             raise PlanIntegrityError(f"catalog.parquet has a null {name}; re-run planning")
-    costs = [table.column(n).to_numpy() for n in ("cost_sum", "cost_max") if n in table.schema.names]
-    return RowGroups.from_columns(table.column("file"),
-                                  *(table.column(n).to_numpy() for n in ("row_group", "total_rows", "matching_rows")),
-                                  table.column("selection"), *costs)
+    cost_sum, cost_max = ((table.column("cost_sum").to_numpy(), table.column("cost_max").to_numpy())
+                          if "cost_sum" in table.schema.names else (None, None))  # both or neither (the schemas)
+    return RowGroups.from_columns(table.column("file"), table.column("row_group").to_numpy(),
+                                  table.column("total_rows").to_numpy(), table.column("matching_rows").to_numpy(),
+                                  table.column("selection"), cost_sum, cost_max)
 
 
-def assignment_table(plan: ShardPlan, pieces: Optional[balance.Pieces] = None) -> pa.Table:
+def assignment_table(plan: ShardPlan, pieces: balance.Pieces | None = None) -> pa.Table:
     """``planned_pieces`` as a table (``pieces`` when the caller has them already); a cost plan's are
     cost-balanced ("auto")."""
     p = planned_pieces(plan) if pieces is None else pieces

@@ -2,12 +2,11 @@
 longer describes what the caller is about to read."""
 from __future__ import annotations
 
-from typing import Optional
-
 import hashlib
 import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,16 +18,33 @@ from ..io.dataset import load_unischema
 from ..io.tables import TableRef
 from . import balance
 from .catalog import Catalog, FileInfo
-from .format import (ASSIGNMENT, CATALOG, FORMAT_NAME, PLAN_JSON, READABLE_VERSIONS, assignment_table, catalog_row_groups,
-                     check_predicate, content_checksum, content_fingerprint,
-                     dataset_fingerprint, get_bytes, planned_pieces, totals)
+from .format import (
+    ASSIGNMENT,
+    CATALOG,
+    FORMAT_NAME,
+    PLAN_JSON,
+    READABLE_VERSIONS,
+    assignment_table,
+    catalog_row_groups,
+    check_predicate,
+    content_checksum,
+    content_fingerprint,
+    dataset_fingerprint,
+    get_bytes,
+    planned_pieces,
+    totals,
+)
 from .format import check_dataset as _check_dataset
 from .model import ShardPlan
 from .predicate import PredicateInfo, predicate_info
 
+if TYPE_CHECKING:
+    from os import PathLike
 
-def load_plan(plan_url, *, check_dataset: bool = True, dataset_url=None, where: Optional[str] = None,
-              predicate=None) -> ShardPlan:
+
+def load_plan(plan_url: str | PathLike[str] | ShardPlan, *, check_dataset: bool = True,
+              dataset_url: str | PathLike[str] | None = None, where: str | None = None,
+              predicate: Any = None) -> ShardPlan:
     """Load the plan at ``plan_url`` (or take a ``ShardPlan`` as is).
 
     ``check_dataset`` compares the dataset's files (paths, sizes) with the plan's (G7; the reader compares row
@@ -61,7 +77,7 @@ def _dataset_names(plan: ShardPlan, dataset_url) -> str:
     return url
 
 
-def read_plan(plan_url: str) -> ShardPlan:
+def read_plan(plan_url: str | PathLike[str]) -> ShardPlan:
     """Load and fully check a plan; every defect raises a ``PlanError`` subclass."""
     url = fsutil.normalize_url(plan_url, name="plan_url")
     filesystem, root = fsutil.resolve(url, name="plan_url")
@@ -126,19 +142,19 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
     # them in a row, 1.3 s side by side; benchmarks/bench_scale.py).
     edited = f"{url}/plan.json does not match its recorded checksum (edited?); re-run planning"
     with ThreadPoolExecutor(1) as pool:
-        checksum = pool.submit(content_checksum, plan, version)
+        pending = pool.submit(content_checksum, plan, version)
         try:
-            fingerprint = dataset_fingerprint(files)
+            fingerprint: str | None = dataset_fingerprint(files)
             if version >= 2 and document["content_fingerprint"] != content_fingerprint(files):
                 fingerprint = None  # an edited footer digest or modification time: an edited plan.json
             pieces = planned_pieces(plan)  # balanced once for both checks below
             assignment_ok = assignment_table(plan, pieces).equals(tables[ASSIGNMENT])
             totals_ok = document["totals"] == totals(plan, pieces)  # not in the checksum, but shown to users
         except Exception:
-            if checksum.result() != document["checksum"]:  # an edited plan.json: say that, not what it broke
+            if pending.result() != document["checksum"]:  # an edited plan.json: say that, not what it broke
                 raise PlanIntegrityError(edited) from None
             raise
-        checksum = checksum.result()
+        checksum = pending.result()
     if checksum != document["checksum"] or fingerprint != dataset["fingerprint"]:
         raise PlanIntegrityError(edited)
     if not assignment_ok:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from ..world import check_rank_world
 from . import balance, elastic, selection
 from .catalog import Catalog
 from .cost_order import cost_order
+
+if TYPE_CHECKING:
+    from os import PathLike
 from .predicate import PredicateInfo
 from .shuffle import Windows
 
@@ -166,7 +170,7 @@ class ShardPlan:
                                           group.total_rows, group.selection))
         return fragments
 
-    def save(self, output_url: str) -> str:
+    def save(self, output_url: str | PathLike[str]) -> str:
         """Write the plan directory (``plan.json`` last, so a partial write is never loadable)."""
         from .format import write_plan
         return write_plan(self, output_url)

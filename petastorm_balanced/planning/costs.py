@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Dict, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
-from ..plan.catalog import Catalog
+from ..plan.catalog import Catalog, RowGroups
 from ..plan.cost import CostSpec, check_costs, evaluate, row_group_stats
-from ..errors import InvalidValueError
 
-Stats = Dict[Tuple[str, int], Tuple[int, int]]
+Stats = dict[tuple[str, int], tuple[int, int]]
 
 
 def with_costs(catalog: Catalog, spec: CostSpec, stats: Stats) -> Catalog:
@@ -27,8 +26,8 @@ def with_costs(catalog: Catalog, spec: CostSpec, stats: Stats) -> Catalog:
     missing = [(r.path, r.row_group) for r in catalog.row_groups if (r.path, r.row_group) not in stats]
     if missing:
         raise RuntimeError(f"no cost statistics for {missing[0]}; the dataset changed while planning: re-run")
-    groups = tuple(replace(r, cost_sum=stats[(r.path, r.row_group)][0], cost_max=stats[(r.path, r.row_group)][1])
-                   for r in catalog.row_groups)
+    groups = RowGroups.from_matches(replace(r, cost_sum=stats[(r.path, r.row_group)][0],
+                                            cost_max=stats[(r.path, r.row_group)][1]) for r in catalog.row_groups)
     return Catalog(catalog.files, groups, catalog.kind, catalog.partition_columns, spec.text)
 
 
@@ -42,7 +41,7 @@ def local_cost_stats(url: str, catalog: Catalog, spec: CostSpec, *, threads: int
         raise InvalidValueError(f"cost={spec.text!r}: {spec.column!r} is a hive partition column; costs come from a "
                                 "stored column")
     filesystem, root = dataset_root(url)
-    by_file: Dict[str, list] = {}
+    by_file: dict[str, list] = {}
     for r in catalog.row_groups:
         by_file.setdefault(r.path, []).append(r)
 

@@ -3,29 +3,34 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io import tables
 from ..io.tables import TableRef
 from ..plan import balance
 from ..plan.catalog import Catalog
-from ..plan.deletes import without_rows
 from ..plan.cost import FUNCTIONS, parse_cost
+from ..plan.deletes import without_rows
 from ..plan.format import check_output, dataset_fingerprint
 from ..plan.model import ShardPlan
 from ..plan.predicate import PredicateInfo, predicate_info
-from ..errors import InvalidValueError
+
+if TYPE_CHECKING:
+    from os import PathLike
 
 ENGINES = ("spark", "local")
 log = logging.getLogger(__name__)
 
 
-def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, predicate=None,
-                batch_size: Optional[int] = None, policy: str = "drop", seed: int = 0, engine: str = "spark",
-                spark=None, output_url=None, progress=None, cost: Optional[str] = None,
-                table_version: Optional[int] = None, snapshot_id: Optional[int] = None,
-                table_format: Optional[str] = None) -> ShardPlan:
+def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str | None = None,
+                predicate: Any = None, batch_size: int | None = None, policy: str = "drop", seed: int = 0,
+                engine: str = "spark", spark: Any = None, output_url: str | PathLike[str] | None = None,
+                progress: Callable[[int], object] | None = None, cost: str | None = None,
+                table_version: int | None = None, snapshot_id: int | None = None,
+                table_format: str | None = None) -> ShardPlan:
     """Scan ``dataset_url``, keep the rows that match ``where`` (Spark SQL) or ``predicate`` (Petastorm), and
     balance them over ``world_size`` ranks; saves the plan when ``output_url`` is given.
 
@@ -69,13 +74,13 @@ def plan_shards(dataset_url, world_size: int, *, where: Optional[str] = None, pr
         if where is not None:
             raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a "
                                     "Petastorm predicate= instead")
-        from .engines.local import build_catalog
+        from .engines.local import build_catalog as local_catalog
         started = time.perf_counter()
-        catalog = build_catalog(url, predicate=predicate, progress=progress, table=table)
+        catalog = local_catalog(url, predicate=predicate, progress=progress, table=table)
         timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
     else:
-        from .engines.spark import build_catalog
-        catalog = build_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table)
+        from .engines.spark import build_catalog as spark_catalog
+        catalog = spark_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table)
     if snapshot is not None and snapshot.deleted_rows():
         catalog = without_rows(catalog, snapshot.deleted_rows())  # position deletes: both engines, one rule
     if cost_spec is not None:
@@ -116,13 +121,14 @@ def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=Non
 
 def time_summary(timings: dict) -> str:
     """One line saying where planning's time went, steps in pipeline order."""
-    steps = [k for k in ("session", "footers", "where", "encode", "predicate", "cost", "balance", "write") if k in timings]
+    steps = [k for k in ("session", "footers", "where", "encode", "predicate", "cost", "balance", "write")
+             if k in timings]
     text = ", ".join(f"{k} {timings[k]:.2f} s" for k in steps if k != "session" or timings[k] >= 0.005)
     return f"{text}; total {sum(timings.values()):.2f} s"
 
 
-def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: Optional[int], policy: str, seed: int,
-              predicate: PredicateInfo, table: Optional[TableRef] = None) -> ShardPlan:
+def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: int | None, policy: str, seed: int,
+              predicate: PredicateInfo, table: TableRef | None = None) -> ShardPlan:
     """The plan for a catalog, refusing parameters that would give zero steps."""
     if catalog.total_rows == 0:
         what = f"the predicate {predicate.text!r}" if predicate.kind != "none" else "the dataset"

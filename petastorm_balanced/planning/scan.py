@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import pyarrow as pa
 
+from ..errors import InvalidValueError, StalePlanError
 from ..io import footer as io_footer
 from ..io import fs as fsutil
 from ..io.dataset import has_unischema, list_data_files, partition_values, relative_path
-from ..errors import InvalidValueError, StalePlanError
 from ..plan.catalog import FileInfo
 from ..plan.format import check_dataset
 
@@ -27,10 +26,10 @@ class DatasetListing:
     """The data files of a dataset and what the dataset is (plain Parquet or Petastorm)."""
 
     url: str
-    files: Tuple[FileInfo, ...]
+    files: tuple[FileInfo, ...]
     kind: str  # 'petastorm' or 'plain'
-    partition_columns: Tuple[str, ...]
-    schema: Optional[pa.Schema] = None
+    partition_columns: tuple[str, ...]
+    schema: pa.Schema | None = None
 
 
 def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None) -> DatasetListing:
@@ -90,7 +89,7 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None) 
 
 def _check_same_columns(url, files, names_per_file, names):
     """Every file must have the first file's column names (``None``: its schema equals the first file's)."""
-    for f, other in zip(files, names_per_file):
+    for f, other in zip(files, names_per_file, strict=True):
         if other is not None and other != names:
             raise InvalidValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but "
                                     f"{files[0].path!r} has {sorted(names)}; all files of a dataset must share one "
@@ -120,7 +119,7 @@ def read_footer(filesystem, path: str):
     return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), meta, footer.digest
 
 
-def listed_mtime(entry) -> Optional[int]:
+def listed_mtime(entry) -> int | None:
     """A listed file's modification time in nanoseconds, or None where the filesystem reports none."""
     return entry.mtime_ns
 

@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Generator, List, Sequence
 
 import pyarrow as pa
 
+from ..errors import StalePlanError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
 from ..io.footer import open_parquet
 from ..plan.format import check_file
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
-from ..errors import StalePlanError
 
 
 class BundleReader:
@@ -59,10 +59,10 @@ class BundleReader:
             files = self._local.files = fr.FileCache(opener)
         return files
 
-    def read(self, bundle: List[Fragment]) -> dict:
+    def read(self, bundle: list[Fragment]) -> dict:
         return fr.to_columns(self.table(bundle), self._fields, self._schemas)
 
-    def table(self, bundle: List[Fragment], indices=None) -> pa.Table:
+    def table(self, bundle: list[Fragment], indices=None) -> pa.Table:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
         files, tables = self._files(), []
         for fragment in bundle:
@@ -84,12 +84,12 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
     inline = reader_pool_type == "dummy"
     ahead = max_ahead or workers_count + 2
 
-    def chunks(todo: List[Fragment]):
+    def chunks(todo: list[Fragment]):
         reader = BundleReader(plan, columns.spec, columns.fields, columns.schemas)
         bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
         results = in_order(reader.read, bundles, workers_count=0 if inline else workers_count, ahead=ahead)
         try:
-            yield from zip(bundles, results)
+            yield from zip(bundles, results, strict=False)
         finally:
             results.close()  # cancels the reads not started, waits for those in flight
     return chunks

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InvalidTypeError, InvalidValueError, StalePlanError
-from ..plan.model import Fragment
 from ..io import partitions
+from ..plan.model import Fragment
+from ..unischema.decode import decode_value, is_scalar
 from . import convert
 from .schema import LIST, ColumnSchema, column_schema, delivered_type
-from ..unischema.decode import decode_value, is_scalar
 
 OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
 BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
@@ -33,24 +33,24 @@ BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they
 class ReadSpec:
     """What a worker reads for every fragment: stored columns, and hive partition columns typed once."""
 
-    columns: Tuple[str, ...]  # output column order
-    partition_types: Tuple[Tuple[str, str], ...] = ()  # (name, 'int32' | 'string'), io.partitions
-    fields: Optional[dict] = field(default=None, compare=False)  # Unischema fields by name, to decode
-    target: Optional[pa.Schema] = field(default=None, compare=False)  # delivered types of the stored columns
+    columns: tuple[str, ...]  # output column order
+    partition_types: tuple[tuple[str, str], ...] = ()  # (name, 'int32' | 'string'), io.partitions
+    fields: dict | None = field(default=None, compare=False)  # Unischema fields by name, to decode
+    target: pa.Schema | None = field(default=None, compare=False)  # delivered types of the stored columns
 
     @property
-    def stored_columns(self) -> List[str]:
+    def stored_columns(self) -> list[str]:
         partitions = dict(self.partition_types)
         return [c for c in self.columns if c not in partitions]
 
 
-def partition_types(paths: Sequence[str]) -> Dict[str, str]:
+def partition_types(paths: Sequence[str]) -> dict[str, str]:
     """Type of each hive partition column over the whole dataset, as ``pyarrow.dataset`` infers it
     (``io.partitions``: ``'int32'`` or ``'string'``)."""
     return partitions.partition_types(paths)
 
 
-def select_columns(available: Sequence[str], schema_fields) -> List[str]:
+def select_columns(available: Sequence[str], schema_fields) -> list[str]:
     """Resolve ``schema_fields`` like Petastorm: names, regular expressions matching a whole name, or
     UnischemaFields; ``None`` means every column. Keeps the dataset's column order."""
     if schema_fields is None:
@@ -69,7 +69,8 @@ def select_columns(available: Sequence[str], schema_fields) -> List[str]:
             matches = [c for c in available if c == name or re.fullmatch(name, c)]
         except re.error as exc:
             raise InvalidValueError(f"schema_fields item {name!r} is not a column name and not a valid regular "
-                                    f"expression ({exc}); escape it with re.escape or name the column exactly") from None
+                                    f"expression ({exc}); escape it with re.escape or name the column exactly"
+                                    ) from None
         if not matches:
             raise InvalidValueError(f"schema_fields item {name!r} matches no column; the dataset has {list(available)}")
         wanted.update(matches)
@@ -77,7 +78,7 @@ def select_columns(available: Sequence[str], schema_fields) -> List[str]:
 
 
 def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSpec, *,
-                  indices: Optional[np.ndarray] = None) -> pa.Table:
+                  indices: np.ndarray | None = None) -> pa.Table:
     """The fragment's rows (``indices`` overrides its ``row_indices()``), requested columns in ``spec`` order."""
     meta = parquet_file.metadata
     if fragment.row_group >= meta.num_row_groups:
@@ -109,7 +110,7 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
     return pa.Table.from_arrays(arrays, names=list(spec.columns))
 
 
-def bundle(fragments: Sequence[Fragment], rows: int) -> List[List[Fragment]]:
+def bundle(fragments: Sequence[Fragment], rows: int) -> list[list[Fragment]]:
     """Consecutive fragments grouped until each group holds at least ``rows`` rows (0: one per group)."""
     groups, current, count = [], [], 0
     for fragment in fragments:
@@ -123,7 +124,7 @@ def bundle(fragments: Sequence[Fragment], rows: int) -> List[List[Fragment]]:
     return groups
 
 
-def concat_tables(tables: List[pa.Table]) -> pa.Table:
+def concat_tables(tables: list[pa.Table]) -> pa.Table:
     """One table from fragments of several files. The loader's fragments already have the dataset's delivered
     types (``ReadSpec.target``); elsewhere files that disagree are first brought to one variant of each type
     (``string_view`` and ``large_string`` to ``string``, dictionaries decoded), then widened (int32 and int64)."""
@@ -149,14 +150,14 @@ def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return table.take(pa.array(rows))
 
 
-def to_columns(table: pa.Table, fields: Optional[dict] = None,
-               schemas: Sequence[ColumnSchema] = ()) -> Dict[str, np.ndarray]:
+def to_columns(table: pa.Table, fields: dict | None = None,
+               schemas: Sequence[ColumnSchema] = ()) -> dict[str, np.ndarray]:
     """Column values with rows on axis 0, as ``schemas`` (the loader's ``ColumnSchema`` per column) declare:
     numpy arrays for tensors (plus ``<name>__valid`` masks), Arrow arrays for list columns (permuted inside
     Arrow, turned into Python values only for the rows handed out: ``as_list``). Unischema ``fields`` are decoded
     after the cut, so only delivered rows pay for codecs. Without ``schemas`` each column is taken as this table
     has it (for one-off conversions; the loaders always pass their schema)."""
-    out: Dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {}
     declared = {c.name: c for c in schemas}
     for name in table.column_names:
         column = table.column(name)
@@ -207,7 +208,8 @@ class FileCache:
     """A few open Parquet files (footers parsed once), keyed by path, least recently used out first."""
 
     def __init__(self, opener: Callable[[str], pq.ParquetFile], size: int = OPEN_FILES):
-        self._opener, self._size, self._files = opener, size, OrderedDict()
+        self._opener, self._size = opener, size
+        self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
 
     def get(self, path: str) -> pq.ParquetFile:
         handle = self._files.pop(path, None)
@@ -234,11 +236,11 @@ def read_error(fragment: Fragment, exc: BaseException) -> Exception:
                    "corrupt or changed since planning: check it with `petastorm-balanced verify PLAN_URL`")
 
 
-def unreadable_dataset_error(plan, exc: BaseException, path: Optional[str] = None) -> Exception:
+def unreadable_dataset_error(plan, exc: BaseException, path: str | None = None) -> Exception:
     """What to raise when opening a file of the dataset (``path``, or one pyarrow's error did not name) failed:
     ``StalePlanError`` if the listing differs from the plan's, else an ``OSError`` naming the unreadable file."""
-    from ..plan.format import check_dataset
     from ..io.dataset import unreadable_file
+    from ..plan.format import check_dataset
     check_dataset(plan)  # raises StalePlanError naming a removed, added or resized file
     bad = (path, exc) if path is not None else unreadable_file(plan.dataset_url, [f.path for f in plan.catalog.files])
     if bad is None:

@@ -18,22 +18,35 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import InvalidTypeError, InvalidValueError
+from ..world import resolve_world
 from . import elastic_position, stream
 from .arrow_backend import arrow_chunks
-from .options import resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .position import EpochSampler, PlannedView, Position, Settings
+from .options import resolve_backend
+from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
-from ..world import resolve_world
-from ..errors import InvalidTypeError, InvalidValueError
 
-_Base = torch.utils.data.IterableDataset if torch is not None else object
+if TYPE_CHECKING:  # the classes as torch defines them (the runtime bases are object where torch is missing)
+    from os import PathLike
+
+    from torch.utils.data import DataLoader as _Loader
+    from torch.utils.data import IterableDataset as _Base
+    from torch.utils.data.dataloader import _InfiniteConstantSampler as _ConstantSampler
+
+    from ..plan.model import ShardPlan
+else:
+    _Base = torch.utils.data.IterableDataset if torch is not None else object
+    _Loader = torch.utils.data.DataLoader if torch is not None else object
+    _ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
 
 
 class BalancedIterableDataset(PlannedView, _Base):
@@ -49,10 +62,11 @@ class BalancedIterableDataset(PlannedView, _Base):
     NUM_WORKERS = elastic_position.NUM_WORKERS
     WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
 
-    def __init__(self, plan, rank=None, world=None, *, batch_size: Optional[int] = None, epoch: int = 0,
+    def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
+                 batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
-                 schema_fields=None, padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1,
-                 balance: str = "auto", cost_reduce: str = "sum"):
+                 schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
+                 partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum") -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
@@ -63,10 +77,10 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
-        self._in_worker = None  # inside a DataLoader worker: [epoch, start, batches this worker delivered]
-        self._worker_resume = None  # the same, loaded into this worker (torchdata's per-worker state)
+        self._in_worker: list[int] | None = None  # inside a DataLoader worker: [epoch, start, batches delivered]
+        self._worker_resume: tuple[int, ...] | None = None  # the same, loaded (torchdata's per-worker state)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         """This worker's batches, from the position at the first ``next()`` (a probe consumes nothing).
 
         Iterated in this process (directly, ``num_workers=0``) it counts what it delivers, so ``state_dict()`` is
@@ -97,10 +111,14 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
         settings = self._settings
+        batch_size = settings.batch_size
+        if batch_size is None:  # Settings leaves it None only for a token budget, which this dataset never asks for
+            raise RuntimeError("BalancedIterableDataset has no batch size")
         if self._position.resumed and self._worker_resume is None and self._num_workers != num_workers:
             self._position.rebase(self._num_workers)  # saved with other slots (a plain DataLoader, or none)
             self._num_workers = num_workers
         stages = self._position.stages
+        run: Run | None
         if in_worker:
             run = None
             progress = self._in_worker = list(self._worker_resume or (*self._position.current(), 0))
@@ -126,9 +144,9 @@ class BalancedIterableDataset(PlannedView, _Base):
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
                 keep = {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
                         for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
-                batches = split_batches(keep, settings.batch_size)
+                batches = split_batches(keep, batch_size)
             else:
-                batches = torch_batches(batch_run, settings.batch_size, settings.padding_mask)
+                batches = torch_batches(batch_run, batch_size, settings.padding_mask)
             for batch in batches:
                 if run is None:
                     progress[2] += 1
@@ -187,12 +205,9 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
         self._worker_resume = (*self._position.current(), own)
 
-    def dataloader(self, num_workers: int = 0, **kwargs) -> "BalancedDataLoader":
+    def dataloader(self, num_workers: int = 0, **kwargs) -> BalancedDataLoader:
         """A ``BalancedDataLoader`` over this dataset: counts batches for ``state_dict``, one epoch per iter."""
         return BalancedDataLoader(self, num_workers=num_workers, **kwargs)
-
-
-_Loader = torch.utils.data.DataLoader if torch is not None else object
 
 
 class BalancedDataLoader(_Loader):
@@ -208,11 +223,13 @@ class BalancedDataLoader(_Loader):
     ``pin_memory=True`` the copies come from pinned memory. The batch held ahead is not counted as delivered.
     """
 
+    dataset: BalancedIterableDataset  # DataLoader keeps its dataset there; __init__ accepts only ours
+
     # accelerate's prepare() would rebuild this loader around the dataset and shard it a second time (half the rows
     # lost with 2 ranks); this flag makes prepare() hand it back untouched, as it does make_loader's loader.
     _is_accelerate_prepared = True
 
-    def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, device=None, **kwargs):
+    def __init__(self, dataset: BalancedIterableDataset, num_workers: int = 0, device: Any = None, **kwargs: Any):
         if not isinstance(dataset, BalancedIterableDataset):
             raise InvalidTypeError(f"dataset must be a BalancedIterableDataset, got {type(dataset).__name__}")
         self._feed = check_feed(False, device)  # pinning is the DataLoader's own pin_memory (its pin thread)
@@ -264,9 +281,6 @@ class BalancedDataLoader(_Loader):
         self.dataset.load_state_dict(state)
 
 
-_ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
-
-
 class _EpochSampler(_ConstantSampler, EpochSampler):
     def __init__(self, dataset):
         _ConstantSampler.__init__(self)
@@ -309,7 +323,7 @@ _REWRAPPERS = ("accelerate.data_loader",)
 
 def _rewrapper():
     """The name of a known re-sharding wrapper iterating us in this process (its frame is on the stack), or None."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module.startswith(_REWRAPPERS):

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 
-from typing import Optional
-
+from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..params import check_int
 from ..plan.model import ShardPlan
-from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 
 # Petastorm arguments the plan owns, and what to do instead.
 OWNED_ARGUMENTS = {
@@ -83,7 +81,7 @@ def check_arrow_kwargs(kwargs: dict) -> None:
             raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_REFUSED}")
 
 
-def check_petastorm_kwargs(kwargs: dict, refused: Optional[dict] = None) -> None:
+def check_petastorm_kwargs(kwargs: dict, refused: dict | None = None) -> None:
     """Refuse owned arguments with what to do instead; unknown ones as Python would, with a TypeError."""
     refused = {**OWNED_ARGUMENTS, **(refused or {})}
     for name in kwargs:

@@ -13,13 +13,14 @@ the three things that decide *which* rows come out and in what order:
 """
 from __future__ import annotations
 
-import hashlib
 import contextlib
+import hashlib
 import posixpath
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Any
 
 import pyarrow as pa
 
@@ -39,16 +40,16 @@ except ImportError as _missing:
                                  "BalancedIterableDataset; or install the petastorm stack: pip install "
                                  "'petastorm-balanced[petastorm]' (docs/stacks.md)") from None
 
-from . import fragments as fr
-from . import stream
 from ..io.dataset import load_unischema
-from ..unischema.pickling import harden_petastorm_unpickler
-from .batching import window_permutation
-from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
-from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from ..unischema.pickling import harden_petastorm_unpickler
 from ..world import resolve_world
+from . import fragments as fr
+from . import stream
+from .batching import window_permutation
+from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 
 # Every private member of Petastorm 0.12 this backend and ordering.py override or read, in one place; a test checks
 # each still exists in the installed Petastorm (the extra bounds Petastorm to the versions tested: < 0.14).
@@ -88,15 +89,22 @@ class ReadTask:
     """What every ventilated fragment carries besides itself (small: it is pickled per item for process pools)."""
 
     mode: str
-    columns: Optional[Tuple[str, ...]] = None  # None: the reader's schema view, in its order
-    partition_types: Tuple[Tuple[str, str], ...] = ()
-    target: Optional[pa.Schema] = None  # the loader's delivered types of the stored columns
+    columns: tuple[str, ...] | None = None  # None: the reader's schema view, in its order
+    partition_types: tuple[tuple[str, str], ...] = ()
+    target: pa.Schema | None = None  # the loader's delivered types of the stored columns
     schemas: tuple = ()  # the loader's ColumnSchemas (Unischema columns are converted inside the workers)
-    shuffle_key: Optional[Tuple[int, ...]] = None  # make_reader(shuffle_rows=True): permute inside fragments
+    shuffle_key: tuple[int, ...] | None = None  # make_reader(shuffle_rows=True): permute inside fragments
 
 
 class _PlannedWorkerMixin:
     """The part shared by both worker classes: read a fragment's rows, checked and cut, as an Arrow table."""
+
+    # Set by the Petastorm worker class each subclass also derives from (WorkerBase and its ReaderWorkers).
+    args: tuple
+    _split_pieces: list
+    _schema: Any  # a Unischema
+    _local_cache: Any  # a petastorm.cache.CacheBase
+    _file_cache: fr.FileCache  # made on first use (_files)
 
     def _read_planned(self, piece_index, sequence, fragment: Fragment, task: ReadTask):
         piece = self._split_pieces[piece_index]
@@ -144,7 +152,8 @@ class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
 
     # pylint: disable=arguments-differ
     def process(self, piece_indexes, sequence, fragments, task):
-        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in zip(piece_indexes, fragments)])
+        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
+                                  zip(piece_indexes, fragments, strict=True)])
         if task.mode == "batches" and self._transform_spec:
             self._pending = table
             table = self._load_rows(None, self._split_pieces[piece_indexes[0]], (0, 1))  # Petastorm's transform
@@ -160,9 +169,10 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
 
     # pylint: disable=arguments-differ
     def process(self, piece_indexes, sequence, fragments, task):
-        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in zip(piece_indexes, fragments)])
+        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
+                                  zip(piece_indexes, fragments, strict=True)])
         if task.mode == "columns":
-            payload = fr.to_columns(table, self._schema.fields, task.schemas)
+            payload: dict[str, Any] | list[dict] = fr.to_columns(table, self._schema.fields, task.schemas)
         else:
             payload = [decode_row(row, self._schema) for row in table.to_pylist()]
             if self._transform_spec:
@@ -204,8 +214,10 @@ class BalancedReader(Reader):
     (about ``BUNDLE_ROWS`` rows), so tiny row groups do not pay the pool's per-item cost one by one.
     """
 
+    _results_queue_reader: Any  # Petastorm's; _create_ventilator wraps it in an _InOrder
+
     def __init__(self, pyarrow_filesystem, dataset_path, *, fragments: Sequence[Fragment], task: ReadTask,
-                 plan_files: Sequence[str], dataset_url: str, max_ahead: Optional[int] = None, **reader_kwargs):
+                 plan_files: Sequence[str], dataset_url: str, max_ahead: int | None = None, **reader_kwargs):
         if task.mode not in MODES:
             raise InvalidValueError(f"mode={task.mode!r} is not one of {MODES}")
         self.fragments = list(fragments)
@@ -267,12 +279,12 @@ def piece_indexes(fragments: Sequence[Fragment], row_groups, root, plan_files, d
                              "re-run planning")
     out = []
     for fragment in fragments:
-        index = positions.get((fragment.path, fragment.row_group))
-        if index is None:
+        found = positions.get((fragment.path, fragment.row_group))
+        if found is None:
             raise StalePlanError(f"the plan reads row group {fragment.row_group} of {fragment.path!r}, which "
                                  f"Petastorm does not find in {dataset_url} (file removed or rewritten since "
                                  "planning?); re-run planning")
-        out.append(index)
+        out.append(found)
     return out
 
 
@@ -345,7 +357,7 @@ def quiet_legacy_pyarrow():
         yield
 
 
-def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Optional[int] = None,
+def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int | None = None,
                 reshuffle: str = "epoch", **petastorm_kwargs) -> BalancedReader:
     """A Petastorm reader over exactly rank ``rank``'s planned rows of ``epoch``, in plan order.
 
@@ -375,7 +387,7 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: Opti
 
 
 def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: dict,
-                     slot: Optional[stream.ReaderSlot] = None) -> stream.Chunks:
+                     slot: stream.ReaderSlot | None = None) -> stream.Chunks:
     """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
     def chunks(todo: Sequence[Fragment]):
         holder = slot or stream.ReaderSlot()

@@ -7,29 +7,29 @@ the same ``WindowBatcher``, so for the same slot they deliver the same batches, 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import fragments as fr
+from ..errors import InvalidValueError
 from ..io import fs as fsutil
-from .batching import WindowBatcher, start_point, window_rows
-from .cost_batching import CostOptions
+from ..io.dataset import dataset_root, load_unischema, partition_values
 from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
-from ..io.dataset import dataset_root, load_unischema, partition_values
+from . import fragments as fr
+from .batching import WindowBatcher, start_point, window_rows
+from .cost_batching import CostOptions
 from .dataset_schema import partition_columns, read_stored_columns
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
-from ..errors import InvalidValueError
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
 
 # Reads fragments in order and yields (the fragments of the chunk, their rows as columns).
-Chunks = Callable[[List[Fragment]], Iterable[Tuple[List[Fragment], dict]]]
+Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,11 @@ class Columns:
     """The columns a loader reads, in dataset order, with their delivered types and representations (decided once,
     ``dataset_schema``), and the Unischema fields that decode them."""
 
-    names: Tuple[str, ...]
-    partition_types: Tuple[Tuple[str, str], ...]
-    fields: Optional[dict] = None  # Unischema fields by name (Petastorm datasets only)
-    target: Optional[pa.Schema] = field(default=None, compare=False)  # delivered Arrow types of stored columns
-    schemas: Tuple[ColumnSchema, ...] = ()  # one per name
+    names: tuple[str, ...]
+    partition_types: tuple[tuple[str, str], ...]
+    fields: dict | None = None  # Unischema fields by name (Petastorm datasets only)
+    target: pa.Schema | None = field(default=None, compare=False)  # delivered Arrow types of stored columns
+    schemas: tuple[ColumnSchema, ...] = ()  # one per name
 
     @property
     def spec(self) -> fr.ReadSpec:
@@ -89,7 +89,7 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
     return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas))
 
 
-def with_cost_source(columns: Columns, plan: ShardPlan, cost: Optional[CostOptions]) -> Tuple[Columns, tuple]:
+def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None) -> tuple[Columns, tuple]:
     """The columns to read when balancing by ``cost`` (its source column added if not requested), and the names
     to drop after computing the cost."""
     if cost is not None and COST_COLUMN in columns.names:
@@ -106,9 +106,9 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: Optional[CostOptio
                    columns.schemas + source.schemas), source.names
 
 
-def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: Optional[int], shuffle: bool,
+def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
               shuffle_window: int, key: Sequence[int], batches_done: int = 0,
-              cost: Optional[CostOptions] = None, drop: Sequence[str] = ()) -> Iterator[dict]:
+              cost: CostOptions | None = None, drop: Sequence[str] = ()) -> Iterator[dict]:
     """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
@@ -120,12 +120,14 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: Opti
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
     budget = cost is not None and cost.budget is not None
-    size = window_rows(1 if budget else batch_size, shuffle_window, shuffle)
-    if budget:
+    step = 1 if budget else batch_size  # rows per batcher step: a token budget cuts batches row by row
+    if step is None:
+        raise ValueError("slot_runs: batch_size=None needs a cost with a token budget")
+    size = window_rows(step, shuffle_window, shuffle)
+    if cost is not None and cost.budget is not None:
         start = cost.budget_start(total, size, rows, batches_done)
     else:
-        start = start_point(rows, batch_size=batch_size, window_rows=size, batches_done=batches_done,
-                            shuffle=shuffle)
+        start = start_point(rows, batch_size=step, window_rows=size, batches_done=batches_done, shuffle=shuffle)
     if start.row >= total:
         return
     first = fragments[start.fragment]
@@ -134,17 +136,17 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: Opti
     if cost is not None:
         def arrange(window, window_key):
             return cost.arrange(window[COST_COLUMN], batch_size, window_key)
-    batcher = WindowBatcher(total_rows=total, batch_size=1 if budget else batch_size, window_rows=size,
+    batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
     stream = iter(chunks(todo))
     try:
         for chunk, columns in stream:
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
-            if spec is not None:
+            if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
-                raw = evaluate(spec, columns[spec.column])
-                valid = columns.get(spec.column + MASK_SUFFIX)
+                raw = evaluate(spec, columns[cost.column])
+                valid = columns.get(cost.column + MASK_SUFFIX)
                 if valid is not None and not valid.all():  # a null cost: refused by check_costs, not taken as 0
                     raw = raw.astype(object)
                     raw[~valid] = None

@@ -13,22 +13,22 @@ catalog (that they exist, are in range, and are each delivered once); the output
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from ..plan import balance
+from ..errors import InvalidValueError, PlanError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
-from ..errors import InvalidValueError, PlanError
-from ..plan.model import ShardPlan
+from ..plan import balance
 from ..plan.format import split_row_groups
+from ..plan.model import ShardPlan
 from ..planning.scan import check_footers
 from .coverage import Check, bounds_check, coverage_check, steps_check
 
 
-def plan_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: Optional[int] = None) -> List[Check]:
+def plan_checks(plan: ShardPlan, *, epochs: int = 1, batch_size: int | None = None) -> list[Check]:
     checks = [_dataset_check(plan), _catalog_check(plan)]
     batch = batch_size or plan.batch_size or 1
     for epoch in range(epochs):
@@ -46,7 +46,7 @@ class ReadCheck:
     inputs (``ValueError``) before any long read starts.
     """
 
-    def __init__(self, plan: ShardPlan, *, batch_size: Optional[int] = None, id_column: Optional[str] = None):
+    def __init__(self, plan: ShardPlan, *, batch_size: int | None = None, id_column: str | None = None):
         self.plan, self.batch = plan, batch_size or plan.batch_size or 1
         self.rows = _RowReader(plan)
         self.expected, self.source = self.rows.expected_keys()
@@ -55,7 +55,7 @@ class ReadCheck:
             self.expected = self.via.ids_of(self.expected)
         self.how = (f"make_loader, by {id_column!r}" if id_column else "pyarrow, by (file, row group, position)")
 
-    def run(self, *, epochs: int = 1, progress: Optional[Callable[[int], None]] = None) -> List[Check]:
+    def run(self, *, epochs: int = 1, progress: Callable[[int], None] | None = None) -> list[Check]:
         checks = []
         for epoch in range(epochs):
             per_rank = []
@@ -72,12 +72,12 @@ class ReadCheck:
 
     def _rank_rows(self, rank: int, epoch: int):
         """(keys, padding flags, batch sizes) of one rank, in delivery order."""
-        batch, keys, padding = self.batch, [], []
+        batch, parts, padding = self.batch, [], []
         for frag in self.plan.assignment(rank, epoch=epoch, batch_size=batch):
             got = self.rows.keys(frag)
-            keys.append(got)
+            parts.append(got)
             padding.append(np.full(len(got), frag.padding))
-        keys = np.concatenate(keys or [np.zeros(0, np.int64)])
+        keys = np.concatenate(parts or [np.zeros(0, np.int64)])
         sizes = [batch] * (len(keys) // batch) + ([len(keys) % batch] if len(keys) % batch else [])
         return keys, np.concatenate(padding or [np.zeros(0, bool)]), sizes
 
@@ -85,7 +85,7 @@ class ReadCheck:
 class _LoaderRows:
     """Rows as training sees them: ``make_loader`` per rank and epoch, identified by a unique column."""
 
-    def __init__(self, plan: ShardPlan, rows: "_RowReader", column: str, batch: int):
+    def __init__(self, plan: ShardPlan, rows: _RowReader, column: str, batch: int):
         self._ids = rows.column(column)  # (rows in files,) the id of every row, indexed by key
         if len(np.unique(self._ids)) != len(self._ids):
             raise InvalidValueError(f"--id-column {column!r} has repeated values, so it cannot identify rows; pick a "
@@ -126,8 +126,8 @@ class _RowReader:
     def __init__(self, plan: ShardPlan):
         self.plan = plan
         self.filesystem, self.root = dataset_root(plan.dataset_url)
-        self._meta: Dict[str, pq.FileMetaData] = {}
-        self._offsets: Dict[Tuple[str, int], int] = {}
+        self._meta: dict[str, pq.FileMetaData] = {}
+        self._offsets: dict[tuple[str, int], int] = {}
         base = 0
         for f in sorted(plan.catalog.files, key=lambda f: f.path):
             with self.filesystem.open_input_file(fsutil.join(self.root, f.path)) as handle:
@@ -137,7 +137,7 @@ class _RowReader:
                 base += meta.row_group(i).num_rows
         self.rows_in_files = base
 
-    def expected_keys(self) -> Tuple[np.ndarray, str]:
+    def expected_keys(self) -> tuple[np.ndarray, str]:
         """The keys that must be delivered, and where that truth comes from."""
         if self.plan.predicate.kind == "none":
             return np.arange(self.rows_in_files, dtype=np.int64), "every row of the data files"

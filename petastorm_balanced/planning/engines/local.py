@@ -7,10 +7,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from ...io import fs as fsutil
-from ...plan.catalog import Catalog, full_catalog, match_from_mask
-from ..predicates import check_fields, row_group_mask
 from ...io.dataset import dataset_root, load_unischema
 from ...io.partitions import partition_types
+from ...plan.catalog import Catalog, RowGroups, full_catalog, match_from_mask
+from ..predicates import check_fields, row_group_mask
 from ..scan import scan
 
 
@@ -18,7 +18,8 @@ def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None, 
     listing = scan(url, progress=progress, table=table)
     if predicate is None:
         return full_catalog(listing.files, listing.kind, listing.partition_columns)
-    fields = check_fields(predicate, list(listing.schema.names) + list(listing.partition_columns), url)
+    stored = [] if listing.schema is None else list(listing.schema.names)  # None: no file to read a schema from
+    fields = check_fields(predicate, stored + list(listing.partition_columns), url)
     unischema = load_unischema(url) if listing.kind == "petastorm" else None
     filesystem, root = dataset_root(url)
     types = partition_types([f.path for f in listing.files])  # one type per hive column for the whole dataset
@@ -31,4 +32,4 @@ def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None, 
 
     with ThreadPoolExecutor(max(1, threads)) as pool:
         matches = [m for per_file in pool.map(evaluate, listing.files) for m in per_file if m is not None]
-    return Catalog(listing.files, tuple(matches), listing.kind, listing.partition_columns)
+    return Catalog(listing.files, RowGroups.from_matches(matches), listing.kind, listing.partition_columns)

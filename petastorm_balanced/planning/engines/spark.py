@@ -35,24 +35,30 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
 import numpy as np
 
 from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
-from ..scan import footer_error, listed_mtime, read_footer
-from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, full_catalog, match_from_mask
-from ..predicates import check_fields, row_group_mask
 from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
 from ...io.partitions import partition_types
+from ...plan.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog, match_from_mask
+from ..predicates import check_fields, row_group_mask
+from ..scan import footer_error, listed_mtime, read_footer
 
 try:
-    from pyspark.errors import (AnalysisException, ArithmeticException, DateTimeException,
-                                NumberFormatException, SparkRuntimeException)
-    from pyspark.sql import SparkSession, functions as F
+    from pyspark.errors import (
+        AnalysisException,
+        ArithmeticException,
+        DateTimeException,
+        NumberFormatException,
+        SparkRuntimeException,
+    )
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
 except ImportError as _exc:  # pragma: no cover - exercised only without pyspark
     raise MissingDependencyError("engine='spark' needs pyspark (pip install 'pyspark>=4.0'); or plan with "
                                  "engine='local' and a Petastorm predicate=") from _exc
@@ -69,7 +75,7 @@ _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wa
 # 64-row words: at most 2 bits per scanned row, within twice the plan's own selections.
 ROWS_TO_DRIVER_MAX = 1 << 24
 WORD_BITS = 6
-_SHIPPED = set()  # application ids that already got the package zip
+_SHIPPED: set[str | tuple[str, str]] = set()  # application ids that already got the package zip
 
 
 def get_session(spark=None):
@@ -99,13 +105,13 @@ def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def default_parallelism(spark) -> Optional[int]:
+def default_parallelism(spark) -> int | None:
     """The cluster's default parallelism, or None where the session cannot tell (Spark Connect)."""
     return None if is_connect(spark) else spark.sparkContext.defaultParallelism
 
 
-def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spark=None,
-                  footers_in_tasks: Optional[bool] = None, timings: Optional[dict] = None, table=None) -> Catalog:
+def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=None,
+                  footers_in_tasks: bool | None = None, timings: dict | None = None, table=None) -> Catalog:
     """The catalog of ``url`` (a normalized dataset URL) filtered by ``where`` or ``predicate``.
 
     A session (``get_session(spark)``) is taken only when Spark has work: a filter, or footers in tasks.
@@ -126,8 +132,8 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
     url = fsutil.normalize_url(url)
     _, root, entries = list_data_files(url, table=table)  # table: exactly a Delta/Iceberg snapshot's files
     relpaths = [relative_path(e.path, root) for e in entries]
-    sizes = {p: e.size for p, e in zip(relpaths, entries)}
-    mtimes = {p: listed_mtime(e) for p, e in zip(relpaths, entries)}
+    sizes = {p: e.size for p, e in zip(relpaths, entries, strict=True)}
+    mtimes = {p: listed_mtime(e) for p, e in zip(relpaths, entries, strict=True)}
     in_tasks = footers_in_tasks
     if in_tasks is None:
         in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX and not fsutil.is_local(url)
@@ -167,8 +173,8 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
         fields = check_fields(predicate, columns, url)
         matches = _predicate_matches(spark, url, root, files, predicate, fields, kind)
         what = f"predicate on {fields}"
-    catalog = Catalog(tuple(files), tuple(sorted(matches, key=lambda m: (m.path, m.row_group))), kind,
-                      partition_columns)
+    catalog = Catalog(tuple(files), RowGroups.from_matches(sorted(matches, key=lambda m: (m.path, m.row_group))),
+                      kind, partition_columns)
     if where is None:
         timings["predicate"] = time.perf_counter() - started
     log.info("%s matches %d of %d rows in %d row groups (%.1f s)", what, catalog.total_rows, catalog.scanned_rows,
@@ -178,7 +184,7 @@ def build_catalog(url: str, *, where: Optional[str] = None, predicate=None, spar
 
 # ---------------------------------------------------------------------------------------------- footers
 
-def read_footers(url: str, root: str, relpaths: Sequence[str], threads: int = FOOTER_THREADS) -> List[tuple]:
+def read_footers(url: str, root: str, relpaths: Sequence[str], threads: int = FOOTER_THREADS) -> list[tuple]:
     """``(relpath, row group rows, column names, footer digest)`` per file, or ``(relpath, None, error text, "")``
     for a file that is not Parquet: errors travel back as values so the driver raises one clear ``ValueError``,
     not a task failure."""
@@ -202,8 +208,8 @@ def _footer_task(url, root):
     return task
 
 
-def _file_infos(url: str, results: Sequence[tuple], sizes: Dict[str, int],
-                mtimes: Dict[str, Optional[int]]) -> List[FileInfo]:
+def _file_infos(url: str, results: Sequence[tuple], sizes: dict[str, int],
+                mtimes: dict[str, int | None]) -> list[FileInfo]:
     """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns."""
     results = sorted(results, key=lambda r: r[0])
     for relpath, rows, detail, _ in results:
@@ -244,7 +250,7 @@ def spark_relative_path(spark_path: str, root: str) -> str:
 
 
 @contextlib.contextmanager
-def _sql_conf(spark, settings: Dict[str, str]):
+def _sql_conf(spark, settings: dict[str, str]):
     """Set SQL confs for one query and put the session's values back."""
     before = {key: spark.conf.get(key) for key in settings}
     for key, value in settings.items():
@@ -266,12 +272,12 @@ def _quiet_pyspark_error_logs():
     try:
         yield
     finally:
-        for lg, was in zip(loggers, before):
+        for lg, was in zip(loggers, before, strict=True):
             lg.disabled = was
 
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
-                   partition_columns: Sequence[str], timings: dict, table=None) -> List[RowGroupMatch]:
+                   partition_columns: Sequence[str], timings: dict, table=None) -> list[RowGroupMatch]:
     started = time.perf_counter()
     frame = _read_for_where(spark, url, partition_types([f.path for f in files]),
                             files if table is not None else None)
@@ -284,8 +290,9 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     # Which file a row comes from: its size when that tells the files with rows apart (a number: cheaper to hash
     # and move than a path), packed with the row index as size << shift | row index when that fits in 63 bits.
     sizes = [f.size for f in with_rows]
-    shift = max([f.num_rows for f in files] + [1 << WORD_BITS]).bit_length()
-    if len(set(sizes)) != len(sizes) or (max(sizes + [0]) + 1) << shift >= 2 ** 63:
+    width = max([f.num_rows for f in files] + [1 << WORD_BITS]).bit_length()
+    shift: int | None = width
+    if len(set(sizes)) != len(sizes) or (max(sizes + [0]) + 1) << width >= 2 ** 63:
         shift = None
     packed = f"shiftleft(_metadata.file_size, {shift}) | _metadata.row_index"
     # One small shuffle (files or words): a partition per core, and no adaptive re-planning between its stages.
@@ -325,10 +332,11 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
         keys = table.column("file").to_pylist()
         chosen = [by_size.get(k) for k in keys] if shift is not None else \
             [listed.get(spark_relative_path(k, root)) for k in keys]
-        if None in chosen:
+        found = [f for f in chosen if f is not None]
+        if len(found) != len(chosen):
             raise _changed_while_planning()
-        matches = [RowGroupMatch(f.path, i, n, n) for f in chosen for i, n in enumerate(f.row_group_rows) if n]
-    elif mode == "rows":
+        matches = [RowGroupMatch(f.path, i, n, n) for f in found for i, n in enumerate(f.row_group_rows) if n]
+    elif mode == "rows" and shift is not None:  # rows mode is chosen only with a shift
         matches = matches_from_rows(table.column("row").to_numpy(), shift, with_rows)
     elif shift is not None:
         word = table.column("word").to_numpy()
@@ -359,7 +367,7 @@ def _decided_per_file(frame, where: str, partition_columns: Sequence[str]) -> bo
         return False
 
 
-def matches_from_rows(rows: np.ndarray, shift: int, files: Sequence[FileInfo]) -> List[RowGroupMatch]:
+def matches_from_rows(rows: np.ndarray, shift: int, files: Sequence[FileInfo]) -> list[RowGroupMatch]:
     """One ``RowGroupMatch`` per row group with a matching row, from matching rows packed as
     ``file size << shift | row index`` (any order; ``files`` have distinct sizes). No sort: one mask over every
     scanned row, set by scatter."""
@@ -375,7 +383,7 @@ def matches_from_rows(rows: np.ndarray, shift: int, files: Sequence[FileInfo]) -
     return [m for k, info in enumerate(files) for m in _file_matches(info, mask[offsets[k]:offsets[k + 1]])]
 
 
-def matches_from_words(file_key: np.ndarray, word: np.ndarray, bits: np.ndarray, files) -> List[RowGroupMatch]:
+def matches_from_words(file_key: np.ndarray, word: np.ndarray, bits: np.ndarray, files) -> list[RowGroupMatch]:
     """One ``RowGroupMatch`` per row group with a matching row, from 64-row words: ``(file_key[i], word[i])``
     names rows ``64 * word[i]`` to ``64 * word[i] + 63`` of the file ``files[file_key[i]]`` (a ``FileInfo``), and
     bit ``j`` of ``bits[i]`` (an int64, as Spark's long) says whether row ``64 * word[i] + j`` matches. Keys are
@@ -386,7 +394,7 @@ def matches_from_words(file_key: np.ndarray, word: np.ndarray, bits: np.ndarray,
     bits = np.ascontiguousarray(bits[order]).astype("<i8", copy=False)
     cuts = np.flatnonzero(np.diff(file_key)) + 1
     out = []
-    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(file_key)]))):
+    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(file_key)])), strict=True):
         if lo == hi:
             continue  # no word at all
         info = files.get(int(file_key[lo]))
@@ -402,12 +410,14 @@ def matches_from_words(file_key: np.ndarray, word: np.ndarray, bits: np.ndarray,
     return out
 
 
-def _file_matches(info: FileInfo, mask: np.ndarray) -> List[RowGroupMatch]:
+def _file_matches(info: FileInfo, mask: np.ndarray) -> list[RowGroupMatch]:
     """The records of one file's row groups with a matching row, encoded by ``match_from_mask`` as the local engine
     encodes them (G8)."""
     bounds = np.concatenate(([0], np.cumsum(info.row_group_rows, dtype=np.int64)))
     counts = np.diff(np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))[bounds])
-    return [match_from_mask(info.path, int(i), mask[bounds[i]:bounds[i + 1]]) for i in np.flatnonzero(counts)]
+    # every row group here has a matching row, so match_from_mask never answers None
+    return [m for i in np.flatnonzero(counts)
+            if (m := match_from_mask(info.path, int(i), mask[bounds[i]:bounds[i + 1]])) is not None]
 
 
 def _changed_while_planning() -> InvalidValueError:
@@ -415,8 +425,8 @@ def _changed_while_planning() -> InvalidValueError:
                              "list); the dataset changed while planning: re-run planning")
 
 
-def _read_for_where(spark, url: str, hive_types: Optional[Dict[str, str]] = None,
-                    files: Optional[Sequence[FileInfo]] = None):
+def _read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
+                    files: Sequence[FileInfo] | None = None):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
     have no S3A) is reported as what to install instead of a Java stack trace.
 
@@ -471,7 +481,7 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
 
 # ---------------------------------------------------------------------------------------------- Petastorm predicate
 
-def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> List[RowGroupMatch]:
+def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> list[RowGroupMatch]:
     _ship_package(spark)
     sc = spark.sparkContext
     work = [(f.path, f.row_group_rows) for f in files if f.num_rows > 0]

@@ -8,7 +8,7 @@ record per (partition, row group), never a row.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -18,14 +18,23 @@ from ...io.partitions import partition_types
 from ...plan.catalog import FileInfo
 from ...plan.cost import CostSpec, check_costs
 from ..costs import Stats
-from .spark import (AnalysisException, F, SparkRuntimeException, _first_line, _quiet_pyspark_error_logs,
-                    _read_for_where, _ship_package, is_connect, spark_relative_path)
+from .spark import (
+    AnalysisException,
+    F,
+    SparkRuntimeException,
+    _first_line,
+    _quiet_pyspark_error_logs,
+    _read_for_where,
+    _ship_package,
+    is_connect,
+    spark_relative_path,
+)
 
 _PARTIAL_SCHEMA = "path string, row_group int, cost_sum long, cost_max long, bad string"
 
 
 def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec: CostSpec,
-                     where: Optional[str] = None, table=None) -> Stats:
+                     where: str | None = None, table=None) -> Stats:
     """``(sum, max)`` of the cost of the rows ``where`` keeps, per row group; a NULL, negative or fractional cost
     is a ``ValueError`` naming file and row group."""
     frame = _read_for_where(spark, url, partition_types([f.path for f in files]),  # typed as the loader delivers
@@ -36,11 +45,11 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
     shared = _Inline(lookup) if is_connect(spark) else spark.sparkContext.broadcast(lookup)
     _ship_package(spark)
     with _quiet_pyspark_error_logs():
-        try:
-            if where is not None:
+        if where is not None:
+            try:
                 frame = frame.where(where)
-        except AnalysisException as exc:
-            raise InvalidWhereError(where, _first_line(exc), columns) from None
+            except AnalysisException as exc:
+                raise InvalidWhereError(where, _first_line(exc), columns) from None
         try:
             rows = frame.select(F.col("_metadata.file_path").alias("file"),
                                 F.col("_metadata.row_index").alias("row_index"),
@@ -78,7 +87,7 @@ def _partial_stats(root: str, lookup):
         for frame in batches:
             if frame.empty:
                 continue
-            out = []
+            out: list[tuple[str, int, int, int, str | None]] = []  # bad: the error text, None when the costs are ok
             for key, part in frame.groupby("file", sort=True):
                 relpath = spark_relative_path(key, root)
                 bounds = np.concatenate(([0], np.cumsum(lookup.value[relpath], dtype=np.int64)))
