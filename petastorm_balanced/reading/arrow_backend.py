@@ -119,4 +119,7 @@ def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: 
     finally:
         for future in pending:
             future.cancel()
-        pool.shutdown(wait=True)  # a read in flight finishes (at most one item per thread), then threads end
+        # No join here: this finally may run inside a garbage collection that interrupted threading's own locked
+        # bookkeeping (a generator dropped unclosed), where joining deadlocks every later Thread.start. A read in
+        # flight (at most one item per thread) finishes in the background and its result is dropped.
+        pool.shutdown(wait=False, cancel_futures=True)
