@@ -172,11 +172,8 @@ def check_dataset(root: str, *, iterable_workers=0) -> None:
 
 # ------------------------------------------------------------------------------------------------ the suite
 
-@pytest.mark.parametrize("writer", WRITERS)
-@FAST
-@given(data=st.data())
-def test_every_value_equals_pyarrow_dataset(writer, data):
-    spec = data.draw(dataset_specs(writers=(writer,)))
+def check_written(spec) -> None:
+    """Write ``spec``'s dataset, compare every delivered value with pyarrow.dataset, then remove it."""
     root = tempfile.mkdtemp(prefix="conf-", dir=_tmp())
     try:
         check_dataset(write(spec, root))
@@ -184,6 +181,14 @@ def test_every_value_equals_pyarrow_dataset(writer, data):
             check_partition_predicate(root, spec)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@FAST
+@given(data=st.data())
+def test_every_value_equals_pyarrow_dataset(writer, data):
+    spec = data.draw(dataset_specs(writers=(writer,)))
+    check_written(spec)
 
 
 @pytest.mark.slow
@@ -193,13 +198,7 @@ def test_every_value_equals_pyarrow_dataset(writer, data):
 @given(data=st.data())
 def test_every_value_equals_pyarrow_dataset_more_examples(writer, data):
     spec = data.draw(dataset_specs(writers=(writer,), max_rows=80))
-    root = tempfile.mkdtemp(prefix="conf-", dir=_tmp())
-    try:
-        check_dataset(write(spec, root))
-        if spec.partition:
-            check_partition_predicate(root, spec)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    check_written(spec)
 
 
 def check_partition_predicate(root: str, spec: DatasetSpec) -> None:
