@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from resume_contract import check_resume_contract
 
 from petastorm_balanced import load_plan, plan_shards
-from petastorm_balanced.plan import balance
-from petastorm_balanced.plan.cost_order import cost_order
+from petastorm_balanced.core import balance
+from petastorm_balanced.core.cost_order import cost_order
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches
 from petastorm_balanced.reading.cost_batching import arrange_budget, arrange_max, arrange_sum, budget_batches
 
@@ -428,7 +428,7 @@ def test_inspect_and_compare_show_the_cost_side(cost_plan, lengths):
 def test_verify_rechecks_cost_statistics(cost_plan):
     from dataclasses import replace
 
-    from petastorm_balanced.plan.catalog import Catalog
+    from petastorm_balanced.core.catalog import Catalog
     from petastorm_balanced.tools.verify import cost_check
     assert cost_check(cost_plan).ok
     groups = list(cost_plan.catalog.row_groups)

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from strategies import catalog_paths
 
 from petastorm_balanced import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan, plan_shards
+from petastorm_balanced.core.predicate_info import predicate_info
 from petastorm_balanced.datagen import make_plain_dataset
 from petastorm_balanced.plan import format as plan_format
-from petastorm_balanced.plan.predicate import predicate_info
-from petastorm_balanced.planning.scan import check_footers
+from petastorm_balanced.planner.scan import check_footers
 from petastorm_balanced.predicates import in_lambda, in_set
 
 WORLD, BATCH = 3, 16

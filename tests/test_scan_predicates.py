@@ -14,7 +14,7 @@ import pytest
 
 from petastorm_balanced import plan_shards
 from petastorm_balanced.io.dataset import is_data_name, list_data_files
-from petastorm_balanced.planning.scan import scan
+from petastorm_balanced.planner.scan import scan
 from petastorm_balanced.predicates import in_lambda, in_negate, in_reduce, in_set
 
 WORLD, BATCH = 3, 8

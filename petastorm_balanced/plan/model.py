@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core import balance, elastic, selection
+from ..core.catalog import Catalog
+from ..core.cost_order import cost_order
 from ..errors import InvalidValueError
 from ..io.tables import TableRef
 from ..world import check_rank_world
-from . import balance, elastic, selection
-from .catalog import Catalog
-from .cost_order import cost_order
 
 if TYPE_CHECKING:
     from os import PathLike
-from .predicate import PredicateInfo
-from .shuffle import Windows
+from ..core.predicate_info import PredicateInfo
+from ..core.shuffle import Windows
 
 BALANCE = ("auto", "cost", "rows")
 

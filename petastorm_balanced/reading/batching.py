@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..core import shuffle as _shuffle
 from ..errors import InvalidValueError
-from ..plan import shuffle as _shuffle
 
-# The window shuffle rule lives in the core (``plan/shuffle.py``, which the elastic arithmetic reads backwards);
+# The window shuffle rule lives in the core (``core/shuffle.py``, which the elastic arithmetic reads backwards);
 # its names stay importable from here.
 window_rows, window_permutation, unread_rows = _shuffle.window_rows, _shuffle.window_permutation, _shuffle.unread_rows
 

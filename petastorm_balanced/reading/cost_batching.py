@@ -2,7 +2,7 @@
 
 Every rank already reads the same number of rows per epoch, in windows of the same size that start at the same
 steps on every rank (``batching.py``), and the plan's row group order gives every rank's stretch of data about the
-mean cost per row (``plan/cost_order.py``). What is left is to arrange each window's rows into batches so that the
+mean cost per row (``core/cost_order.py``). What is left is to arrange each window's rows into batches so that the
 batches that meet in one step, one per rank, cost about the same. Each rank does that alone, from its window's
 costs and a generator key, with a rule that makes every rank land near the same value:
 
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.params import check_int
 from ..errors import InvalidValueError
-from ..params import check_int
 from .batching import StartPoint, window_permutation
 
 REDUCES = ("sum", "max")
@@ -220,7 +220,7 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
                  ) -> CostOptions | None:
     """The loader's cost arrangement, or None for row balance; every bad combination is refused here, when the
     loader is built, naming the parameter."""
-    from ..plan.cost import parse_cost
+    from ..core.cost import parse_cost
     chosen = plan.resolve_balance(balance)  # the one "auto" rule (the plan's); refuses "cost" without a cost
     if cost_reduce not in REDUCES:
         raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' "

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
+from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
-from ..params import check_int
 from ..plan.model import ShardPlan
 
 # Petastorm arguments the plan owns, and what to do instead.

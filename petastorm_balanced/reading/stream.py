@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root, load_unischema, partition_values
-from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
 from .batching import WindowBatcher, start_point, window_rows
@@ -162,7 +162,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     batcher.finish()
 
 
-class ReaderSlot:
+class ReaderKeeper:
     """Keeps one rank's ``BalancedReader`` between epochs, so the next epoch re-arms it instead of paying for a
     new one (listing, footers, pool start). A reader left mid-epoch is stopped and replaced."""
 

@@ -3,7 +3,7 @@
 A slot (a rank, or one DataLoader worker of a rank) delivers its rows in plan order, permuted in fixed
 **windows** of ``window_rows`` rows (a whole number of batches), each by a generator drawn from
 ``[seed, epoch, rank, slot(, stage), window]``. The readers apply it (``reading/batching.WindowBatcher``), and
-the elastic arithmetic (``plan/elastic.py``) reads it backwards to know which rows a stopped slot had not
+the elastic arithmetic (``core/elastic.py``) reads it backwards to know which rows a stopped slot had not
 delivered yet; both import it from here, so the rule lives in the core and is written once.
 
 >>> windows = Windows.of(batch_size=4, shuffle_window=6, shuffle=True)
