@@ -18,9 +18,8 @@ from resume_contract import check_resume_contract
 
 from petastorm_balanced import load_plan, plan_shards
 from petastorm_balanced.core import balance
-from petastorm_balanced.core.cost_order import cost_order
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches
-from petastorm_balanced.reading.cost_batching import arrange_budget, arrange_max, arrange_sum, budget_batches
+from petastorm_balanced.core.cost import arrange_budget, arrange_max, arrange_sum, budget_batches, cost_order
 
 
 def write_lengths(path, rows=3000, files=4, row_group=300, seed=0, sources=True):

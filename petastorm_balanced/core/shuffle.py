@@ -73,6 +73,17 @@ def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_d
 
 
 @dataclass(frozen=True)
+class StartPoint:
+    """Where reading starts when ``batches_done`` batches of the slot were already delivered."""
+
+    fragment: int  # index of the first fragment to read; the ones before it are never opened
+    offset: int  # rows at the head of that fragment to leave unread
+    window: int  # index of the first window (counted from the slot's first row)
+    row: int  # slot row at which the first window starts
+    skip_rows: int  # rows (whole batches) of the first window to drop after permuting
+
+
+@dataclass(frozen=True)
 class Windows:
     """How a loader's slots shuffled: rows per window, and whether windows were permuted at all."""
 

@@ -17,9 +17,8 @@ from ..plan.model import ShardPlan
 from ..world import World
 from . import layout, stream
 from . import state as keys
-from .cost_batching import resolve_cost
 from .layout import Layout
-from .options import resolve_plan
+from .options import resolve_cost, resolve_plan
 from .schema import BatchSchema, extra_column
 
 
