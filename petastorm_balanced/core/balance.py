@@ -31,11 +31,10 @@ import numpy as np
 
 from ..errors import InvalidValueError
 from .params import check_int
+from .registry import Algorithm, Registry
 
 POLICIES = ("drop", "pad")
 RESHUFFLES = ("epoch", "fixed")
-ALGORITHM = "sequence-cut"
-ALGORITHM_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,7 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
 
     With ``partition_epoch=P`` the pass ``epoch // P`` (one order, one set of steps) is cut into P consecutive
     parts of whole global steps, and ``epoch`` gets part ``epoch % P``. ``order`` replaces the pass's seeded row
-    group order (cost plans pass ``cost_order.cost_order``'s, which deals it so every stretch carries average cost);
+    group order (cost plans pass ``cost.cost_order``'s, which deals it so every stretch carries average cost);
     the cuts are the same row quotas either way.
     """
     check_params(world_size=world_size, batch_size=batch_size, num_workers=num_workers, seed=seed, epoch=epoch,
@@ -199,6 +198,12 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
         sequence = plain_sequence(order, counts[order])
     return cut_part(pad_to(sequence, steps * world_size * batch_size), steps=steps, part=part,
                     parts=partition_epoch, world_size=world_size, num_workers=num_workers, batch_size=batch_size)
+
+
+# The balancing algorithms (one so far): a plan stamps the one it was balanced by, and a reader refuses another.
+BALANCERS = Registry("balancing algorithm", "algorithm", {"sequence-cut": Algorithm("sequence-cut", 1, assign)})
+BALANCER = BALANCERS["sequence-cut"]
+ALGORITHM, ALGORITHM_VERSION = BALANCER.name, BALANCER.version
 
 
 def distinct(values: np.ndarray) -> np.ndarray:

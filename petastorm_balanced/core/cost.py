@@ -98,6 +98,7 @@ import pyarrow.compute as pc
 from ..errors import InvalidValueError
 from .balance import Pieces, epoch_order
 from .catalog import Catalog
+from .registry import Algorithm, Registry
 from .shuffle import StartPoint, window_permutation
 
 #: Spark SQL functions of one column the loader evaluates the same way Spark does (characters for strings,
@@ -230,8 +231,6 @@ def resolve_balance(balance_by: str, *, has_cost: bool) -> str:
 
 # ---------------------------------------------------------------------------- the row group order of a cost plan
 
-ORDER_NAME = "density-tracking"  # stamped in plan.json (cost.order): a reader of another version refuses
-ORDER_VERSION = 1
 
 
 def cost_order(counts: np.ndarray, sums: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
@@ -262,6 +261,20 @@ def cost_order(counts: np.ndarray, sums: np.ndarray, *, seed: int, epoch: int) -
         excess += sum_list[row] * total_rows - count_list[row] * total_cost
     return order
 
+def seeded_order(counts: np.ndarray, sums: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
+    """The ``[seed, epoch]`` order of a row-balanced plan (``balance.epoch_order``); ``sums`` is not used."""
+    return epoch_order(len(counts), seed, epoch)
+
+
+# How a plan orders its row groups each pass, by ``balance`` (resolved: "rows" or "cost"). A cost plan stamps its
+# order's name and version in plan.json (``cost.order``, ``cost.order_version``); a reader of another refuses it.
+ROW_GROUP_ORDERS = Registry("row group order", "balance", {
+    "rows": Algorithm("seeded", 1, seeded_order),
+    "cost": Algorithm("density-tracking", 1, cost_order),
+})
+ORDER_NAME, ORDER_VERSION = ROW_GROUP_ORDERS["cost"].name, ROW_GROUP_ORDERS["cost"].version
+
+
 # ---------------------------------------------------------------------------- per-rank cost, from the plan alone
 
 def rank_costs(catalog: Catalog, pieces: Pieces) -> np.ndarray:
@@ -279,7 +292,6 @@ def straggler_ratio(costs) -> float:
 
 # ----------------------------------------------------------------------------- batches inside one shuffle window
 
-REDUCES = ("sum", "max")
 # Generator key tags, so the key of one use never equals the key of another.
 _TIE, _BATCH_ORDER, _ROWS_IN_BATCH, _STEP_ORDER = 1, 2, 3, 4
 
@@ -359,6 +371,14 @@ def arrange_max(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     return _shuffle_within(buckets, key).reshape(-1)
 
 
+# How a window's rows become fixed-size batches, by ``cost_reduce`` (token budgets are ``arrange_budget``).
+ARRANGEMENTS = Registry("cost arrangement", "cost_reduce", {
+    "sum": Algorithm("round-lpt", 1, arrange_sum),
+    "max": Algorithm("sorted-buckets", 1, arrange_max),
+})
+REDUCES = ARRANGEMENTS.names
+
+
 BUDGET_SLACK = 0.03  # room for windows costlier than the mean: fewer rows left out, about 3% less fill
 
 
@@ -423,9 +443,7 @@ class CostOptions:
             return arrange_budget(costs, budget_batches(len(costs), self.mean_cost, self.budget), self.budget, key)
         if batch_size is None:
             raise AssertionError("fixed-size cost batches need a batch_size")
-        if self.reduce == "sum":
-            return arrange_sum(costs, batch_size, key), None
-        return arrange_max(costs, batch_size, key), None
+        return ARRANGEMENTS[self.reduce].run(costs, batch_size, key), None
 
     def budget_steps(self, rows: int, window_rows: int) -> int:
         """Batches of a slot of ``rows`` rows under the budget: the same on every rank with the same rows."""

@@ -119,7 +119,7 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
         as_dictionary = ["file"] if name == CATALOG else None
         tables[name] = pq.ParquetFile(pa.BufferReader(data), read_dictionary=as_dictionary).read()
     params, dataset, predicate = document["parameters"], document["dataset"], document["predicate"]
-    if (params["algorithm"], params["algorithm_version"]) != (balance.ALGORITHM, balance.ALGORITHM_VERSION):
+    if not balance.BALANCERS.holds(params["algorithm"], params["algorithm_version"]):
         raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "
                                f"package has {balance.ALGORITHM} v{balance.ALGORITHM_VERSION}; re-plan")
     files = tuple(_file_info(entry, version) for entry in document["dataset_files"])
@@ -128,8 +128,8 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
         raise PlanIntegrityError(f"{url}/plan.json lists a row group size that is not an integer; re-run planning")
     cost = document.get("cost")  # absent from plans without a cost (and from plans older than costs)
     if cost is not None:
-        from ..core.cost import ORDER_NAME, ORDER_VERSION
-        if (cost["order"], cost["order_version"]) != (ORDER_NAME, ORDER_VERSION):
+        from ..core.cost import ORDER_NAME, ORDER_VERSION, ROW_GROUP_ORDERS
+        if not ROW_GROUP_ORDERS.holds(cost["order"], cost["order_version"]):
             raise PlanVersionError(f"{url} orders cost by {cost['order']} v{cost['order_version']}; this package has "
                                    f"{ORDER_NAME} v{ORDER_VERSION}; re-plan")
     catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"],

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core import balance, elastic, selection
 from ..core.catalog import Catalog
-from ..core.cost import cost_order, resolve_balance
+from ..core.cost import ROW_GROUP_ORDERS, resolve_balance
 from ..errors import InvalidValueError
 from ..io.tables import TableRef
 from ..world import check_rank_world
@@ -109,10 +109,11 @@ class ShardPlan:
         ``partition_epoch=P``: ``epoch`` is part ``epoch % P`` of pass ``epoch // P``. ``stages``: the worlds that
         served this pass before an elastic resume (``elastic.py``), with ``windows`` saying how their slots shuffled
         (so which rows they had not delivered yet). Cost balance deals the pass's row group order so every rank's
-        stretch carries average cost (``cost_order``).
+        stretch carries average cost (``core/cost.ROW_GROUP_ORDERS``).
         """
         world = self.world_size if world_size is None else world_size
-        by_cost = self.resolve_balance(balance_by) == "cost"
+        balance_by = self.resolve_balance(balance_by)
+        by_cost = balance_by == "cost"
         if stages:
             if by_cost:
                 raise InvalidValueError("an elastic resume (a state saved at another world size or worker count) of a "
@@ -126,13 +127,13 @@ class ShardPlan:
                                         batch_size=self._batch(batch_size), policy=self.policy, seed=self.seed,
                                         epoch=epoch, windows=windows, reshuffle=reshuffle,
                                         partition_epoch=partition_epoch)
-        order = None
-        if by_cost:
-            pass_index = 0 if reshuffle == "fixed" else balance.split_epoch(epoch, partition_epoch)[0]
-            order = cost_order(self._counts, self.catalog.cost_sums(), seed=self.seed, epoch=pass_index)
-        return balance.assign(self._counts, world_size=world, batch_size=self._batch(batch_size), policy=self.policy,
-                              seed=self.seed, epoch=epoch, num_workers=num_workers, reshuffle=reshuffle,
-                              partition_epoch=partition_epoch, order=order)
+        balance.check_params(epoch=epoch, partition_epoch=partition_epoch)  # before the pass is computed from them
+        pass_index = 0 if reshuffle == "fixed" else balance.split_epoch(epoch, partition_epoch)[0]
+        sums = self.catalog.cost_sums() if by_cost else self._counts  # a row order reads no cost
+        order = ROW_GROUP_ORDERS[balance_by].run(self._counts, sums, seed=self.seed, epoch=pass_index)
+        return balance.BALANCER.run(self._counts, world_size=world, batch_size=self._batch(batch_size),
+                                    policy=self.policy, seed=self.seed, epoch=epoch, num_workers=num_workers,
+                                    reshuffle=reshuffle, partition_epoch=partition_epoch, order=order)
 
     def assignment(self, rank: int, *, epoch: int = 0, world_size: int | None = None, num_workers: int = 1,
                    batch_size: int | None = None, reshuffle: str = "epoch", partition_epoch: int = 1,

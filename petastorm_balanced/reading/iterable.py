@@ -28,7 +28,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..world import resolve_world
 from . import state as keys
 from . import stream
-from .backends.arrow import arrow_chunks
+from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
@@ -130,11 +130,8 @@ class BalancedIterableDataset(PlannedView, _Base):
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
-        if self.backend == "arrow":
-            chunks = arrow_chunks(settings.plan, settings.columns, reader_pool_type="dummy")
-        else:  # Petastorm's reader, in this process: the DataLoader's workers are the parallelism
-            from .backends.petastorm import petastorm_chunks
-            chunks = petastorm_chunks(settings.plan, settings.columns, {"reader_pool_type": "dummy"})
+        # read in this process ("dummy" pool): the DataLoader's workers are the parallelism
+        chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, {"reader_pool_type": "dummy"})
         runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),

@@ -17,7 +17,7 @@ from typing import Any
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
 from . import stream
-from .backends.arrow import arrow_chunks
+from .backends import BACKENDS
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .position import EpochSampler, PlannedView, Position, Settings
@@ -75,11 +75,7 @@ class BalancedLoader(PlannedView):
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
-        if self.backend == "arrow":
-            chunks = arrow_chunks(settings.plan, settings.columns, **self._reader_options)
-        else:
-            from .backends.petastorm import petastorm_chunks
-            chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
+        chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
