@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         loader.load_state_dict(checkpoint["loader"])  # saved at any world size: an elastic resume
         model.module.load_state_dict(checkpoint["model"])
         first_epoch, consumed = checkpoint["loader"]["epoch"], checkpoint["consumed_rows"]
-        log(rank, f"resumed epoch {first_epoch} saved by {checkpoint['loader']['world_size']} ranks after "
+        log(rank, f"resumed epoch {first_epoch} saved by {checkpoint['loader']['layout']['world_size']} ranks after "
                   f"{checkpoint['loader']['batches']} steps: {len(loader)} steps left on each of {world} ranks")
     started = time.monotonic()
     for epoch in range(first_epoch, args.epochs):

@@ -66,7 +66,7 @@ def commit(hvd, state, loader, pending: list) -> None:
 def where(saved) -> str:
     if saved is None:
         return "the start"
-    return f"epoch {saved['epoch']} batch {saved['batches']} of world {saved['world_size']}"
+    return f"epoch {saved['epoch']} batch {saved['batches']} of world {saved['layout']['world_size']}"
 
 
 def epoch_records(log_entries, epoch: int) -> list:

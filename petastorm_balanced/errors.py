@@ -26,6 +26,14 @@ class MissingDependencyError(BadInputError, ImportError):
     """A feature needs a package this environment lacks (or cannot import): the message says what to install."""
 
 
+class StateKeyError(BadInputError, KeyError):
+    """A loader state with a key missing, or one the state format does not declare (``reading/state.py``): the
+    message names the key and where it belongs (still a ``KeyError``)."""
+
+    def __str__(self) -> str:  # a KeyError quotes its argument; this one is a sentence
+        return str(self.args[0]) if self.args else ""
+
+
 class PlanError(Exception):
     """A plan cannot be used: corrupt, partial, foreign, stale or of an unknown version."""
 

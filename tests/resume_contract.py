@@ -15,6 +15,8 @@ Checked, against an uninterrupted run of ``epochs`` epochs:
 """
 from itertools import islice
 
+from petastorm_balanced.reading.state import flat, nest
+
 
 def fingerprint(batch) -> tuple:
     ids = tuple(int(i) for i in batch["id"])
@@ -71,8 +73,9 @@ def check_resume_contract(make, next_epoch, *, epochs: int = 3, cuts=None) -> No
             assert key in str(exc)
         else:
             raise AssertionError(f"load_state_dict accepted a state without {key!r}")
-    name = "batch_size" if state["batch_size"] is not None else "max_batch_cost"  # token budgets: no batch size
-    foreign = dict(state, **{name: state[name] + 1})
+    values = flat(state)  # every key at the top (reading/state.py), to change one and nest it again
+    name = "batch_size" if values["batch_size"] is not None else "max_batch_cost"  # token budgets: no batch size
+    foreign = nest({**values, name: values[name] + 1})
     try:
         make().load_state_dict(foreign)
     except ValueError as exc:

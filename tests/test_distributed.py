@@ -138,7 +138,7 @@ def test_torchrun_elastic_restart_four_ranks_then_three(skewed, tmp_path):
     assert first.returncode == 0 and f"STOPPED after {stop} of {steps} steps" in first.stdout, \
         excerpt(first.stdout + first.stderr)
     state = torch.load(checkpoint)["loader"]
-    assert (state["epoch"], state["batches"], state["world_size"]) == (0, stop, 4)
+    assert (state["epoch"], state["batches"], state["layout"]["world_size"]) == (0, stop, 4)
     assert len(json.dumps(state)) < 400, "the loader state is a few ints, no row lists"
     second, _ = torchrun(3, url, tmp_path / "ids-b", "--checkpoint", checkpoint, "--resume")
     output = second.stdout + second.stderr

@@ -10,6 +10,8 @@ import pyarrow.dataset as pads
 import pytest
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
+from petastorm_balanced.errors import StateKeyError
+from petastorm_balanced.reading.state import flat, nest
 from petastorm_balanced.tools.coverage import coverage_check
 
 BATCH = 16
@@ -90,7 +92,7 @@ def test_elastic_resume_continues_the_epoch(plans, policy, worlds):
             assert taken * world * BATCH - len(p) == len(r)
         else:
             state = loaders[0].state_dict()
-            assert len(state["stages"]) == index + 1 and len(str(state)) < 600, "the state stays a few ints"
+            assert len(state["elastic"]["stages"]) == index + 1 and len(str(state)) < 600, "the state stays a few ints"
     check_epoch(plan, ids, real, padded, worlds[-1])
     # the next epoch is an ordinary one of the new world
     fresh = loader_world(plan, worlds[-1], epoch=epoch + 1)
@@ -210,14 +212,14 @@ def test_set_epoch_back_into_parts_an_old_world_served_is_refused(plans):
     serve(old, 4)  # part 1, 4 batches
     new = make_loader(0, 3, plan=plan, shuffle_window=100, partition_epoch=3)
     new.load_state_dict(old[0].state_dict())
-    assert new.state_dict()["stages"] == [[2, 1, 1, 4]]
+    assert new.state_dict()["elastic"]["stages"] == [[2, 1, 1, 4]]
     with pytest.raises(ValueError, match="set_epoch to epoch >= 1"):
         new.set_epoch(0)
     new.set_epoch(2)  # a later part of the same pass keeps the stages
-    assert new.state_dict()["stages"] == [[2, 1, 1, 4]] and new.epoch == 2
+    assert new.state_dict()["elastic"]["stages"] == [[2, 1, 1, 4]] and new.epoch == 2
     new.set_epoch(3)  # the next pass starts afresh
     steps = plan.steps_per_epoch(3)
-    assert new.state_dict()["stages"] == [] and len(new) == steps // 3 + (steps % 3 > 0)
+    assert new.state_dict()["elastic"]["stages"] == [] and len(new) == steps // 3 + (steps % 3 > 0)
 
 
 def test_plain_dataloader_with_another_worker_count_resumes_elastically(plans):
@@ -228,7 +230,7 @@ def test_plain_dataloader_with_another_worker_count_resumes_elastically(plans):
            for rank in range(2)]
     real, padded, _ = serve(old, 11)
     state = old[0].state_dict()
-    assert state["num_workers"] == 2
+    assert state["workers"]["num_workers"] == 2
     for rank in range(2):
         dataset = BalancedIterableDataset(plan, rank, 2, shuffle_window=100, padding_mask=True)
         dataset.load_state_dict(state)
@@ -248,7 +250,7 @@ def test_plain_dataloader_with_another_worker_count_resumes_elastically(plans):
 ])
 def test_a_broken_elastic_state_is_refused_naming_the_problem(plans, change, says):
     plan, _ = plans["drop"]
-    state = {**loader_world(plan, 4)[0].state_dict(), **change}
+    state = nest({**flat(loader_world(plan, 4)[0].state_dict()), **change})  # each key in its component
     with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("(", r"\(")):
         make_loader(0, 3, plan=plan, shuffle_window=100).load_state_dict(state)
 
@@ -261,7 +263,8 @@ def test_numpy_ints_in_a_state_and_set_epoch_are_ints(plans):
     next(iter(loader))
     state = loader.state_dict()
     resumed = make_loader(0, 2, plan=plan, shuffle_window=100)
-    resumed.load_state_dict({**state, **{k: np.int64(state[k]) for k in ("epoch", "batches", "world_size")}})
+    values = flat(state)
+    resumed.load_state_dict(nest({**values, **{k: np.int64(values[k]) for k in ("epoch", "batches", "world_size")}}))
     assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["batches"] == 1
     resumed.set_epoch(np.int32(3))
     assert resumed.state_dict()["epoch"] == 3
@@ -289,3 +292,46 @@ def test_resume_contract_with_sub_epochs_in_dataloader_workers(plans):
     check_resume_contract(lambda: BalancedIterableDataset(plan, 0, 2, shuffle_window=150, padding_mask=True,
                                                           partition_epoch=10).dataloader(num_workers=2), iter,
                           cuts=[3, 11, -1, 0])
+
+
+def test_the_state_is_nested_per_component_and_loaded_strictly(plans):
+    """reading/state.py: the position at the top, the rest under its component; a key it does not declare, at the
+    top or inside a component, or one filed under the wrong component, is refused naming the key."""
+    plan, _ = plans["drop"]
+    loader = make_loader(0, 2, plan=plan, shuffle_window=100)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert set(state) == {"epoch", "batches", "layout", "elastic"} and state["layout"]["world_size"] == 2
+    fresh = make_loader(0, 2, plan=plan, shuffle_window=100)
+    for broken, says in [({**state, "extra": 1}, "unknown key 'extra'"),
+                         ({**state, "world_size": 2}, "belongs under state['layout']"),
+                         ({**state, "layout": {**state["layout"], "seed": 1}}, "state['layout'] has the unknown key"),
+                         ({**state, "layout": {k: v for k, v in state["layout"].items() if k != "shuffle"}},
+                          "state['layout']['shuffle']")]:
+        with pytest.raises(StateKeyError, match=says.replace("[", r"\[")):
+            fresh.load_state_dict(broken)
+
+
+@pytest.mark.parametrize("kind", ["loader", "dataset"])
+def test_a_state_saved_before_the_nesting_still_loads(plans, kind):
+    """The migration: a flat state (every key at the top, as saved before the nesting) resumes exactly as its nested
+    form does; a flat state with an unknown key is refused as a nested one is."""
+    plan, _ = plans["drop"]
+
+    def make():
+        if kind == "loader":
+            return make_loader(1, 2, plan=plan, shuffle_window=100, padding_mask=True)
+        return BalancedIterableDataset(plan, 1, 2, shuffle_window=100, padding_mask=True).dataloader(num_workers=0)
+    loader = make()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = loader.state_dict()
+    old = flat(state)
+    assert "plan_checksum" in old and not any(isinstance(v, dict) for v in old.values())
+    resumed, migrated = make(), make()
+    resumed.load_state_dict(state)
+    migrated.load_state_dict(old)
+    assert [b["id"].tolist() for b in migrated] == [b["id"].tolist() for b in resumed]
+    with pytest.raises(StateKeyError, match="unknown key 'extra'"):
+        make().load_state_dict({**old, "extra": 1})

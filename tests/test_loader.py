@@ -22,6 +22,7 @@ from petastorm_balanced.predicates import in_lambda
 from petastorm_balanced.reading import fragments as fragments_module
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
 from petastorm_balanced.reading.options import OWNED_ARGUMENTS
+from petastorm_balanced.reading.state import flat, nest
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
 
 WORLD_SIZES = (1, 2, 3, 8)
@@ -253,7 +254,7 @@ def test_dataloader_workers_split_a_rank_without_changing_steps(plans, plain_dat
         assert sorted(got) == sorted(planned_ids(plain_dataset, slots))
     # the documented recipe for a plain DataLoader: set the position by hand, same K
     dataset = BalancedIterableDataset(plan, 2, 3, epoch=1)
-    dataset.load_state_dict({**dataset.state_dict(), "batches": 5, "num_workers": 3})
+    dataset.load_state_dict(nest({**flat(dataset.state_dict()), "batches": 5, "num_workers": 3}))
     resumed = [fingerprint(b) for b in DataLoader(dataset, batch_size=None, num_workers=3)]
     assert resumed == [fingerprint(b) for b in batches][5:]
     single = [fingerprint(b) for b in BalancedIterableDataset(plan, 2, 3, epoch=4)]

@@ -78,7 +78,7 @@ def test_worker_state_is_refused_outside_its_worker(plan):
     next(iter(loader))
     worker_states = loader.state_dict()["_snapshot"]["_worker_snapshots"]
     state = next(iter(worker_states.values()))["dataset_state"]
-    assert state["worker"] in (0, 1)
+    assert state["workers"]["worker"] in (0, 1)
     dataset = BalancedIterableDataset(plan, 1, 2, shuffle_window=700, padding_mask=True, backend="arrow")
     with pytest.raises(ValueError, match="StatefulDataLoader.load_state_dict"):
         dataset.load_state_dict(state)

@@ -61,7 +61,7 @@ class BalancedIterableDataset(PlannedView, _Base):
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
     NUM_WORKERS = keys.NUM_WORKERS
-    WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
+    WORKER, WORKER_BATCHES = keys.WORKER, keys.WORKER_BATCHES  # in states saved inside a DataLoader worker
 
     def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
@@ -167,17 +167,16 @@ class BalancedIterableDataset(PlannedView, _Base):
         if info is None:
             return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
         epoch, start, own = self._in_worker or (*self._position.current(), 0)
-        return {**self._position.state_dict({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
-                self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own}
+        return keys.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
+                          self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own})
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``. With another world size, or another number of DataLoader workers than the state
         was saved with, the epoch continues elastically: the rows no slot had consumed, split over the new slots."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        if self.NUM_WORKERS not in state:
-            raise KeyError(f"state is missing [{self.NUM_WORKERS!r}]; pass a dict saved by "
-                           "BalancedIterableDataset.state_dict()")
+        state = keys.flat(state)  # every key at the top, unknown ones refused (reading/state.py)
+        keys.require(state, (self.NUM_WORKERS,))
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")

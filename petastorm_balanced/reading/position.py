@@ -166,20 +166,23 @@ class Position:
             self.epoch, self.batches, self.resumed = epoch, 0, False
         self._owner = None
 
-    def state_dict(self, extra: dict | None = None) -> dict:
+    def values(self, extra: dict | None = None) -> dict:
+        """Every state key at the top (``state.nest`` files them under their components)."""
         epoch, batches, stages = self.where()
         return {self.EPOCH: epoch, self.BATCHES: batches, **self.settings.identity(), **(extra or {}),
                 self.PARTITION_EPOCH: self.settings.partition_epoch, self.STAGES: [s.as_list() for s in stages]}
 
+    def state_dict(self, extra: dict | None = None) -> dict:
+        return keys.nest(self.values(extra))
+
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
-        """Strict about settings, except the world size: a state saved at another one resumes elastically (G10);
-        ``workers`` is the number of slots per rank the state was saved with."""
+        """Strict about keys (``state.flat``) and settings, except the world size: a state saved at another one
+        resumes elastically (G10); ``workers`` is the number of slots per rank the state was saved with."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        state = keys.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
         expected = {**self.settings.identity(), **(extra or {})}
-        missing = [k for k in (self.EPOCH, self.BATCHES, *expected) if k not in state]
-        if missing:
-            raise KeyError(f"state is missing {missing}; pass a dict saved by state_dict() of this loader type")
+        keys.require(state, (self.EPOCH, self.BATCHES, *expected))
         for key, value in expected.items():
             if key == self.WORLD_SIZE:
                 continue  # another world size is an elastic resume, checked below

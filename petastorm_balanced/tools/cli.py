@@ -156,13 +156,15 @@ def cmd_verify(args) -> int:
 def _resume(plan, args):
     """(layout, epoch, batches, stages, state) of ``--state`` resumed at ``--world-size`` (default: its own)."""
     from ..reading.layout import Layout, loaded
-    from ..reading.state import NUM_WORKERS, PLAN_CHECKSUM, WORLD_SIZE
+    from ..reading.state import NUM_WORKERS, PLAN_CHECKSUM, WORLD_SIZE, flat
     try:
         with open(args.state) as handle:
-            state = json.load(handle)
+            state = flat(json.load(handle))  # every key at the top; a state saved before the nesting too
     except (OSError, ValueError) as exc:
         raise InputError(f"--state {args.state!r} is not a readable JSON loader state ({_one_line(exc)}); save "
                          "json.dumps(loader.state_dict())") from None
+    except KeyError as exc:  # StateKeyError: a key the state format does not declare
+        raise InputError(f"--state {args.state!r}: {exc}") from None
     if not isinstance(state, dict) or state.get(PLAN_CHECKSUM) != plan.checksum:
         raise InputError(f"--state {args.state!r} was not saved by a loader of this plan (plan_checksum differs)")
     world = args.world_size or state.get(WORLD_SIZE)
