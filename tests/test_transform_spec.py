@@ -134,9 +134,22 @@ def test_removed_fields_and_declared_schema_are_checked(small):
     with pytest.raises(ValueError, match="returned no column 'extra'"):
         next(iter(make_loader(0, 2, plan=plan, backend="arrow", transform_spec=TransformSpec(
             edit_fields=[("extra", np.float32, (), False)]))))
+    with pytest.raises(TypeError, match=r"transform_spec=1 must be a petastorm_balanced.TransformSpec"):
+        make_loader(0, 2, plan=plan, transform_spec=1)
+    with pytest.raises(ValueError, match="removed_fields or selected_fields, not both"):
+        TransformSpec(removed_fields=["id"], selected_fields=["id"])
     wrong_shape = TransformSpec(scaled, edit_fields=[("score", np.float32, (2,), False)])
     with pytest.raises(ValueError, match=r"column 'score' row 0 is \(\), not the declared shape \(2,\)"):
         next(iter(make_loader(0, 2, plan=plan, backend="arrow", transform_spec=wrong_shape)))
+
+
+def test_a_cost_balanced_loader_refuses_a_transform_rows_balanced_takes_it(small):
+    plan = plan_shards(small.url, 2, batch_size=BATCH, engine="local", cost="label")
+    spec = TransformSpec(scaled, **SCALED)
+    with pytest.raises(ValueError, match="transform_spec with a cost plan balanced by cost.*balance='rows'"):
+        make_loader(0, 2, plan=plan, backend="arrow", transform_spec=spec)
+    assert len(list(make_loader(0, 2, plan=plan, backend="arrow", balance="rows", transform_spec=spec))) == \
+        plan.steps_per_epoch(2)
 
 
 def test_resume_state_is_unaffected(small):
