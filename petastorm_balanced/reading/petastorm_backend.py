@@ -152,6 +152,8 @@ class _PlannedWorkerMixin:
 class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
     """Plain Parquet: publishes ``(sequence, pyarrow.Table)`` with exactly the item's fragments' rows."""
 
+    _transform_spec: Any  # Petastorm's worker argument (make_reader's transform_spec), wrapped on first use
+
     # pylint: disable=arguments-differ
     def process(self, piece_indexes, sequence, fragments, task):
         table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in

@@ -225,12 +225,12 @@ def from_cells(column: ColumnSchema, cells: list) -> dict:
     """Per-row values as ``column`` declares them: stacked into a tensor (shape and nulls checked, dtype cast
     where numpy's ``same_kind`` allows), or an object array of one value per row."""
     if column.kind == LIST:
-        out = np.empty(len(cells), dtype=object)
-        out[:] = [None if _is_null(c) else c for c in cells] if column.nullable else cells
+        items = np.empty(len(cells), dtype=object)
+        items[:] = [None if _is_null(c) else c for c in cells] if column.nullable else cells
         if not column.nullable and any(_is_null(c) for c in cells):
             raise InvalidValueError(f"transform_spec column {column.name!r} holds None but is not declared nullable "
                                     "(edit_fields: nullable=True)")
-        return {column.name: out}
+        return {column.name: items}
     dtype = np.dtype(column.dtype)
     valid = None
     if column.nulls == "mask":
