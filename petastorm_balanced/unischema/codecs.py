@@ -16,7 +16,7 @@ paths, and Petastorm reads them back as its own.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,6 +124,13 @@ class CompressedImageCodec(DataframeColumnCodec):
         _check_image_shape(image.shape)
         return image
 
+    def decode_into(self, cells: Iterable[Any], out: np.ndarray) -> tuple[int, tuple] | None:
+        """Decode ``cells`` (buffers: bytes or uint8 arrays) straight into ``out[i]``, the loader's batch array
+        (rows on axis 0): the pixels ``decode`` gives, without a per-cell array to stack afterwards. Returns None,
+        or ``(row, shape)`` of the first cell whose image does not have ``out``'s row shape (nothing is guessed)."""
+        _check_image_shape(out.shape[1:])
+        return _images().decode_into(cells, out)
+
     def __str__(self) -> str:
         return f"{type(self).__name__}('{self.image_codec}', {self._quality})"
 
@@ -200,6 +207,27 @@ class _OpenCV:
         # the decode time for small images); a permutation, so the pixels are the same.
         return self.cv2.cvtColor(image, self.cv2.COLOR_BGR2RGB)
 
+    def decode_into(self, cells: Iterable[Any], out: np.ndarray) -> tuple[int, tuple] | None:
+        """``decode`` per cell, the channel swap writing into ``out[i]`` itself (OpenCV fills a ``dst`` of the
+        right size and type in place), so each pixel is copied once; other images are assigned (numpy casts)."""
+        cv2 = self.cv2
+        imdecode, unchanged, cvt, swap = cv2.imdecode, cv2.IMREAD_UNCHANGED, cv2.cvtColor, cv2.COLOR_BGR2RGB
+        row_shape = out.shape[1:]
+        in_place = out.dtype == np.uint8 and len(row_shape) == 3 and row_shape[2] == 3
+        for i, cell in enumerate(cells):
+            image = imdecode(cell if isinstance(cell, np.ndarray) else np.frombuffer(cell, dtype=np.uint8), unchanged)
+            if image is None:
+                raise InvalidValueError("a CompressedImageCodec cell holds bytes OpenCV cannot decode as an image")
+            if image.shape != row_shape:
+                return i, image.shape
+            if in_place and image.dtype == np.uint8:
+                cvt(image, swap, dst=out[i])
+            elif image.ndim == 3 and image.shape[2] == 3:
+                out[i] = cvt(image, swap)
+            else:
+                out[i] = image
+        return None
+
 
 class _Pillow:
     """Pillow, where OpenCV is not installed: RGB and grayscale, 8 or 16 bits."""
@@ -219,6 +247,14 @@ class _Pillow:
                 image = image.convert("RGBA" if "transparency" in image.info else "RGB")
             out = np.asarray(image)
         return out.astype(out.dtype.newbyteorder("=")) if not out.dtype.isnative else out
+
+    def decode_into(self, cells: Iterable[Any], out: np.ndarray) -> tuple[int, tuple] | None:
+        for i, cell in enumerate(cells):
+            image = self.decode(cell)
+            if image.shape != out.shape[1:]:
+                return i, image.shape
+            out[i] = image
+        return None
 
 
 _BACKEND: _OpenCV | _Pillow | None = None
