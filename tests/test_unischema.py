@@ -358,3 +358,31 @@ def test_arrow_make_reader_equals_petastorms_reader(small_petastorm, tmp_path, k
                     assert a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
             else:
                 rows_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("library", ["opencv", "pillow"])
+@pytest.mark.parametrize("value", IMAGES, ids=lambda a: str(a.shape))
+def test_images_decoded_into_the_batch_array_equal_decode_per_cell(value, library, monkeypatch):
+    """The loader's path (``decode_into`` from views of the Arrow buffer, chunked and sliced) gives ``decode``'s
+    pixels, row for row; an image of another shape than the Unischema's is refused naming the row."""
+    import pyarrow as pa
+
+    from petastorm_balanced.reading.fragments import _decode_cells
+    from petastorm_balanced.reading.schema import unischema_column
+    if library == "pillow":
+        pytest.importorskip("PIL")
+        monkeypatch.setattr(codecs, "_BACKEND", codecs._Pillow(__import__("PIL.Image").Image))
+    for kind in ("png", "jpeg"):
+        codec = CompressedImageCodec(kind, 90)
+        the_field = field("image", value, codec)
+        images = [(value.astype(np.int64) + i * 7) % 256 for i in range(9)]
+        cells = [bytes(codec.encode(the_field, image.astype(np.uint8))) for image in images]
+        column = pa.chunked_array([pa.array(cells[:4], pa.binary()).slice(1), pa.array(cells[4:], pa.binary())])
+        spec = unischema_column(the_field, pa.binary(), False, False)
+        got = _decode_cells(column, the_field, spec)
+        want = np.stack([codec.decode(the_field, c) for c in column.to_pylist()])
+        assert got.shape == (8, *value.shape) and got.dtype == want.dtype and np.array_equal(got, want)
+        wrong = np.zeros((value.shape[0] + 1, *value.shape[1:]), dtype=np.uint8)
+        odd = pa.chunked_array([pa.array(cells[:2] + [bytes(codec.encode(field("image", wrong, codec), wrong))])])
+        with pytest.raises(ValueError, match=rf"column 'image' row 2 decodes to shape \({value.shape[0] + 1}, "):
+            _decode_cells(odd, the_field, spec)
