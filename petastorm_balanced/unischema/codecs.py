@@ -16,6 +16,9 @@ paths, and Petastorm reads them back as its own.
 from __future__ import annotations
 
 import io
+import re
+import threading
+import zipfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -84,7 +87,7 @@ class NdarrayCodec(DataframeColumnCodec):
         return bytearray(memfile.getvalue())
 
     def decode(self, unischema_field: Any, value: Any) -> np.ndarray:
-        return np.load(io.BytesIO(value))
+        return load_npy(value)
 
 
 class CompressedNdarrayCodec(DataframeColumnCodec):
@@ -97,8 +100,45 @@ class CompressedNdarrayCodec(DataframeColumnCodec):
         return bytearray(memfile.getvalue())
 
     def decode(self, unischema_field: Any, value: Any) -> np.ndarray:
-        with np.load(io.BytesIO(value)) as archive:
-            return archive["arr"]
+        with zipfile.ZipFile(io.BytesIO(value)) as archive:
+            names = archive.namelist()
+            if "arr.npy" in names:  # what savez_compressed(arr=...) writes: read it as np.load would
+                return load_npy(archive.read("arr.npy"))
+        with np.load(io.BytesIO(value)) as npz:
+            return npz["arr"]  # KeyError naming the missing entry, as Petastorm's decode raises
+
+
+# The .npy header numpy writes for a plain dtype: {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=][a-zA-Z]\d*)', 'fortran_order': (True|False), "
+                         r"'shape': \(((?:\d+, )*\d*|\d+,)\), \}\s*")
+_NPY_FALLBACK = threading.Lock()
+
+
+def load_npy(value: Any) -> np.ndarray:
+    """``numpy.load`` of ``.npy`` bytes, the same array (dtype with byte order, shape, Fortran order, a fresh
+    writable copy), with the header parsed by a regular expression instead of numpy's ``ast.literal_eval``.
+
+    Why: CPython 3.11 up to 3.11.7 can fail ``ast`` parsing done by several threads at once ("SystemError: AST
+    constructor recursion depth mismatch", cpython gh-106905), and the loaders decode cells in threads; a regular
+    expression is also far cheaper per cell. Any header this does not recognise (structured or object dtypes,
+    other versions) goes to ``numpy.load`` itself, one thread at a time, so it raises exactly what numpy raises."""
+    view = memoryview(value).cast("B")
+    if view[:6] == b"\x93NUMPY" and len(view) >= 10:
+        major = view[6]
+        size_bytes = 2 if major == 1 else 4
+        start = 8 + size_bytes
+        length = int.from_bytes(view[8:start], "little")
+        match = _NPY_HEADER.fullmatch(bytes(view[start:start + length]).decode("latin1"))
+        if match is not None and major in (1, 2, 3):
+            descr, fortran, shape_text = match.groups()
+            dtype = np.dtype(descr)
+            shape = tuple(int(d) for d in shape_text.replace(",", " ").split())
+            count = int(np.prod(shape, dtype=np.int64))
+            if not dtype.hasobject and len(view) - start - length >= count * dtype.itemsize:
+                flat = np.frombuffer(view, dtype=dtype, count=count, offset=start + length)
+                return flat.reshape(shape, order="F" if fortran == "True" else "C").copy(order="K")
+    with _NPY_FALLBACK:
+        return np.load(io.BytesIO(bytes(view)))
 
 
 class CompressedImageCodec(DataframeColumnCodec):
