@@ -25,6 +25,9 @@ from ..unischema.decode import decode_value, is_scalar
 from . import convert
 from .schema import LIST, ColumnSchema, column_schema, delivered_type
 
+# to_pylist of list arrays: value-by-value boxing up to pyarrow 14 (the petastorm stack), fast by pyarrow 26 (the
+# modern one); versions between take the flat path, exact either way (python_values)
+_FAST_TO_PYLIST = int(pa.__version__.split(".")[0]) >= 20
 OPEN_FILES = 8  # footers kept open per reader: consecutive fragments often come from the same file
 BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
 
@@ -186,25 +189,24 @@ def as_list(values) -> list:
 
 
 def objects_of(columns: dict) -> dict:
-    """``columns`` with every Arrow array (strings, lists) as a numpy array of its Python values (``as_list``), in
-    place. Done once per chunk, after the cost (computed on the Arrow array) and before the window: permuting and
-    cutting an object array moves pointers, where Arrow's ``take`` of strings copies their bytes and every batch's
-    ``to_numpy`` would then build the values again (about half the time of a shuffled epoch of text columns)."""
+    """``columns`` with every Arrow text array as a numpy array of its Python ``str``/``bytes`` (``as_list``'s
+    values), in place. Done once per chunk, after the cost (computed on the Arrow array) and before the window:
+    permuting and cutting an object array moves pointers, where Arrow's ``take`` of strings copies their bytes and
+    every run's ``to_numpy`` would then build the values again. Other list columns stay Arrow arrays: their Python
+    lists are built per batch (``tensors.torch_batches``), so they die young instead of filling the window with
+    thousands of objects that every garbage collection scans (40% of an epoch over a list column, measured)."""
     for name, values in columns.items():
-        if isinstance(values, pa.Array):
-            if _is_text(values.type):
-                columns[name] = values.to_numpy(zero_copy_only=False)
-            else:  # fromiter: lists of equal length stay one object per row, never a 2-D array
-                columns[name] = np.fromiter(python_values(values), dtype=object, count=len(values))
+        if isinstance(values, pa.Array) and _is_text(values.type):
+            columns[name] = values.to_numpy(zero_copy_only=False)
     return columns
 
 
 def python_values(array: pa.Array) -> list:
-    """``array.to_pylist()``, the same values, built faster for the common list column: a list (or large list) of
-    integers, floats or booleans with no null items is made from its flat values (one ``tolist``) cut at its
-    offsets, about 20 times faster than ``to_pylist``'s value-by-value boxing."""
+    """``array.to_pylist()``, the same values, built faster for the common list column on older pyarrow: a list (or
+    large list) of integers, floats or booleans with no null items is made from its flat values (one ``tolist``)
+    cut at its offsets, 20 times faster than pyarrow 14's ``to_pylist`` (pyarrow 26's is twice as fast again)."""
     kind = array.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not len(array):
+    if _FAST_TO_PYLIST or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not len(array):
         return array.to_pylist()
     item = kind.value_type
     if not (pa.types.is_integer(item) or pa.types.is_boolean(item)
