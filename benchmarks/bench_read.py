@@ -11,7 +11,9 @@ same process, on the same rows, with the same worker count.
   raw pyarrow run.
 - rows per CPU-second (``process_time``: every thread of the process) of the same runs, and their ratios against
   raw pyarrow (issue 27's goal: >= 0.9x for numeric, shuffled, all columns and the conformance types: strings,
-  lists, nullable columns with their ``__valid`` masks), plus raw pyarrow without its own decode threads.
+  lists, nullable columns with their ``__valid`` masks), plus raw pyarrow without its own decode threads. Twice:
+  ``make_loader`` and one epoch per round (its setup, footers read for the batch schema, counted each time), and
+  ``_made``: epochs of one loader made before the rounds, as a training loop has it.
 - rows decoded per row delivered, for a plan with a predicate (plain) and a Petastorm dataset with codecs.
 - peak RSS of one rank reading a whole epoch, for the dataset and one ``--scale`` times larger (subprocesses).
 - time to the first batch after resuming at 90% of an epoch, against a fresh start.
@@ -109,6 +111,19 @@ def balanced(plan, workers, batch, shuffle, window, columns=NUMERIC, pool="threa
     return rows
 
 
+def epochs_of(plan, workers, batch, shuffle, window, columns=NUMERIC, backend="arrow"):
+    """A function reading one epoch of a loader made once (as a training loop does: setup paid before the first
+    epoch, not per epoch); each call serves epoch 0 again, so every round reads the same rows."""
+    from petastorm_balanced import make_loader
+    loader = make_loader(0, 1, plan=plan, batch_size=batch, workers_count=workers, shuffle=shuffle,
+                         shuffle_window=window, schema_fields=columns, backend=backend)
+
+    def epoch():
+        loader.set_epoch(0)
+        return sum(len(b["id"]) for b in loader)
+    return epoch
+
+
 def conformance_dataset(path, rows, seed=11):
     """The conformance suite's column types (issue 19) at benchmark size: strings, variable-length lists, a
     nullable int (delivered with its ``__valid`` mask), a nullable float (NaN), a nullable bool (mask); row
@@ -180,6 +195,12 @@ def throughput(url, args):
                                                                  backend="arrow")
     contenders["balanced[arrow]_conformance_shuffled"] = lambda: balanced(conformance_plan, w, b, True, q,
                                                                           columns=None, backend="arrow")
+    made = {"_made": (plan, False, NUMERIC), "_made_shuffled": (plan, True, NUMERIC),
+            "_made_all_columns": (plan, False, None), "_made_all_columns_shuffled": (plan, True, None),
+            "_made_conformance": (conformance_plan, False, None),
+            "_made_conformance_shuffled": (conformance_plan, True, None)}
+    for suffix, (which, shuffled, columns) in made.items():
+        contenders[f"balanced[arrow]{suffix}"] = epochs_of(which, w, b, shuffled, q, columns)
     cpu: dict = {}
     rates = measure(args.repeats, contenders, cpu)
     out["median_rows_per_s"] = {name: float(np.median(r)) for name, r in rates.items()}
@@ -192,7 +213,11 @@ def throughput(url, args):
                   (f"{ours}_all_columns_shuffled", "raw_pyarrow_all_columns")]
     pairs += [("balanced[arrow]_conformance", "raw_pyarrow_conformance"),
               ("balanced[arrow]_conformance_shuffled", "raw_pyarrow_conformance")]
-    out["rows per CPU-second ratios (median of rounds)"] = per_cpu_table(cpu, pairs)
+    out["rows per CPU-second ratios, make_loader + one epoch (median of rounds)"] = per_cpu_table(cpu, pairs)
+    made_pairs = [(f"balanced[arrow]{suffix}", "raw_pyarrow_conformance" if "conformance" in suffix else
+                   "raw_pyarrow_all_columns" if "all_columns" in suffix else "raw_pyarrow") for suffix in made]
+    out["rows per CPU-second ratios, epochs of a loader made once (median of rounds)"] = per_cpu_table(cpu,
+                                                                                                       made_pairs)
     out["rows per CPU-second against raw pyarrow without its decode threads (stricter, no goal)"] = {
         f"{ours} / {base}": round(ratio(cpu, ours, base), 2) for ours, base in (
             ("balanced[arrow]", "raw_pyarrow_no_decode_threads"),
