@@ -52,8 +52,8 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool):
 def _cutter(values, batch_size: int):
     """``cut(first, n)``: the parts of batches ``first`` to ``first + n - 1`` of one column of a run."""
     if isinstance(values, pa.Array):  # list columns: Python lists built per batch (``fragments.objects_of``)
-        def cut_lists(first, n):
-            return [as_list(values.slice((first + i) * batch_size, batch_size)) for i in range(n)]
+        def cut_lists(first, n):  # lazily, as zip asks: one batch's lists alive at a time, not GROUP batches'
+            return (as_list(values.slice((first + i) * batch_size, batch_size)) for i in range(n))
         return cut_lists
     if values.dtype.kind in "OUS":  # text: one list of the run's values, cut per batch
         items = values.tolist()
