@@ -164,8 +164,8 @@ def main(argv=None):
                 wall, cpu = throughput(text_plan)
                 results["throughput"] = cpu["cost"] / cpu["rows"]  # wall clock swings 2x on a shared machine
                 print(f"  throughput with a text column (cost='length(text)'): rows balance {wall['rows']:,.0f} "
-                      f"rows/s, cost balance {wall['cost']:,.0f} rows/s ({wall['cost'] / wall['rows']:.2f}x); per CPU second (goal >= "
-                      f"{THROUGHPUT_GOAL}x) {cpu['cost'] / cpu['rows']:.2f}x")
+                      f"rows/s, cost balance {wall['cost']:,.0f} rows/s ({wall['cost'] / wall['rows']:.2f}x); per CPU "
+                      f"second (goal >= {THROUGHPUT_GOAL}x) {cpu['cost'] / cpu['rows']:.2f}x")
                 budget = args.budget or max(8192, plan.max_row_cost)
                 fill, steps, left = budget_figures(plan, budget)
                 results["fill"] = fill
