@@ -70,10 +70,13 @@ DRIVER_FOOTERS_MAX = 512  # above this many remote files, footers are read in Sp
 FOOTER_THREADS = 8  # per task (or on the driver): footer reads are latency-bound
 SHIP_CONF = "spark.petastorm_balanced.shipPackage"
 _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
-# Up to ROWS_TO_DRIVER_MAX scanned rows, each matching row reaches the driver as an int64 (at most 128 MB): no
-# shuffle, whose second stage costs about 0.1 s, a lot next to a count() of a few million rows. Above it, as
-# 64-row words: at most 2 bits per scanned row, within twice the plan's own selections.
-ROWS_TO_DRIVER_MAX = 1 << 24
+# Up to ROWS_TO_DRIVER_MAX scanned rows, each matching row reaches the driver as an int64 (at most 32 MB): no
+# shuffle, whose second stage costs 0.1 s on local[*] and 0.4-0.9 s on a standalone cluster, a lot next to a
+# count() of a few million rows. Above it, as 64-row words: at most 2 bits per scanned row, within twice the
+# plan's own selections. On a 2-worker standalone cluster at 16M rows (benchmarks/bench_cluster.py), rows cost
+# 1.68x count(where) at 53% and 5% matching, words 1.21x and 1.56x: the Arrow conversion, transfer and decoding
+# of 8.5M int64 (1.3-2.2 s on the driver alone) outgrow the second stage well before 16M rows.
+ROWS_TO_DRIVER_MAX = 1 << 22
 WORD_BITS = 6
 _SHIPPED: set[str | tuple[str, str]] = set()  # application ids that already got the package zip
 
@@ -414,10 +417,8 @@ def _file_matches(info: FileInfo, mask: np.ndarray) -> list[RowGroupMatch]:
     """The records of one file's row groups with a matching row, encoded by ``match_from_mask`` as the local engine
     encodes them (G8)."""
     bounds = np.concatenate(([0], np.cumsum(info.row_group_rows, dtype=np.int64)))
-    counts = np.diff(np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))[bounds])
-    # every row group here has a matching row, so match_from_mask never answers None
-    return [m for i in np.flatnonzero(counts)
-            if (m := match_from_mask(info.path, int(i), mask[bounds[i]:bounds[i + 1]])) is not None]
+    return [m for i in range(len(info.row_group_rows))
+            if (m := match_from_mask(info.path, i, mask[bounds[i]:bounds[i + 1]])) is not None]
 
 
 def _changed_while_planning() -> InvalidValueError:
