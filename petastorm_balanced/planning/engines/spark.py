@@ -13,7 +13,9 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
   aggregation inside each scan task, a shuffle of words only), at most 2 bits per scanned row where the plan's
   selections hold up to 1. A deterministic where on hive partition columns alone keeps or drops whole files, so
   only the matching files' keys travel. No Python worker: moving rows from the JVM into Python workers cost more
-  than Spark's whole count(where) (``benchmarks/bench_spark_plan.py``).
+  than Spark's whole count(where) (``benchmarks/bench_spark_plan.py``). One Spark job in all: the schema Spark
+  would infer (a job of its own in ``spark.read.parquet``) is computed on the driver from a footer already listed,
+  with Spark's own converter, whenever every file has the same Parquet schema.
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
