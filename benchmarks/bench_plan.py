@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from petastorm_balanced import load_plan, plan_shards  # noqa: E402
-from petastorm_balanced.planning.scan import scan  # noqa: E402
+from petastorm_balanced.planner.scan import scan  # noqa: E402
 from petastorm_balanced.predicates import in_lambda  # noqa: E402
 
 

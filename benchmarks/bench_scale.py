@@ -30,8 +30,8 @@ GOALS = {"bytes_per_row_group": 40, "rank_start_s": 2.0, "rss_added_mb": 300, "e
 def synthesize(num_files: int, num_row_groups: int, partial: float, seed: int):
     """A catalog as planning would make it, built column-wise (a million dataclasses would take longer than the
     plan's own work)."""
-    from petastorm_balanced.plan import selection
-    from petastorm_balanced.plan.catalog import Catalog, FileInfo, RowGroups
+    from petastorm_balanced.core import selection
+    from petastorm_balanced.core.catalog import Catalog, FileInfo, RowGroups
     rng = np.random.default_rng(seed)
     per_file = np.bincount(rng.integers(0, num_files, num_row_groups), minlength=num_files)  # (files,)
     rows = rng.integers(1_000, 200_000, num_row_groups)  # (row groups,)
@@ -107,8 +107,8 @@ def main(argv=None) -> int:
         return 0
 
     rank_played = args.world_size // 2 if args.rank is None else args.rank
-    from petastorm_balanced.plan.predicate import predicate_info
-    from petastorm_balanced.planning.plan_shards import make_plan
+    from petastorm_balanced.core.predicate_info import predicate_info
+    from petastorm_balanced.planner.plan_shards import make_plan
     started = time.perf_counter()
     catalog = synthesize(args.files, args.row_groups, args.partial, seed=0)
     plan = make_plan("file:///synthetic/scale", catalog, world_size=args.world_size, batch_size=args.batch_size,

@@ -33,9 +33,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from petastorm_balanced import datagen, plan_shards  # noqa: E402
-from petastorm_balanced.plan.predicate import predicate_info
-from petastorm_balanced.planning.engines import spark as spark_engine  # noqa: E402
-from petastorm_balanced.planning.plan_shards import make_plan  # noqa: E402
+from petastorm_balanced.core.predicate_info import predicate_info
+from petastorm_balanced.planner.engines import spark as spark_engine  # noqa: E402
+from petastorm_balanced.planner.plan_shards import make_plan  # noqa: E402
 
 
 def dataset(path: str, make) -> datagen.DatasetInfo:

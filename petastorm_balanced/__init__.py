@@ -16,7 +16,7 @@ from .errors import (
 )
 from .plan.load import load_plan
 from .plan.model import Fragment, ShardPlan
-from .planning.plan_shards import plan_shards
+from .planner.plan_shards import plan_shards
 from .world import World
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs (never imported here at run time)

@@ -3,7 +3,7 @@ written here (same names, arguments, attributes and semantics).
 
 Why: ``plan_shards(predicate=...)`` takes a Petastorm ``PredicateBase`` (an object with ``get_fields()`` and
 ``do_include(values)``), but Petastorm cannot be imported on pyarrow >= 16. A predicate's fingerprint is built from
-its class name and attributes (``plan/predicate.py``), so ``in_set({'en'}, 'lang')`` has the same fingerprint on
+its class name and attributes (``core/predicate_info.py``), so ``in_set({'en'}, 'lang')`` has the same fingerprint on
 both stacks, and a plan made with one is recognised with the other (G7, G12).
 
 >>> p = in_set({"en"}, "lang")

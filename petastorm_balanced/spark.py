@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
+from .core import balance
 from .errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from .io import fs as fsutil
 from .io.cache_dir import Cache
-from .plan import balance
 from .plan.load import load_plan
 from .plan.model import ShardPlan
-from .planning.plan_shards import plan_shards
+from .planner.plan_shards import plan_shards
 from .world import World
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class ConvertOptions:
 
     @classmethod
     def of(cls, parquet_row_group_size_bytes, compression_codec, dtype) -> ConvertOptions:
-        from .params import check_int
+        from .core.params import check_int
         size = check_int("parquet_row_group_size_bytes", parquet_row_group_size_bytes, minimum=1)
         codec = "uncompressed" if compression_codec is None else compression_codec
         if not isinstance(codec, str) or codec.lower() not in CODECS:
@@ -257,7 +257,7 @@ def _plan_text(spark, df) -> tuple[str, bool, Any]:
     Spark Connect: the protobuf of the plan (literal rows, UDF pickles, paths), and the analyzed plan text for what
     the server resolves (views).
     """
-    from .planning.engines.spark import is_connect
+    from .planner.engines.spark import is_connect
     if is_connect(spark):
         plan = df._plan.to_proto(spark.client)
         _canonical_proto(plan, {})
@@ -314,7 +314,7 @@ def _as_url(spark_path: str) -> str:
 
 def _materialize(df, url: str, options: ConvertOptions) -> None:
     """Write ``df`` under ``url`` (which does not exist yet), then refuse array columns that are not fixed-shape."""
-    from .planning.engines.spark import spark_url
+    from .planner.engines.spark import spark_url
     (df.write.option("compression", "none" if options.compression_codec == "uncompressed"
                      else options.compression_codec)
      .option("parquet.block.size", str(options.parquet_row_group_size_bytes))
@@ -361,7 +361,7 @@ def _check_fixed_shapes(spark, url: str) -> dict[str, int]:
     """Every top-level array column holds arrays of one length, no null array and no null element: a tensor of
     shape (rows, length). Checked on the written copy (one scan of those columns), before it is committed."""
     F, T = _pyspark()
-    from .planning.engines.spark import spark_url
+    from .planner.engines.spark import spark_url
     written = spark.read.parquet(spark_url(url))
     arrays = [f.name for f in written.schema.fields if isinstance(f.dataType, T.ArrayType)]
     if not arrays:

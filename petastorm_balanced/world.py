@@ -10,8 +10,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .core.params import check_int
 from .errors import InvalidValueError
-from .params import check_int
 
 # (rank variable, size variable, launcher), in the order they are trusted: the most specific launcher first. A
 # torchrun, horovodrun or mpirun started inside a SLURM job (by srun or in an sbatch script) inherits SLURM's

@@ -20,6 +20,26 @@ def matching_ids(path, lang=None) -> np.ndarray:
     return np.sort(ids[table.column("lang").to_numpy(zero_copy_only=False) == lang])
 
 
+def check_planned(plan, per_rank_fragments, *, world: int, batch_size: int, name: str = "G2"):
+    """G2 on what a plan assigns (fragments, not delivered batches), judged by ``tools/coverage.py``: every
+    catalog row a number, padding fragments flagged; expected = every matching row the catalog lists."""
+    keys = [(r.path, r.row_group) for r in plan.catalog.row_groups]
+    first, total = {}, 0
+    for r, key in zip(plan.catalog.row_groups, keys, strict=True):
+        first[key] = total
+        total += r.total_rows
+    expected = np.concatenate([first[k] + (r.positions() if r.selection else np.arange(r.total_rows))
+                               for r, k in zip(plan.catalog.row_groups, keys, strict=True)] or [np.zeros(0, np.int64)])
+    ids, padding = [], []
+    for fragments in per_rank_fragments:
+        rows = [first[(f.path, f.row_group)] + f.row_indices() for f in fragments]
+        flags = [np.full(f.num_rows, f.padding) for f in fragments]
+        ids.append(np.concatenate(rows or [np.zeros(0, np.int64)]))
+        padding.append(np.concatenate(flags or [np.zeros(0, bool)]))
+    return coverage_check(ids, padding, expected=expected, policy=plan.policy, global_batch=world * batch_size,
+                          name=name)
+
+
 def _ids_of(batches):
     ids, padding, sizes = [], [], []
     for batch in batches:

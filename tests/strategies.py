@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from petastorm_balanced.plan import balance
+from petastorm_balanced.core import balance
 
 MAX_ROW_GROUP_ROWS = 100_000
 

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow  # real jobs; accelerate alone takes seconds to im
 from jobs import ROOT, torchrun  # noqa: E402
 
 from petastorm_balanced import BalancedIterableDataset, datagen, make_loader, plan_shards  # noqa: E402
+from petastorm_balanced.tools.coverage import coverage_check, steps_check  # noqa: E402
 
 BATCH = 64
 EPOCHS = 3
@@ -54,11 +55,14 @@ def test_prepared_loader_is_exact_and_resumes(data, kind):
         delivered = []
         for rank, record in enumerate(full):
             got = [batch for e, batch in record["seen"] if e == epoch]
-            assert len(got) == steps, "every rank takes the planned steps (no second sharding)"
             assert got == [b["id"].tolist() for b in LOADERS[kind](plan, rank, epoch)], "the rank's planned batches"
-            delivered.extend(i for batch in got for i in batch)
-        assert len(set(delivered)) == len(delivered), "no row twice"
-        assert len(ids) - len(delivered) < 2 * BATCH, "policy drop leaves out fewer than world x batch rows"
+            delivered.append(got)
+        g1 = steps_check([[len(b) for b in got] for got in delivered], steps=steps, batch_size=BATCH, name="G1")
+        assert g1.ok, g1.detail  # every rank the planned steps: no second sharding
+        g2 = coverage_check([np.array([i for b in got for i in b], dtype=np.int64) for got in delivered],
+                            [np.zeros(sum(map(len, got)), bool) for got in delivered], expected=ids, policy="drop",
+                            global_batch=2 * BATCH, name="G2")
+        assert g2.ok, g2.detail
 
     resumed = run(root, kind, "resumed", "--resume", root / f"{kind}-state")
     for rank in range(2):

@@ -15,13 +15,17 @@ from stacks import HAVE_PETASTORM, petastorm_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "petastorm_balanced")
-# Layers, bottom up: a module may import its own layer and the ones below, never one above.
-LAYERS = {"io": 0, "unischema": 0, "errors": 0, "params": 0, "_version": 0, "world": 0,
-          "plan": 1, "predicates": 1, "planning": 2, "reading": 2, "tools": 3, "lightning": 3,
-          "datagen": 3, "__main__": 3, "spark": 3, "__init__": 4}
-PURE = ["plan.balance", "plan.elastic", "plan.shuffle", "plan.cost_order", "plan.selection", "plan.predicate",
-        "reading.batching", "tools.coverage", "params", "plan.deletes"]
-NEEDS_PETASTORM = {"petastorm_balanced.reading.petastorm_backend", "petastorm_balanced.reading.ordering",
+# Layers, bottom up: a module may import its own layer and the ones below, never one above (docs/architecture.md).
+# core: the pure arithmetic; io, unischema, world: the outside world; plan: the artefact; planner builds it and
+# reading serves it (neither imports the other); the top: public faces and tools.
+LAYERS = {"errors": 0, "_version": 0, "core": 1, "io": 2, "unischema": 2, "world": 2, "predicates": 2,
+          "plan": 3, "planner": 4, "reading": 4, "tools": 5, "lightning": 5, "datagen": 5, "__main__": 5,
+          "spark": 5, "__init__": 6}
+APART = [("planner", "reading"), ("reading", "planner")]  # siblings of one layer that never import each other
+# Every module of core/ is pure (no I/O, no torch, Spark or Petastorm), and these besides:
+PURE = sorted(f"core.{n[:-3]}" for n in os.listdir(os.path.join(PACKAGE, "core")) if n.endswith(".py")
+              and n != "__init__.py") + ["reading.batching", "tools.coverage"]
+NEEDS_PETASTORM = {"petastorm_balanced.reading.backends.petastorm", "petastorm_balanced.reading.backends.ordering",
                    "petastorm_balanced.io.remote"}
 
 
@@ -89,6 +93,22 @@ def test_nothing_imports_upward():
     assert not upward, "\n".join(f"{m} imports {t} (a higher layer)" for m, t in upward)
 
 
+def test_core_imports_only_core_and_errors():
+    known = modules()
+    allowed = ("petastorm_balanced.core", "petastorm_balanced.errors")
+    outside = [(m, t) for m, p in known.items() if m.startswith("petastorm_balanced.core.")
+               for t in imports(m, p, known) if not t.startswith(allowed)]
+    assert not outside, outside
+
+
+@pytest.mark.parametrize("a,b", APART)
+def test_siblings_stay_apart(a, b):
+    known = modules()
+    crossing = [(m, t) for m, p in known.items() if m.split(".")[1:2] == [a]
+                for t in imports(m, p, known) if t.split(".")[1:2] == [b]]
+    assert not crossing, crossing
+
+
 @pytest.mark.parametrize("name", PURE)
 def test_pure_modules_do_no_io(name):
     tree = ast.parse(open(os.path.join(PACKAGE, *name.split(".")) + ".py").read())
@@ -131,7 +151,7 @@ def test_docstring_examples_run():
 
 @petastorm_only
 def test_the_petastorm_internals_we_use_still_exist():
-    from petastorm_balanced.reading.petastorm_backend import PETASTORM_PRIVATE
+    from petastorm_balanced.reading.backends.petastorm import PETASTORM_PRIVATE
     missing = []
     for owner, name, how in PETASTORM_PRIVATE:
         module_name, _, attr = owner.rpartition(".")
@@ -147,4 +167,4 @@ def test_the_petastorm_internals_we_use_still_exist():
                      if k.__module__.startswith("petastorm"))
         if not ok:
             missing.append((owner, name))
-    assert not missing, f"Petastorm no longer has {missing}: update petastorm_backend.py or bound the version"
+    assert not missing, f"Petastorm no longer has {missing}: update reading/backends/petastorm.py or bound the version"

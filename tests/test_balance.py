@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import BalanceCase, balance_cases, catalogs, seeds
 
-from petastorm_balanced.plan import balance
+from petastorm_balanced.core import balance
 
 # Epochs compared for G5. The first piece of an epoch always comes from the first row group of its order, so two
 # epochs give the same assignment with probability <= 1/2 (two row groups); all of 40 epochs agree with

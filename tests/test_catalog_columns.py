@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from petastorm_balanced import load_plan
+from petastorm_balanced.core import selection
+from petastorm_balanced.core.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog, match_from_mask
+from petastorm_balanced.core.predicate_info import predicate_info
 from petastorm_balanced.plan import format as plan_format
-from petastorm_balanced.plan import selection
-from petastorm_balanced.plan.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog, match_from_mask
-from petastorm_balanced.plan.predicate import predicate_info
-from petastorm_balanced.planning.plan_shards import make_plan
+from petastorm_balanced.planner.plan_shards import make_plan
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
 
@@ -132,7 +132,7 @@ def test_saved_plan_loads_to_an_equal_plan(tmp_path):
 def test_rows_and_words_from_spark_become_the_matches_masks_give(files_rows, data):
     """What the where job collects, matching rows packed with their file's size or 64-row words (any order), gives
     exactly the records the local engine's masks give (G8)."""
-    spark_engine = pytest.importorskip("petastorm_balanced.planning.engines.spark")
+    spark_engine = pytest.importorskip("petastorm_balanced.planner.engines.spark")
     shift = 10  # above 4 x 200 rows
     files = {1000 + i: FileInfo(f"f{i}.parquet", 1000 + i, tuple(rows)) for i, rows in enumerate(files_rows)}
     expected, rows, keys, words, bits = [], [], [], [], []
@@ -158,7 +158,7 @@ def test_rows_and_words_from_spark_become_the_matches_masks_give(files_rows, dat
 
 
 def test_rows_past_a_footer_mean_the_dataset_changed():
-    spark_engine = pytest.importorskip("petastorm_balanced.planning.engines.spark")
+    spark_engine = pytest.importorskip("petastorm_balanced.planner.engines.spark")
     files = [FileInfo("a.parquet", 3, (10, 20)), FileInfo("b.parquet", 5, (64,))]
     with pytest.raises(ValueError, match="changed while planning"):
         spark_engine.matches_from_rows(np.array([3 << 8 | 30]), 8, files)  # a.parquet has rows 0-29
@@ -171,7 +171,7 @@ def test_rows_past_a_footer_mean_the_dataset_changed():
 
 
 def test_time_summary_names_steps_in_order_and_sums_wall_time():
-    from petastorm_balanced.planning.plan_shards import time_summary
+    from petastorm_balanced.planner.plan_shards import time_summary
     line = time_summary({"footers": 0.5, "where": 2.0, "encode": 0.75, "balance": 0.25, "write": 0.25,
                          "session": 0.0})
     assert line == "footers 0.50 s, where 2.00 s, encode 0.75 s, balance 0.25 s, write 0.25 s; total 3.75 s"

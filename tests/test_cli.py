@@ -13,10 +13,10 @@ import pytest
 from stacks import PYARROW_MAJOR, petastorm_only
 
 from petastorm_balanced import datagen, load_plan, plan_shards
-from petastorm_balanced.plan.catalog import Catalog
+from petastorm_balanced.core.catalog import Catalog
 from petastorm_balanced.plan.format import write_plan
 from petastorm_balanced.plan.load import read_plan
-from petastorm_balanced.planning.engines.local import build_catalog
+from petastorm_balanced.planner.engines.local import build_catalog
 from petastorm_balanced.tools.petastorm_sharding import petastorm_shards
 from petastorm_balanced.tools.progress import Progress
 
@@ -162,7 +162,7 @@ def _drop_rows(plan, how):
         victim = next(i for i, r in enumerate(rows) if r.matching_rows >= plan.world_size * plan.batch_size)
         del rows[victim]
     else:  # lose a range of positions inside one row group
-        from petastorm_balanced.plan import selection
+        from petastorm_balanced.core import selection
         victim = max(range(len(rows)), key=lambda i: rows[i].matching_rows)
         keep = rows[victim].positions()
         keep = np.concatenate([keep[:10], keep[10 + plan.world_size * plan.batch_size:]])

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from resume_contract import check_resume_contract
 
 from petastorm_balanced import load_plan, plan_shards
-from petastorm_balanced.plan import balance
-from petastorm_balanced.plan.cost_order import cost_order
+from petastorm_balanced.core import balance
+from petastorm_balanced.core.cost import arrange_budget, arrange_max, arrange_sum, budget_batches, cost_order
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches
-from petastorm_balanced.reading.cost_batching import arrange_budget, arrange_max, arrange_sum, budget_batches
+from petastorm_balanced.tools.coverage import coverage_check, steps_check
 
 
 def write_lengths(path, rows=3000, files=4, row_group=300, seed=0, sources=True):
@@ -117,12 +117,16 @@ def test_cost_order_keeps_g1_g2(counts, density, world, batch, policy, seed, epo
                             order=order)
     rows = [pieces.rows_of_rank(r) for r in range(world)]
     assert len(set(rows)) == 1 and rows[0] == pieces.steps_per_rank * batch  # G1
-    real = ~pieces.padding
-    taken = [(c, i) for c, s, e in zip(pieces.catalog_row[real], pieces.start[real], pieces.stop[real], strict=True)
-             for i in range(s, e)]
-    assert len(taken) == len(set(taken))  # G2: no row twice
-    if policy == "drop":
-        assert counts.sum() - len(taken) < world * batch
+    width = int(counts.max())  # matching row i of catalog row c is id c * width + i
+
+    def ids(mask):
+        return np.concatenate([c * width + np.arange(s, e) for c, s, e in zip(
+            pieces.catalog_row[mask], pieces.start[mask], pieces.stop[mask], strict=True)] or [np.zeros(0, np.int64)])
+    real, padded = ids(~pieces.padding), ids(pieces.padding)
+    expected = np.concatenate([c * width + np.arange(n) for c, n in enumerate(counts)])
+    check = coverage_check([real, padded], [np.zeros(len(real), bool), np.ones(len(padded), bool)],
+                           expected=expected, policy=policy, global_batch=world * batch, name="G2")
+    assert check.ok, check.detail
 
 
 def test_cost_order_spreads_dense_row_groups():
@@ -235,7 +239,6 @@ def epoch(plan, world, **kwargs):
 
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 def test_cost_loader_g1_g2_and_cost_column(cost_plan, reduce):
-    from petastorm_balanced.tools.coverage import coverage_check, steps_check
     ranks = epoch(cost_plan, 3, cost_reduce=reduce, batch_size=8)
     ids = [np.concatenate(batches) for batches, _ in ranks]
     checks = [steps_check([[len(b) for b in batches] for batches, _ in ranks], steps=cost_plan.steps_per_epoch(3, 8),
@@ -428,7 +431,7 @@ def test_inspect_and_compare_show_the_cost_side(cost_plan, lengths):
 def test_verify_rechecks_cost_statistics(cost_plan):
     from dataclasses import replace
 
-    from petastorm_balanced.plan.catalog import Catalog
+    from petastorm_balanced.core.catalog import Catalog
     from petastorm_balanced.tools.verify import cost_check
     assert cost_check(cost_plan).ok
     groups = list(cost_plan.catalog.row_groups)

@@ -1,11 +1,11 @@
-"""plan/deletes.py: a table's position deletes leave the catalog's selections, checked against a brute-force
+"""core/deletes.py: a table's position deletes leave the catalog's selections, checked against a brute-force
 model over random files, row groups, predicate selections and deletes."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from petastorm_balanced.plan.catalog import Catalog, FileInfo, match_from_mask
-from petastorm_balanced.plan.deletes import without_rows
+from petastorm_balanced.core.catalog import Catalog, FileInfo, match_from_mask
+from petastorm_balanced.core.deletes import without_rows
 
 
 @st.composite

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import catalogs, seeds
 
-from petastorm_balanced.plan import balance, elastic
-from petastorm_balanced.plan.shuffle import Windows
+from petastorm_balanced.core import balance, elastic
+from petastorm_balanced.core.shuffle import Windows
 from petastorm_balanced.reading.batching import WindowBatcher, start_point, window_rows
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from petastorm_balanced import load_plan, plan_shards
-from petastorm_balanced.plan.predicate import predicate_info
+from petastorm_balanced.core.predicate_info import predicate_info
 from petastorm_balanced.predicates import in_lambda
 
 CELL = 'threshold = 3\npredicate = in_lambda(["label"], lambda label: label > threshold)\n'

@@ -10,15 +10,16 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from delivery_contract import check_planned
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import catalog_paths
 
 from petastorm_balanced import PlanError, PlanIntegrityError, PlanVersionError, StalePlanError, load_plan, plan_shards
+from petastorm_balanced.core.predicate_info import predicate_info
 from petastorm_balanced.datagen import make_plain_dataset
 from petastorm_balanced.plan import format as plan_format
-from petastorm_balanced.plan.predicate import predicate_info
-from petastorm_balanced.planning.scan import check_footers
+from petastorm_balanced.planner.scan import check_footers
 from petastorm_balanced.predicates import in_lambda, in_set
 
 WORLD, BATCH = 3, 16
@@ -325,14 +326,11 @@ def test_failed_overwrite_leaves_no_plan_and_rerun_succeeds(saved, tmp_path, mon
 def test_plan_serves_other_world_sizes(saved, world, policy):
     plan = dataclasses.replace(saved[0], policy=policy)
     steps = plan.steps_per_epoch(world_size=world)
-    real = []
-    for rank in range(world):
-        fragments = plan.assignment(rank, world_size=world, epoch=2, num_workers=2)
+    assigned = [plan.assignment(rank, world_size=world, epoch=2, num_workers=2) for rank in range(world)]
+    for fragments in assigned:
         assert sum(f.num_rows for f in fragments) == steps * BATCH == plan.rows_per_rank(world_size=world)
-        real += [(f.path, f.row_group, i) for f in fragments if not f.padding for i in f.row_indices().tolist()]
-    assert len(set(real)) == len(real)
-    left_out = plan.total_rows - len(real)
-    assert left_out == 0 if policy == "pad" else 0 <= left_out < world * BATCH
+    check = check_planned(plan, assigned, world=world, batch_size=BATCH)
+    assert check.ok, check.detail
 
 
 # ---- G14: hostile catalog paths, signed by the package's own writer ----

@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import positions_in_row_group
 
+from petastorm_balanced.core import selection
 from petastorm_balanced.errors import PlanIntegrityError
-from petastorm_balanced.plan import selection
 
 # The plan-size budget (docs/plan-format.md): about 1 bit per scanned row at random, plus a small constant (tag
 # and padding byte).

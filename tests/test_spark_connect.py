@@ -8,7 +8,7 @@ from connect_server import classic_mode
 
 from petastorm_balanced import plan_shards
 from petastorm_balanced.errors import InvalidValueError
-from petastorm_balanced.planning.engines import spark as spark_engine
+from petastorm_balanced.planner.engines import spark as spark_engine
 from petastorm_balanced.predicates import in_set
 from petastorm_balanced.spark import make_spark_converter
 

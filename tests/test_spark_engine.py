@@ -18,8 +18,8 @@ import pytest
 
 from petastorm_balanced import load_plan, plan_shards
 from petastorm_balanced.errors import InvalidWhereError
-from petastorm_balanced.planning.engines import spark as spark_engine
-from petastorm_balanced.planning.engines.spark import build_catalog
+from petastorm_balanced.planner.engines import spark as spark_engine
+from petastorm_balanced.planner.engines.spark import build_catalog
 from petastorm_balanced.predicates import in_lambda, in_set
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
@@ -272,8 +272,8 @@ def test_package_zip_is_importable_alone(tmp_path):
     path = spark_engine.package_zip()
     assert path == spark_engine.package_zip()  # same content, same zip
     names = zipfile.ZipFile(path).namelist()
-    assert "petastorm_balanced/planning/engines/spark.py" in names and "petastorm_balanced/__init__.py" in names
-    code = ("import petastorm_balanced.planning.engines.spark as s, sys; "
+    assert "petastorm_balanced/planner/engines/spark.py" in names and "petastorm_balanced/__init__.py" in names
+    code = ("import petastorm_balanced.planner.engines.spark as s, sys; "
             "assert s.__file__.startswith(sys.argv[1]), s.__file__")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, sys.argv[1]); {code}", path],

@@ -289,7 +289,7 @@ def test_petastorms_own_unpickler_runs_exec_and_ours_hardens_it(tmp_path):
     subprocess.run([sys.executable, "-c", load, str(blob)], check=True, timeout=120, capture_output=True)
     assert marker.exists()  # Petastorm alone ran it
     marker.unlink()
-    hardened = "import petastorm_balanced.reading.petastorm_backend; " + load
+    hardened = "import petastorm_balanced.reading.backends.petastorm; " + load
     done = subprocess.run([sys.executable, "-c", hardened, str(blob)], timeout=120, capture_output=True, text=True)
     assert done.returncode != 0 and "UnsafeDatasetError" in done.stderr and not marker.exists()
 

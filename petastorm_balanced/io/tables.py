@@ -8,7 +8,7 @@ table names its exact files instead, and those files never change: that makes a 
 URL or a pyiceberg ``Table``) into a ``TableSnapshot``: the format, the table's location, the version (Delta) or
 snapshot id (Iceberg) and its data files relative to the location, with sizes and the partition values the log or
 manifest records. Iceberg position deletes (Parquet) are read into each file's ``deleted_rows``, which planning
-removes from the plan's selections (``plan/deletes.py``). What this package cannot deliver exactly (Delta deletion
+removes from the plan's selections (``core/deletes.py``). What this package cannot deliver exactly (Delta deletion
 vectors and column mapping, Iceberg equality deletes and Puffin deletion vectors, files outside the table's
 location, partition values the reader would take differently from the folder names) is refused with an
 ``InvalidValueError`` naming the version and the fix, never ignored.
@@ -25,8 +25,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
-from ..params import check_int
 from . import fs as fsutil
 from .partitions import partition_values  # the reader's own rule (decoded, None for a null)
 

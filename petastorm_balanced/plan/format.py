@@ -22,17 +22,17 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._version import __version__
+from ..core import balance
+from ..core.catalog import Catalog, FileInfo, RowGroups
 from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError
 from ..io import fs as fsutil
 from ..io.dataset import list_data_files
-from . import balance
-from .catalog import Catalog, FileInfo, RowGroups
 
 if TYPE_CHECKING:
     from os import PathLike
 
+    from ..core.predicate_info import PredicateInfo
     from ..io.tables import TableRef
-    from .predicate import PredicateInfo
 
 
 class ShardPlan(Protocol):
@@ -235,7 +235,7 @@ def totals(plan: ShardPlan, pieces: balance.Pieces | None = None) -> dict:
 def _cost_totals(plan: ShardPlan, pieces: balance.Pieces) -> dict:
     """Cost side of the totals: the whole cost, the largest row's, and each rank's estimated share (each piece
     counted at its row group's mean cost per row; exact for whole row groups)."""
-    from .cost_report import rank_costs
+    from ..core.cost import rank_costs
     return {"total_cost": int(plan.catalog.cost_sums().sum()), "max_row_cost": plan.catalog.max_row_cost,
             "cost_per_rank": [int(round(c)) for c in rank_costs(plan.catalog, pieces)]}
 
@@ -316,10 +316,9 @@ def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
 def _header(plan: ShardPlan, version: int = FORMAT_VERSION) -> dict:
     cost = {}
     if plan.catalog.cost is not None:
-        from .cost import parse_cost
-        from .cost_order import NAME, VERSION
+        from ..core.cost import ORDER_NAME, ORDER_VERSION, parse_cost
         cost = {"cost": {"text": plan.catalog.cost, "kind": parse_cost(plan.catalog.cost).kind,
-                         "order": NAME, "order_version": VERSION}}
+                         "order": ORDER_NAME, "order_version": ORDER_VERSION}}
     return {
         **cost,
         "format": FORMAT_NAME, "format_version": version,

@@ -12,12 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._version import __version__
+from ..core import balance
+from ..core.catalog import Catalog, FileInfo
+from ..core.predicate_info import PredicateInfo, predicate_info
 from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
 from ..io.dataset import load_unischema
 from ..io.tables import TableRef
-from . import balance
-from .catalog import Catalog, FileInfo
 from .format import (
     ASSIGNMENT,
     CATALOG,
@@ -36,7 +37,6 @@ from .format import (
 )
 from .format import check_dataset as _check_dataset
 from .model import ShardPlan
-from .predicate import PredicateInfo, predicate_info
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -128,10 +128,10 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
         raise PlanIntegrityError(f"{url}/plan.json lists a row group size that is not an integer; re-run planning")
     cost = document.get("cost")  # absent from plans without a cost (and from plans older than costs)
     if cost is not None:
-        from .cost_order import NAME, VERSION
-        if (cost["order"], cost["order_version"]) != (NAME, VERSION):
+        from ..core.cost import ORDER_NAME, ORDER_VERSION
+        if (cost["order"], cost["order_version"]) != (ORDER_NAME, ORDER_VERSION):
             raise PlanVersionError(f"{url} orders cost by {cost['order']} v{cost['order_version']}; this package has "
-                                   f"{NAME} v{VERSION}; re-plan")
+                                   f"{ORDER_NAME} v{ORDER_VERSION}; re-plan")
     catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"],
                       tuple(dataset["partition_columns"]), None if cost is None else cost["text"])
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],

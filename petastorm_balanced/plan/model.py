@@ -13,19 +13,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core import balance, elastic, selection
+from ..core.catalog import Catalog
+from ..core.cost import cost_order, resolve_balance
 from ..errors import InvalidValueError
 from ..io.tables import TableRef
 from ..world import check_rank_world
-from . import balance, elastic, selection
-from .catalog import Catalog
-from .cost_order import cost_order
 
 if TYPE_CHECKING:
     from os import PathLike
-from .predicate import PredicateInfo
-from .shuffle import Windows
-
-BALANCE = ("auto", "cost", "rows")
+from ..core.predicate_info import PredicateInfo
+from ..core.shuffle import Windows
 
 
 @dataclass(frozen=True)
@@ -98,17 +96,9 @@ class ShardPlan:
     def resolve_balance(self, balance_by: str = "auto") -> str:
         """``"cost"`` or ``"rows"``: the one ``"auto"`` rule, which every reader follows (``make_loader``,
         ``BalancedIterableDataset``, ``make_reader``, ``verify``): a plan with a cost balances cost, whatever the
-        reader's other settings, so every reader of a plan delivers the same rows in the same cost-dealt order."""
-        if balance_by not in BALANCE:
-            raise InvalidValueError(f"balance={balance_by!r} is not one of {BALANCE}: 'cost' balances each step's "
-                                    "cost (needs a plan made with cost=), 'rows' only rows, 'auto' cost when the "
-                                    "plan has one")
-        if balance_by == "auto":
-            return "cost" if self.cost is not None else "rows"
-        if balance_by == "cost" and self.cost is None:
-            raise InvalidValueError("balance='cost' needs a plan made with a cost: plan_shards(..., "
-                                    "cost='length(text)'); or pass balance='rows'")
-        return balance_by
+        reader's other settings, so every reader of a plan delivers the same rows in the same cost-dealt order
+        (``core/cost.resolve_balance``)."""
+        return resolve_balance(balance_by, has_cost=self.cost is not None)
 
     def pieces(self, *, epoch: int = 0, world_size: int | None = None, num_workers: int = 1,
                batch_size: int | None = None, reshuffle: str = "epoch", partition_epoch: int = 1,

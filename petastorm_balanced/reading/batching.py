@@ -26,30 +26,19 @@ cut them into batches, so per-batch work is a slice, and conversions (to tensors
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from ..core import shuffle as _shuffle
 from ..errors import InvalidValueError
-from ..plan import shuffle as _shuffle
 
-# The window shuffle rule lives in the core (``plan/shuffle.py``, which the elastic arithmetic reads backwards);
+# The window shuffle rule lives in the core (``core/shuffle.py``, which the elastic arithmetic reads backwards);
 # its names stay importable from here.
 window_rows, window_permutation, unread_rows = _shuffle.window_rows, _shuffle.window_permutation, _shuffle.unread_rows
+StartPoint = _shuffle.StartPoint
 
 Columns = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class StartPoint:
-    """Where reading starts when ``batches_done`` batches of the slot were already delivered."""
-
-    fragment: int  # index of the first fragment to read; the ones before it are never opened
-    offset: int  # rows at the head of that fragment to leave unread
-    window: int  # index of the first window (counted from the slot's first row)
-    row: int  # slot row at which the first window starts
-    skip_rows: int  # rows (whole batches) of the first window to drop after permuting
 
 
 def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int, batches_done: int,
@@ -84,7 +73,7 @@ class WindowBatcher:
         if window_rows % batch_size:
             raise InvalidValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
         self._total, self._batch, self._window_rows, self._key = total_rows, batch_size, window_rows, key
-        # arrange(window columns, key) -> (order, lengths): cost balancing (``cost_batching``) in place of the plain
+        # arrange(window columns, key) -> (order, lengths): cost balancing (``CostOptions``) in place of the plain
         # permutation; ``lengths`` (rows per batch, token budgets) makes every batch its own run, and then the start
         # point's ``skip_rows`` counts batches. Like the permutation it must depend on the window and key alone.
         self._arrange = arrange

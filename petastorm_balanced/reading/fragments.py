@@ -1,8 +1,8 @@
 """Reading one planned fragment: its row group, only the requested columns, cut to the planned rows before
 anything is decoded.
 
-Every read path uses this module: the Petastorm worker classes in ``petastorm_backend.py`` (thread or process
-pool), the Arrow backend's threads (``arrow_backend.py``) and the in-process reads of ``BalancedIterableDataset``
+Every read path uses this module: the Petastorm worker classes in ``backends/petastorm.py`` (thread or process
+pool), the Arrow backend's threads (``backends/arrow.py``) and the in-process reads of ``BalancedIterableDataset``
 inside DataLoader workers. Keeping one implementation is what makes the paths deliver the same rows, and the row
 count check here is what turns a dataset rewritten after planning into a ``StalePlanError`` instead of silently
 shifted rows.

@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..world import resolve_world
-from . import elastic_position, stream
-from .arrow_backend import arrow_chunks
+from . import state as keys
+from . import stream
+from .backends.arrow import arrow_chunks
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
@@ -59,7 +60,7 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
-    NUM_WORKERS = elastic_position.NUM_WORKERS
+    NUM_WORKERS = keys.NUM_WORKERS
     WORKER, WORKER_BATCHES = "worker", "worker_batches"  # in states saved inside a DataLoader worker
 
     def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
@@ -132,7 +133,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         if self.backend == "arrow":
             chunks = arrow_chunks(settings.plan, settings.columns, reader_pool_type="dummy")
         else:  # Petastorm's reader, in this process: the DataLoader's workers are the parallelism
-            from .petastorm_backend import petastorm_chunks
+            from .backends.petastorm import petastorm_chunks
             chunks = petastorm_chunks(settings.plan, settings.columns, {"reader_pool_type": "dummy"})
         runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,

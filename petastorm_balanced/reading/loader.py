@@ -6,7 +6,7 @@ plan order, then shuffled in fixed windows seeded by ``[seed, epoch, rank, slot,
 world, rank give the same batches for any pool and worker count). Resuming
 (G6) needs only the epoch and the number of batches delivered: fragments before the current shuffle window are
 skipped arithmetically, and only the window in progress is read again. The row groups are read by the Arrow
-backend (``arrow_backend.py``) or Petastorm's reader (``petastorm_backend.py``); the batches are the same.
+backend (``backends/arrow.py``) or Petastorm's reader (``backends/petastorm.py``); the batches are the same.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
 from . import stream
-from .arrow_backend import arrow_chunks
+from .backends.arrow import arrow_chunks
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .position import EpochSampler, PlannedView, Position, Settings
@@ -61,7 +61,7 @@ class BalancedLoader(PlannedView):
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
         self._iterator: Generator[dict[str, Any], None, None] | None = None
-        self._reader = stream.ReaderSlot()  # the pool lives from epoch to epoch; stopped when the loader goes
+        self._reader = stream.ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -78,7 +78,7 @@ class BalancedLoader(PlannedView):
         if self.backend == "arrow":
             chunks = arrow_chunks(settings.plan, settings.columns, **self._reader_options)
         else:
-            from .petastorm_backend import petastorm_chunks
+            from .backends.petastorm import petastorm_chunks
             chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 
+from ..core.cost import REDUCES, CostOptions, parse_cost
+from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
-from ..params import check_int
 from ..plan.model import ShardPlan
 
 # Petastorm arguments the plan owns, and what to do instead.
@@ -120,3 +121,42 @@ def check_pool_options(reader_pool_type, workers_count, backend: str = "petastor
     if reader_pool_type not in POOL_TYPES:
         raise InvalidValueError(f"reader_pool_type={reader_pool_type!r} is not one of "
                                 f"{', '.join(map(repr, POOL_TYPES))}")
+
+
+def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool
+                 ) -> CostOptions | None:
+    """The loader's cost arrangement, or None for row balance; every bad combination is refused here, when the
+    loader is built, naming the parameter."""
+    chosen = plan.resolve_balance(balance)  # the one "auto" rule (the plan's); refuses "cost" without a cost
+    if cost_reduce not in REDUCES:
+        raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' "
+                                "for padded ones (batch_size x longest row)")
+    if max_batch_cost is not None:
+        max_batch_cost = check_int("max_batch_cost", max_batch_cost, minimum=1, hint=" (the cost budget per batch)")
+        if batch_size is not None:
+            raise InvalidValueError(f"max_batch_cost={max_batch_cost} sets the rows of each batch; pass "
+                                    f"batch_size=None (not {batch_size})")
+        if chosen == "rows":
+            raise InvalidValueError("max_batch_cost needs balance='cost' (or 'auto') and a plan made with cost=")
+        if not shuffle:
+            raise InvalidValueError("max_batch_cost packs each shuffle window's rows into batches and needs "
+                                    "shuffle=True; pass batch_size= to read in plan order")
+        if cost_reduce != "sum":
+            raise InvalidValueError("max_batch_cost works with cost_reduce='sum' (a batch's cost is its rows' sum); "
+                                    "padded budgets (cost_reduce='max') are not supported")
+    if chosen == "rows":
+        return None
+    # Without shuffle there are no windows to arrange: the rows come in the plan's cost-dealt order, with ``_cost``.
+    spec = parse_cost(plan.cost)
+    if spec.column is None:  # not spec.loader_evaluable
+        raise InvalidValueError(f"the plan's cost {plan.cost!r} is a Spark SQL expression the loader cannot evaluate "
+                                "per row (it evaluates a column or length/octet_length/size of a column); store it as "
+                                "a column and re-plan with cost='that_column', or pass balance='rows'")
+    mean = 0.0
+    if max_batch_cost is not None:
+        if max_batch_cost < plan.max_row_cost:
+            raise InvalidValueError(f"max_batch_cost={max_batch_cost} is below the plan's largest row cost "
+                                    f"{plan.max_row_cost}: that row could never be delivered; raise max_batch_cost to "
+                                    f"at least {plan.max_row_cost} or filter long rows when planning (where=)")
+        mean = float(plan.catalog.cost_sums().sum()) / plan.total_rows
+    return CostOptions(plan.cost, spec.column, spec.function, cost_reduce, max_batch_cost, mean)

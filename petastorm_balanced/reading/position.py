@@ -4,21 +4,21 @@ The position is the whole resume state (G6): an epoch and a count of delivered b
 from the plan. See ``Position`` for when an epoch advances (only delivered batches and ``set_epoch`` move it, so
 frameworks that probe or re-create iterators cannot shift an epoch). After an elastic resume (a state saved at
 another world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four
-ints each; see ``elastic_position.py``).
+ints each; see ``keys.py``).
 """
 from __future__ import annotations
 
+from ..core import balance as balance_module
+from ..core.cost import COST_COLUMN
+from ..core.elastic import Stage
+from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError
-from ..params import check_int
-from ..plan import balance as balance_module
-from ..plan.cost import COST_COLUMN
-from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
 from ..world import World
-from . import elastic_position, stream
-from .cost_batching import resolve_cost
-from .elastic_position import Layout
-from .options import resolve_plan
+from . import layout, stream
+from . import state as keys
+from .layout import Layout
+from .options import resolve_cost, resolve_plan
 from .schema import BatchSchema, extra_column
 
 
@@ -72,8 +72,8 @@ class Settings(Layout):
         if self._checksum is None:
             self._checksum = self.plan.checksum
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
-        cost = {} if self.cost is None else {elastic_position.BALANCE: "cost", elastic_position.COST_REDUCE:
-                                             self.cost.reduce, elastic_position.MAX_BATCH_COST: self.cost.budget}
+        cost = {} if self.cost is None else {keys.BALANCE: "cost", keys.COST_REDUCE:
+                                             self.cost.reduce, keys.MAX_BATCH_COST: self.cost.budget}
         return {**dict(zip(Position.IDENTITY_KEYS, values, strict=True)), **cost}
 
 
@@ -96,15 +96,15 @@ class Position:
     ``set_epoch`` or ``load_state_dict`` supersedes it, and a superseded iteration no longer moves the position.
     """
 
-    # state_dict keys (declared in ``elastic_position``)
-    EPOCH, BATCHES = elastic_position.EPOCH, elastic_position.BATCHES
-    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (elastic_position.PLAN_CHECKSUM, elastic_position.WORLD_SIZE,
-                                             elastic_position.BATCH_SIZE)
-    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (elastic_position.SHUFFLE, elastic_position.SHUFFLE_WINDOW,
-                                          elastic_position.RESHUFFLE)
+    # state_dict keys (declared in ``state.py``)
+    EPOCH, BATCHES = keys.EPOCH, keys.BATCHES
+    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (keys.PLAN_CHECKSUM, keys.WORLD_SIZE,
+                                             keys.BATCH_SIZE)
+    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (keys.SHUFFLE, keys.SHUFFLE_WINDOW,
+                                          keys.RESHUFFLE)
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
-    STAGES, PARTITION_EPOCH = elastic_position.STAGES, elastic_position.PARTITION_EPOCH  # optional on load
+    STAGES, PARTITION_EPOCH = keys.STAGES, keys.PARTITION_EPOCH  # optional on load
 
     def __init__(self, settings: Settings, epoch: int):
         epoch = check_int("epoch", epoch, minimum=0)
@@ -141,7 +141,7 @@ class Position:
         """(epoch, batches, stages) of the next batch: at the end of an epoch (or of what an elastic resume left
         of it, which may be nothing), the next epoch's start."""
         if self.batches >= self.settings.steps_of(self.epoch, self.stages):
-            return (self.epoch + 1, 0, elastic_position.carry(self.stages, self.epoch, self.epoch + 1,
+            return (self.epoch + 1, 0, layout.carry(self.stages, self.epoch, self.epoch + 1,
                                                               self.settings.partition_epoch))
         return self.epoch, self.batches, self.stages
 
@@ -155,14 +155,14 @@ class Position:
 
     def rebase(self, workers: int) -> None:
         """The position, saved with ``workers`` slots per rank, for this loader's other slot layout."""
-        self.epoch, self.batches, self.stages = elastic_position.restage(
+        self.epoch, self.batches, self.stages = layout.restage(
             self.epoch, self.batches, self.stages, self.settings.world_size, workers, self.settings.partition_epoch)
 
     def set_epoch(self, epoch: int) -> None:
         epoch = check_int("epoch", epoch, minimum=0)
         if not (self.resumed and epoch == self.epoch):  # the loaded epoch itself keeps a loaded position
             before, _, stages = self.where()
-            self.stages = elastic_position.carry(stages, before, epoch, self.settings.partition_epoch, strict=True)
+            self.stages = layout.carry(stages, before, epoch, self.settings.partition_epoch, strict=True)
             self.epoch, self.batches, self.resumed = epoch, 0, False
         self._owner = None
 
@@ -186,7 +186,7 @@ class Position:
             if state[key] != value:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                         "position only resumes a loader with the same plan and settings")
-        self.epoch, self.batches, self.stages = elastic_position.loaded(self.settings, state, workers)
+        self.epoch, self.batches, self.stages = layout.loaded(self.settings, state, workers)
         self._owner, self.resumed = None, True
 
 

@@ -16,14 +16,14 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
+from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError
-from ..params import check_int
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
 from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
 from . import stream
-from .arrow_backend import BundleReader, in_order
+from .backends.arrow import BundleReader, in_order
 from .batching import window_permutation
 from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 
@@ -126,7 +126,7 @@ def make_reader(rank: int | None = None, world: int | None = None, *, plan: Shar
     """
     backend = resolve_backend(backend)
     if backend == "petastorm":
-        from .petastorm_backend import make_reader as petastorm_make_reader
+        from .backends.petastorm import make_reader as petastorm_make_reader
         return petastorm_make_reader(rank, world, plan=plan, epoch=epoch, batch_size=batch_size, reshuffle=reshuffle,
                                      **reader_kwargs)
     check_petastorm_kwargs(reader_kwargs)

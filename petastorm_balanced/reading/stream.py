@@ -14,14 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.cost import COST_COLUMN, CostOptions, CostSpec, check_costs, evaluate
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root, load_unischema, partition_values
-from ..plan.cost import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
 from .batching import WindowBatcher, start_point, window_rows
-from .cost_batching import CostOptions
 from .dataset_schema import partition_columns, read_stored_columns
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 
@@ -114,7 +113,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
-    ``cost_batching`` instead of permuted, and ``drop`` names columns read only to compute the cost.
+    ``core/cost.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
     ``batch_size=None`` (token budgets) makes every batch its own run.
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
@@ -162,7 +161,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     batcher.finish()
 
 
-class ReaderSlot:
+class ReaderKeeper:
     """Keeps one rank's ``BalancedReader`` between epochs, so the next epoch re-arms it instead of paying for a
     new one (listing, footers, pool start). A reader left mid-epoch is stopped and replaced."""
 

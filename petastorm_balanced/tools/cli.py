@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_plan(args) -> int:
-    from ..planning.plan_shards import plan_shards
+    from ..planner.plan_shards import plan_shards
     with Progress("reading footers") as bar, _spark(args) as spark:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine=args.engine, spark=spark,
@@ -71,7 +71,7 @@ def cmd_inspect(args) -> int:
     extra = {"partition_epoch": args.partition_epoch}
     epoch, batch_size = args.epoch, args.batch_size
     if args.state:
-        from ..reading import elastic_position as keys  # the loader state keys
+        from ..reading import state as keys  # the loader state keys
         layout, epoch, batches, stages, state = _resume(plan, args)
         if batch_size not in (None, layout.batch_size):
             raise InputError(f"--batch-size {batch_size} differs from the state's batch_size={layout.batch_size}; "
@@ -155,7 +155,8 @@ def cmd_verify(args) -> int:
 
 def _resume(plan, args):
     """(layout, epoch, batches, stages, state) of ``--state`` resumed at ``--world-size`` (default: its own)."""
-    from ..reading.elastic_position import NUM_WORKERS, PLAN_CHECKSUM, WORLD_SIZE, Layout, loaded
+    from ..reading.layout import Layout, loaded
+    from ..reading.state import NUM_WORKERS, PLAN_CHECKSUM, WORLD_SIZE
     try:
         with open(args.state) as handle:
             state = json.load(handle)
@@ -174,7 +175,7 @@ def _resume(plan, args):
 
 def _passes(plan, args):
     """(layout, epoch, stages) of each pass ``verify`` serves."""
-    from ..reading.elastic_position import Layout
+    from ..reading.layout import Layout
     if args.state:
         layout, epoch, _, stages, _ = _resume(plan, args)
         return [(layout, epoch, stages)]
@@ -190,7 +191,7 @@ def _pass_checks(layout, epoch, stages, args, **kwargs):
 
 
 def cmd_compare(args) -> int:
-    from ..planning.plan_shards import plan_shards
+    from ..planner.plan_shards import plan_shards
     from .report import compare_report, format_compare
     engine = args.engine or ("spark" if args.where else "local")
     with Progress("reading footers") as bar, _spark(args, engine) as spark:

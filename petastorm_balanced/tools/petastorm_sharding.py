@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.balance import check_params
-from ..plan.catalog import Catalog
+from ..core.balance import check_params
+from ..core.catalog import Catalog
 
 
 @dataclass(frozen=True)

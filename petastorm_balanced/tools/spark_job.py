@@ -5,8 +5,8 @@
         [--table-version N | --snapshot-id ID]
 
 ``petastorm-balanced spark-job-path`` prints this file's path (``spark_jobs/plan_shards.py`` in a checkout is a thin
-wrapper around it). The work happens in ``petastorm_balanced.planning.engines.spark`` (footers and filters in Spark
-tasks) and ``petastorm_balanced.planning.plan_shards`` (the same balancing as every other entry point); the
+wrapper around it). The work happens in ``petastorm_balanced.planner.engines.spark`` (footers and filters in Spark
+tasks) and ``petastorm_balanced.planner.plan_shards`` (the same balancing as every other entry point); the
 arguments are the CLI's own (``tools/cli.add_planning_arguments``). The driver imports the installed package (the
 python spark-submit runs: ``PYSPARK_DRIVER_PYTHON``/``spark.pyspark.driver.python``); the engine ships a zip of the
 package to the executors. Without ``--master`` spark-submit runs ``local[*]``. Exit codes: 0 plan written, 2 bad
@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     from pyspark.sql import SparkSession
 
     from petastorm_balanced.errors import BadInputError, InvalidWhereError, PlanError
-    from petastorm_balanced.planning.engines.spark import get_session
-    from petastorm_balanced.planning.plan_shards import plan_shards
+    from petastorm_balanced.planner.engines.spark import get_session
+    from petastorm_balanced.planner.plan_shards import plan_shards
 
     owned = SparkSession.getActiveSession() is None  # stop only a session this job started
     started = time.perf_counter()

@@ -18,13 +18,13 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow.parquet as pq
 
+from ..core import balance
 from ..errors import InvalidValueError, PlanError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
-from ..plan import balance
 from ..plan.format import split_row_groups
 from ..plan.model import ShardPlan
-from ..planning.scan import check_footers
+from ..planner.scan import check_footers
 from .coverage import Check, bounds_check, coverage_check, steps_check
 
 
@@ -185,8 +185,8 @@ class _RowReader:
 def cost_check(plan: ShardPlan) -> Check:
     """A cost plan's per-row-group statistics against the data: every matching row's cost evaluated again (with
     the loader's functions) must give the recorded sums and largest costs, and be a non-negative integer."""
-    from ..plan.cost import parse_cost
-    from ..planning.costs import local_cost_stats
+    from ..core.cost import parse_cost
+    from ..planner.cost_stats import local_cost_stats
     name = "cost statistics (read)"
     spec = parse_cost(plan.cost)
     if not spec.loader_evaluable:

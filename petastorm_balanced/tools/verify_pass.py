@@ -3,7 +3,7 @@
 Each world that served the pass (the stages of a saved state, then the world being checked) delivers its parts;
 a world that stopped mid-part delivers only its ranks' first batches, in the order the loaders deliver them (the
 slot's planned rows through the real ``WindowBatcher``). This is the forward rule; the loaders find the rows left
-with ``plan/elastic.py`` (the rule run backwards), so the check is not a restatement of the code it checks. Then:
+with ``core/elastic.py`` (the rule run backwards), so the check is not a restatement of the code it checks. Then:
 G1 for every world and part (every rank the same steps, whole batches), and G2 over the pass (no real row twice,
 ``drop`` leaves out fewer than ``W_last x batch`` rows, ``pad`` delivers every row, padding below the worlds'
 ``sum(W x batch)``).
@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..core.elastic import Stage
 from ..errors import InvalidValueError
-from ..plan.elastic import Stage
 from ..reading.batching import WindowBatcher, start_point, window_rows
-from ..reading.elastic_position import Layout
+from ..reading.layout import Layout
 from .coverage import Check, bounds_check
 
 # Keys of the rows of one fragment (plan mode: ids derived from the catalog; read mode: rows read from the files).

@@ -3,7 +3,7 @@
 A slot (a rank, or one DataLoader worker of a rank) delivers its rows in plan order, permuted in fixed
 **windows** of ``window_rows`` rows (a whole number of batches), each by a generator drawn from
 ``[seed, epoch, rank, slot(, stage), window]``. The readers apply it (``reading/batching.WindowBatcher``), and
-the elastic arithmetic (``plan/elastic.py``) reads it backwards to know which rows a stopped slot had not
+the elastic arithmetic (``core/elastic.py``) reads it backwards to know which rows a stopped slot had not
 delivered yet; both import it from here, so the rule lives in the core and is written once.
 
 >>> windows = Windows.of(batch_size=4, shuffle_window=6, shuffle=True)
@@ -70,6 +70,17 @@ def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_d
     size = min(window_rows, total_rows - row)
     order = window_permutation(size, (*key, window))
     return np.sort(order[done - row:]).astype(np.int64) + row, row + size
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where reading starts when ``batches_done`` batches of the slot were already delivered."""
+
+    fragment: int  # index of the first fragment to read; the ones before it are never opened
+    offset: int  # rows at the head of that fragment to leave unread
+    window: int  # index of the first window (counted from the slot's first row)
+    row: int  # slot row at which the first window starts
+    skip_rows: int  # rows (whole batches) of the first window to drop after permuting
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from numbers import Integral
 
-from .errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError
 
 
 def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None,

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from ..core.catalog import FileInfo
 from ..errors import InvalidValueError, StalePlanError
 from ..io import footer as io_footer
 from ..io import fs as fsutil
 from ..io.dataset import has_unischema, list_data_files, partition_values, relative_path
-from ..plan.catalog import FileInfo
 from ..plan.format import check_dataset
 
 FOOTER_THREADS = 16

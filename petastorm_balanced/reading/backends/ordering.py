@@ -18,7 +18,7 @@ from petastorm.workers_pool import EmptyResultError, VentilatedItemProcessedMess
 from petastorm.workers_pool.thread_pool import ThreadPool, WorkerTerminationRequested, WorkerThread
 from petastorm.workers_pool.ventilator import Ventilator
 
-from ..errors import InvalidValueError
+from ...errors import InvalidValueError
 
 
 class Gate:

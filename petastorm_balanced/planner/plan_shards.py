@@ -6,17 +6,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..core import balance
+from ..core.catalog import Catalog
+from ..core.cost import FUNCTIONS, parse_cost
+from ..core.deletes import without_rows
+from ..core.predicate_info import PredicateInfo, predicate_info
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io import tables
 from ..io.tables import TableRef
-from ..plan import balance
-from ..plan.catalog import Catalog
-from ..plan.cost import FUNCTIONS, parse_cost
-from ..plan.deletes import without_rows
 from ..plan.format import check_output, dataset_fingerprint
 from ..plan.model import ShardPlan
-from ..plan.predicate import PredicateInfo, predicate_info
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -105,7 +105,7 @@ def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=Non
     """The catalog with cost statistics: Spark SQL evaluates the cost unless a Petastorm predicate chose the rows
     (Spark cannot name those) or a table's position deletes removed some (Spark reads them), then this process reads
     the cost column for the catalog's rows."""
-    from .costs import local_cost_stats, with_costs
+    from .cost_stats import local_cost_stats, with_costs
     if deletes and not spec.loader_evaluable:
         raise InvalidValueError(f"cost={spec.text!r} is a Spark SQL expression, and {table.describe()} has position "
                                 "deletes that Spark would count; pass a numeric column or a function of one")

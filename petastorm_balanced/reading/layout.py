@@ -1,26 +1,30 @@
 """What a loader position needs for elastic resumes (G10) and sub-epochs, on top of ``(epoch, batches)``.
 
 A state saved at world size W and loaded at W' becomes a ``Stage`` (W, workers, part, batches) appended to the
-pass's stages, and the position restarts at batch 0 of what the pass has left (``plan/elastic.py`` computes it
+pass's stages, and the position restarts at batch 0 of what the pass has left (``core/elastic.py`` computes it
 from the plan alone). Stages belong to a pass: they are carried from one sub-epoch to the next of the same pass and
 dropped when a new pass starts, so the state stays a few ints per world change.
 """
 from __future__ import annotations
 
+from ..core import balance
+from ..core.elastic import Stage
+from ..core.params import check_int
+from ..core.shuffle import Windows, slot_key
 from ..errors import InvalidValueError
-from ..params import check_int
-from ..plan import balance
-from ..plan.elastic import Stage
 from ..plan.model import ShardPlan
-from ..plan.shuffle import Windows, slot_key
-
-# The loader state keys, declared once: Position, the loaders, the cost identity and the CLI use these names.
-# STAGES and PARTITION_EPOCH may be absent (older states); the cost keys are only a cost-balancing loader's.
-EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
-PLAN_CHECKSUM, BATCH_SIZE = "plan_checksum", "batch_size"
-SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
-BALANCE, COST_REDUCE, MAX_BATCH_COST = "balance", "cost_reduce", "max_batch_cost"
-NUM_WORKERS = "num_workers"  # slots per rank of a BalancedIterableDataset's state
+from .state import (
+    BALANCE,
+    BATCH_SIZE,
+    BATCHES,
+    EPOCH,
+    PARTITION_EPOCH,
+    RESHUFFLE,
+    SHUFFLE,
+    SHUFFLE_WINDOW,
+    STAGES,
+    WORLD_SIZE,
+)
 
 
 class Layout:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidValueError
-from ..params import check_int
+from .params import check_int
 
 POLICIES = ("drop", "pad")
 RESHUFFLES = ("epoch", "fixed")

@@ -9,7 +9,7 @@ the three things that decide *which* rows come out and in what order:
 - the worker classes: read the planned row group (only the requested columns), check its row count against the
   plan, cut it to the planned rows, and only then decode, so codecs run only for delivered rows;
 - the ventilator and the results queue: fragments are sent once, in plan order, each with its sequence number, and
-  handed back in that order (``ordering.py``), so the output does not depend on the pool's timing.
+  handed back in that order (``backends/ordering.py``), so the output does not depend on the pool's timing.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError, PlanError, StalePlanError
+from ...errors import InvalidTypeError, InvalidValueError, MissingDependencyError, PlanError, StalePlanError
 
 try:
     from petastorm.arrow_reader_worker import ArrowReaderWorker
@@ -40,15 +40,15 @@ except ImportError as _missing:
                                  "BalancedIterableDataset; or install the petastorm stack: pip install "
                                  "'petastorm-balanced[petastorm]' (docs/stacks.md)") from None
 
-from ..io.dataset import load_unischema
-from ..params import check_int
-from ..plan.model import Fragment, ShardPlan
-from ..unischema.pickling import harden_petastorm_unpickler
-from ..world import resolve_world
-from . import fragments as fr
-from . import stream
-from .batching import window_permutation
-from .options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from ...core.params import check_int
+from ...io.dataset import load_unischema
+from ...plan.model import Fragment, ShardPlan
+from ...unischema.pickling import harden_petastorm_unpickler
+from ...world import resolve_world
+from .. import fragments as fr
+from .. import stream
+from ..batching import window_permutation
+from ..options import check_petastorm_kwargs, check_pool_options, resolve_plan
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 
 # Every private member of Petastorm 0.12 this backend and ordering.py override or read, in one place; a test checks
@@ -309,7 +309,7 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     from petastorm.workers_pool.process_pool import ProcessPool
 
     check_pool_options(reader_pool_type, workers_count)
-    from ..io.remote import petastorm_filesystem  # s3:// needs a filesystem Petastorm 0.12.1 can list (remote.py)
+    from ...io.remote import petastorm_filesystem  # s3:// needs a filesystem Petastorm 0.12.1 can list (remote.py)
     with quiet_legacy_pyarrow():
         fs, path = petastorm_filesystem(plan.dataset_url, filesystem=filesystem, storage_options=storage_options,
                                         hdfs_driver=hdfs_driver)
@@ -387,10 +387,10 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int 
 
 
 def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: dict,
-                     slot: stream.ReaderSlot | None = None) -> stream.Chunks:
+                     slot: stream.ReaderKeeper | None = None) -> stream.Chunks:
     """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
     def chunks(todo: Sequence[Fragment]):
-        holder = slot or stream.ReaderSlot()
+        holder = slot or stream.ReaderKeeper()
         if holder.reader is not None and holder.reader.idle:
             holder.reader.rearm(todo)
         else:

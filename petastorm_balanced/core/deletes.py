@@ -5,7 +5,7 @@ Parquet file, so the catalog's selection (the rows the plan delivers) must leave
 catalog after either engine built it, rather than inside each engine, keeps one rule and one checksum for both
 (G8). Pure: positions in, catalog out.
 
->>> from petastorm_balanced.plan.catalog import FileInfo, full_catalog
+>>> from petastorm_balanced.core.catalog import FileInfo, full_catalog
 >>> catalog = full_catalog([FileInfo("a.parquet", 10, (3, 4))])
 >>> kept = without_rows(catalog, {"a.parquet": np.array([0, 4])})
 >>> [(m.row_group, m.positions().tolist()) for m in kept.row_groups]

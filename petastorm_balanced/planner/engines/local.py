@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from ...core.catalog import Catalog, RowGroups, full_catalog, match_from_mask
 from ...io import fs as fsutil
 from ...io.dataset import dataset_root, load_unischema
 from ...io.partitions import partition_types
-from ...plan.catalog import Catalog, RowGroups, full_catalog, match_from_mask
-from ..predicates import check_fields, row_group_mask
+from ..filters import check_fields, row_group_mask
 from ..scan import scan
 
 

@@ -23,13 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
-from ..errors import StalePlanError
-from ..io import fs as fsutil
-from ..io.dataset import dataset_root
-from ..io.footer import open_parquet
-from ..plan.format import check_file
-from ..plan.model import Fragment, ShardPlan
-from . import fragments as fr
+from ...errors import StalePlanError
+from ...io import fs as fsutil
+from ...io.dataset import dataset_root
+from ...io.footer import open_parquet
+from ...plan.format import check_file
+from ...plan.model import Fragment, ShardPlan
+from .. import fragments as fr
 
 
 class BundleReader:

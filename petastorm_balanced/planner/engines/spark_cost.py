@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from ...core.catalog import FileInfo
+from ...core.cost import CostSpec, check_costs
 from ...errors import InvalidValueError, InvalidWhereError
 from ...io.partitions import partition_types
-from ...plan.catalog import FileInfo
-from ...plan.cost import CostSpec, check_costs
-from ..costs import Stats
+from ..cost_stats import Stats
 from .spark import (
     AnalysisException,
     F,

@@ -22,8 +22,8 @@ matching-row indices), at most one window per old slot, so the extra state is bo
 dataset.
 
 >>> import numpy as np
->>> from petastorm_balanced.plan import balance
->>> from petastorm_balanced.plan.shuffle import Windows
+>>> from petastorm_balanced.core import balance
+>>> from petastorm_balanced.core.shuffle import Windows
 >>> counts = np.array([10, 6, 4])  # 20 matching rows, batch 2
 >>> windows = Windows.of(batch_size=2, shuffle_window=4, shuffle=False)  # no shuffling: rows in plan order
 >>> args = dict(batch_size=2, policy="drop", seed=0, epoch=0, windows=windows)

@@ -12,11 +12,11 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.catalog import Catalog, RowGroups
+from ..core.cost import CostSpec, check_costs, evaluate, row_group_stats
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
-from ..plan.catalog import Catalog, RowGroups
-from ..plan.cost import CostSpec, check_costs, evaluate, row_group_stats
 
 Stats = dict[tuple[str, int], tuple[int, int]]
 
