@@ -23,16 +23,18 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs (never imp
     from .reading.iterable import BalancedDataLoader, BalancedIterableDataset
     from .reading.loader import BalancedLoader, make_loader
     from .reading.reader import make_reader
+    from .reading.transform import TransformSpec
 
 # Names that need torch or Petastorm's reader machinery are imported on first use, so the planning side of the
 # package (and the Spark executors that run it) never pays for torch.
 _LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "reading.iterable",
          "BalancedLoader": "reading.loader", "make_loader": "reading.loader",
-         "make_reader": "reading.reader"}
+         "make_reader": "reading.reader", "TransformSpec": "reading.transform"}
 # A literal list (sorted), so that linters and type checkers see the re-exports.
 __all__ = [
     "BalancedDataLoader", "BalancedIterableDataset", "BalancedLoader", "Fragment", "InvalidWhereError", "PlanError",
-    "PlanIntegrityError", "PlanVersionError", "ShardPlan", "StalePlanError", "UnsafeDatasetError", "World",
+    "PlanIntegrityError", "PlanVersionError", "ShardPlan", "StalePlanError", "TransformSpec", "UnsafeDatasetError",
+    "World",
     "load_plan", "make_loader", "make_reader", "plan_shards",
 ]
 

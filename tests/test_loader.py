@@ -260,7 +260,7 @@ def test_dataloader_workers_split_a_rank_without_changing_steps(plans, plain_dat
     assert single == [fingerprint(b) for b in make_loader(2, 3, plan=plan, epoch=4)]
 
 
-@pytest.mark.parametrize("name", sorted(OWNED_ARGUMENTS) + ["seed", "shuffle_rows", "transform_spec"])
+@pytest.mark.parametrize("name", sorted(OWNED_ARGUMENTS) + ["seed", "shuffle_rows"])
 def test_owned_arguments_are_refused(plans, name):
     plan, _ = plans["hive"]
     with pytest.raises(ValueError, match=name):

@@ -358,3 +358,61 @@ def test_arrow_make_reader_equals_petastorms_reader(small_petastorm, tmp_path, k
                     assert a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
             else:
                 rows_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("library", ["opencv", "pillow"])
+@pytest.mark.parametrize("value", IMAGES, ids=lambda a: str(a.shape))
+def test_images_decoded_into_the_batch_array_equal_decode_per_cell(value, library, monkeypatch):
+    """The loader's path (``decode_into`` from views of the Arrow buffer, chunked and sliced) gives ``decode``'s
+    pixels, row for row; an image of another shape than the Unischema's is refused naming the row."""
+    import pyarrow as pa
+
+    from petastorm_balanced.reading.fragments import _decode_cells
+    from petastorm_balanced.reading.schema import unischema_column
+    if library == "pillow":
+        pytest.importorskip("PIL")
+        monkeypatch.setattr(codecs, "_BACKEND", codecs._Pillow(__import__("PIL.Image").Image))
+    for kind in ("png", "jpeg"):
+        codec = CompressedImageCodec(kind, 90)
+        the_field = field("image", value, codec)
+        images = [(value.astype(np.int64) + i * 7) % 256 for i in range(9)]
+        cells = [bytes(codec.encode(the_field, image.astype(np.uint8))) for image in images]
+        column = pa.chunked_array([pa.array(cells[:4], pa.binary()).slice(1), pa.array(cells[4:], pa.binary())])
+        spec = unischema_column(the_field, pa.binary(), False, False)
+        got = _decode_cells(column, the_field, spec)
+        want = np.stack([codec.decode(the_field, c) for c in column.to_pylist()])
+        assert got.shape == (8, *value.shape) and got.dtype == want.dtype and np.array_equal(got, want)
+        wrong = np.zeros((value.shape[0] + 1, *value.shape[1:]), dtype=np.uint8)
+        odd = pa.chunked_array([pa.array(cells[:2] + [bytes(codec.encode(field("image", wrong, codec), wrong))])])
+        with pytest.raises(ValueError, match=rf"column 'image' row 2 decodes to shape \({value.shape[0] + 1}, "):
+            _decode_cells(odd, the_field, spec)
+
+
+NPY_ARRAYS = ARRAYS + [np.asfortranarray(RNG.standard_normal((4, 5))), np.array(["ab", "c"]), np.array([b"x", b"yz"]),
+                       np.zeros((2,), dtype=[("a", "<i4"), ("b", ">f8")]), np.arange(10)[::2], np.array(7, np.int8),
+                       np.zeros((1, 1, 1, 2), np.complex64), np.array(np.datetime64("2020-01-01"))]
+
+
+@pytest.mark.parametrize("value", NPY_ARRAYS, ids=lambda a: f"{a.dtype}{a.shape}")
+def test_npy_cells_load_as_numpy_loads_them_and_threads_never_parse_headers_with_ast(value, monkeypatch):
+    """``load_npy`` (NdarrayCodec, CompressedNdarrayCodec) gives ``np.load``'s array: dtype and byte order, shape,
+    memory order, a writable copy; headers numpy's ``ast.literal_eval`` would parse (racy in threads on CPython
+    <= 3.11.7) are parsed without it, the rest go to ``np.load`` itself."""
+    import ast
+    from concurrent.futures import ThreadPoolExecutor
+    memfile = io.BytesIO()
+    np.save(memfile, value)
+    cell = memfile.getvalue()
+    expected = np.load(io.BytesIO(cell))
+    plain = value.dtype.fields is None and value.dtype.kind != "M"
+    if plain:  # a plain dtype's header never reaches ast
+        monkeypatch.setattr(ast, "literal_eval", lambda *a: pytest.fail("header parsed by ast.literal_eval"))
+    for got in (codecs.load_npy(cell), codecs.load_npy(bytearray(cell)),
+                codecs.load_npy(np.frombuffer(cell, np.uint8))):
+        assert got.dtype == expected.dtype and got.shape == expected.shape and np.array_equal(got, expected)
+        assert got.flags.writeable and got.flags.f_contiguous == expected.flags.f_contiguous
+    compressed = CompressedNdarrayCodec()
+    got = compressed.decode(None, compressed.encode(field("a", value, compressed), value)) if plain else expected
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+    with ThreadPoolExecutor(4) as pool:
+        assert all(np.array_equal(a, expected) for a in pool.map(codecs.load_npy, [cell] * 400))

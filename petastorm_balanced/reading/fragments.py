@@ -189,7 +189,18 @@ def _is_text(arrow_type) -> bool:
 
 def _decode_cells(column, unischema_field, spec: ColumnSchema) -> np.ndarray:
     """Decode codec cells one by one: stacked when the schema declares a tensor (the field's shape is fixed and
-    it holds no nulls), else an object array (one array or None per row) whatever this batch's cells are."""
+    it holds no nulls), else an object array (one array or None per row) whatever this batch's cells are.
+
+    Image cells of a tensor column are decoded straight into the batch array (``decode_into``), from views of the
+    Arrow buffer: no bytes object per cell, no per-cell array stacked afterwards; the pixels are ``decode``'s."""
+    decode_into = getattr(unischema_field.codec, "decode_into", None)
+    if decode_into is not None and spec.kind != LIST and not column.null_count:
+        out = np.empty((len(column), *spec.shape), dtype=spec.dtype)
+        wrong = decode_into(_binary_cells(column), out)
+        if wrong is None:
+            return out
+        raise InvalidValueError(f"column {spec.name!r} row {wrong[0]} decodes to shape {wrong[1]}, not the "
+                                f"Unischema's {spec.shape}")
     cells = [decode_value(unischema_field, v) for v in column.to_pylist()]  # the one decode step
     if spec.kind != LIST:
         wrong = [i for i, c in enumerate(cells) if c is None or np.shape(c) != spec.shape]
@@ -202,6 +213,21 @@ def _decode_cells(column, unischema_field, spec: ColumnSchema) -> np.ndarray:
     for i, cell in enumerate(cells):
         out[i] = cell
     return out
+
+
+def _binary_cells(column):
+    """Each cell of a binary column as a zero-copy uint8 view of the Arrow data buffer (bytes for other types)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    for chunk in chunks:
+        if not (pa.types.is_binary(chunk.type) or pa.types.is_large_binary(chunk.type)) or not len(chunk):
+            yield from chunk.to_pylist()
+            continue
+        _, offsets_buffer, data_buffer = chunk.buffers()
+        width = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
+        offsets = np.frombuffer(offsets_buffer, dtype=width)[chunk.offset:chunk.offset + len(chunk) + 1].tolist()
+        data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
+        for start, end in zip(offsets[:-1], offsets[1:], strict=True):
+            yield data[start:end]
 
 
 class FileCache:

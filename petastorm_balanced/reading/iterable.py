@@ -55,7 +55,8 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
     Iterated directly (or with ``num_workers=0``) it is a single slot and gives the same batches as
-    ``make_loader(..., shuffle_window=...)`` with the same settings.
+    ``make_loader(..., shuffle_window=...)`` with the same settings. ``transform_spec`` (``TransformSpec``) runs
+    in the DataLoader worker processes (its ``func`` must pickle for spawned workers: a module-level function).
     """
 
     # state_dict keys
@@ -67,13 +68,14 @@ class BalancedIterableDataset(PlannedView, _Base):
                  batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
                  schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
-                 partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum") -> None:
+                 partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum",
+                 transform_spec: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
                                    reshuffle=reshuffle, shuffle_window=shuffle_window, schema_fields=schema_fields,
                                    padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
-                                   cost_reduce=cost_reduce)
+                                   cost_reduce=cost_reduce, transform_spec=transform_spec)
         self.backend = resolve_backend(backend, self._settings.plan.table)
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
@@ -131,10 +133,12 @@ class BalancedIterableDataset(PlannedView, _Base):
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         if self.backend == "arrow":
-            chunks = arrow_chunks(settings.plan, settings.columns, reader_pool_type="dummy")
+            chunks = arrow_chunks(settings.plan, settings.columns, reader_pool_type="dummy",
+                                  transform=settings.transform)
         else:  # Petastorm's reader, in this process: the DataLoader's workers are the parallelism
             from .backends.petastorm import petastorm_chunks
-            chunks = petastorm_chunks(settings.plan, settings.columns, {"reader_pool_type": "dummy"})
+            chunks = petastorm_chunks(settings.plan, settings.columns, {"reader_pool_type": "dummy"},
+                                      transform=settings.transform)
         runs = stream.slot_runs(fragments, chunks,
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),

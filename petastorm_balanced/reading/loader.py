@@ -27,7 +27,6 @@ from .tensors import require_torch, torch_batches
 LOADER_REFUSED = {
     "seed": "rows are shuffled from the plan's seed (plan_shards(seed=...)), the epoch and the rank",
     "shuffle_rows": "use shuffle= and shuffle_window= of make_loader",
-    "transform_spec": "transform the batches (dicts of tensors) in the training loop, or use make_reader",
 }
 
 
@@ -50,12 +49,13 @@ class BalancedLoader(PlannedView):
                  schema_fields: Sequence[Any] | None = None, padding_mask: bool = False,
                  reader_options: dict | None = None, backend: str = "auto", partition_epoch: int = 1,
                  balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
-                 feeding: Feed = NO_FEED):
+                 feeding: Feed = NO_FEED, transform_spec: Any = None):
         require_torch()
         self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                    shuffle_window=shuffle_window, schema_fields=schema_fields,
                                    padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
-                                   cost_reduce=cost_reduce, max_batch_cost=max_batch_cost)
+                                   cost_reduce=cost_reduce, max_batch_cost=max_batch_cost,
+                                   transform_spec=transform_spec)
         self._position = Position(self._settings, epoch)
         self.backend = resolve_backend(backend, self._settings.plan.table)
         self._reader_options = dict(reader_options or {})
@@ -76,10 +76,12 @@ class BalancedLoader(PlannedView):
         run = self._position.begin()
         epoch = run.epoch
         if self.backend == "arrow":
-            chunks = arrow_chunks(settings.plan, settings.columns, **self._reader_options)
+            chunks = arrow_chunks(settings.plan, settings.columns, transform=settings.transform,
+                                  **self._reader_options)
         else:
             from .backends.petastorm import petastorm_chunks
-            chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader)
+            chunks = petastorm_chunks(settings.plan, settings.columns, self._reader_options, self._reader,
+                                      transform=settings.transform)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
@@ -139,7 +141,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 padding_mask: bool = False,
                 shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
-                pin_memory: bool = False, device: Any = None, **petastorm_kwargs: Any) -> BalancedLoader:
+                pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
+                **petastorm_kwargs: Any) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
@@ -170,6 +173,11 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     Without CUDA both are refused with a typed error, never silently ignored. The batches, ``len()`` and
     ``state_dict()`` are those without them (the batch held ahead is not consumed); ``device="cpu"`` is exact and
     copies nothing.
+
+    ``transform_spec`` (a ``TransformSpec``, ours or Petastorm's; ``reading/transform.py``): ``func`` gets each
+    bundle's rows as a pandas DataFrame (Unischema cells decoded) in the reading threads or Petastorm's workers, and
+    must return the same rows in the same order (checked: a typed error at that batch); ``edit_fields``,
+    ``removed_fields`` and ``selected_fields`` shape ``loader.schema`` and the batches. Not with ``balance="cost"``.
     """
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
@@ -185,5 +193,6 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,
                           shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
                           reader_options=options, backend=chosen, partition_epoch=partition_epoch, balance=balance,
-                          cost_reduce=cost_reduce, max_batch_cost=max_batch_cost, feeding=fed)
+                          cost_reduce=cost_reduce, max_batch_cost=max_batch_cost, feeding=fed,
+                          transform_spec=transform_spec)
 

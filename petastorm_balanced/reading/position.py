@@ -15,18 +15,19 @@ from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.model import ShardPlan
 from ..world import World
-from . import layout, stream
+from . import layout, stream, transform
 from . import state as keys
 from .layout import Layout
 from .options import resolve_cost, resolve_plan
-from .schema import BatchSchema, extra_column
+from .schema import BatchSchema, batch_schema, extra_column
 
 
 class Settings(Layout):
     """Checked loader settings shared by BalancedLoader and BalancedIterableDataset."""
 
     def __init__(self, plan, world: World, *, batch_size, shuffle, reshuffle, shuffle_window, schema_fields,
-                 padding_mask, partition_epoch=1, balance="auto", cost_reduce="sum", max_batch_cost=None):
+                 padding_mask, partition_epoch=1, balance="auto", cost_reduce="sum", max_batch_cost=None,
+                 transform_spec=None):
         self.plan: ShardPlan = resolve_plan(plan)
         self.rank, self.world_size = world.rank, world.size
         # cost balancing (None: rows only); with a token budget batches have no fixed size
@@ -61,7 +62,16 @@ class Settings(Layout):
                                                           self.plan, self.cost)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
-        self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
+        # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
+        self.transform = transform.bind(transform_spec, self.columns.schemas, self.columns.fields)
+        if self.transform is not None and self.cost is not None:
+            raise InvalidValueError("transform_spec with a cost plan balanced by cost: the per-row costs come from the "
+                                    "columns read, before any transform; pass balance='rows', or apply the function "
+                                    "to the batches in the training loop")
+        if self.transform is not None:
+            self.schema = batch_schema(self.transform.outputs, extras)
+        else:
+            self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
         self._checksum: str | None = None
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):

@@ -26,6 +26,7 @@ from . import stream
 from .backends.arrow import BundleReader, in_order
 from .batching import window_permutation
 from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
+from .transform import as_spec, check_rows, transformed_unischema
 
 ARROW_READER_ARGUMENTS = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size",
                           "shuffle_rows", "seed", "transform_spec")
@@ -36,12 +37,16 @@ class ArrowReader:
     Petastorm's ``stop()``, ``join()``, ``schema`` and ``batched_output``."""
 
     def __init__(self, plan: ShardPlan, fragments: list[Fragment], *, schema_fields: Sequence[Any] | None = None,
-                 workers_count: int = 10, reader_pool_type: str = "thread", shuffle_key: Sequence[int] | None = None):
+                 workers_count: int = 10, reader_pool_type: str = "thread", shuffle_key: Sequence[int] | None = None,
+                 transform_spec: Any = None):
         check_pool_options(reader_pool_type, workers_count, "arrow")
         self.fragments = list(fragments)
         self._columns = stream.dataset_columns(plan, schema_fields)
         self.batched_output = plan.catalog.kind != "petastorm"
         self.schema = _schema_of(self._columns, plan, schema_fields is not None)
+        self._transform = as_spec(transform_spec)
+        if self._transform is not None:  # Petastorm's transform_schema: the rows' fields after the transform
+            self.schema = transformed_unischema(self.schema, self._transform)
         self._reader = BundleReader(plan, self._columns.spec, self._columns.fields)
         self._shuffle_key = shuffle_key
         self._results = in_order(self._read, list(enumerate(self.fragments)),
@@ -57,10 +62,48 @@ class ArrowReader:
             indices = fragment.row_indices()
             indices = indices[window_permutation(len(indices), (*self._shuffle_key, sequence))]
         table = self._reader.table([fragment], indices=indices)
+        if self._transform is not None:
+            return self._transformed(table)
         if self.batched_output:
             return [self.schema.make_namedtuple(**batch_columns(table))]
         make = self.schema._get_namedtuple()
         return [make(**row) for row in decoded_rows(table, self.schema)]
+
+    def _transformed(self, table: pa.Table) -> list:
+        """Petastorm's readers' transform: ``make_batch_reader`` calls ``func`` on the fragment's DataFrame (the
+        same rows in the same order, checked), ``make_reader`` on each decoded row's dict."""
+        spec, names = self._transform, list(self.schema.fields)
+        assert spec is not None
+        if self.batched_output:
+            frame = table.to_pandas()
+            returned = frame if spec.func is None else spec.func(frame)
+            check_rows(frame, returned)
+            missing = [n for n in names if n not in returned.columns]
+            if missing:
+                raise InvalidValueError(f"transform_spec.func returned no column {missing[0]!r}, which the "
+                                        "transformed schema holds; return it, or list it in removed_fields")
+            columns = batch_columns(pa.Table.from_pandas(returned[names], preserve_index=False))
+            for name, _dtype, shape, _ in spec.edit_fields:  # Arrow flattens arrays of 2+ dimensions: reshape
+                if name in columns and len(shape) > 1 and all(d is not None for d in shape):
+                    columns[name] = np.asarray(list(columns[name])).reshape((-1, *shape))
+            return [self.schema.make_namedtuple(**columns)]
+        make, out = self.schema._get_namedtuple(), []
+        for row in decoded_rows(table, self._columns_schema()):
+            row = row if spec.func is None else spec.func(row)
+            if not isinstance(row, dict):
+                raise InvalidTypeError(f"transform_spec.func returned {type(row).__name__} for a row; make_reader "
+                                       "calls it on each row's dict (as Petastorm's make_reader does) and takes a "
+                                       "dict back")
+            try:
+                out.append(make(**{n: row[n] for n in names}))
+            except KeyError as exc:
+                raise InvalidValueError(f"transform_spec.func returned a row without {exc.args[0]!r}, which the "
+                                        "transformed schema holds; return it, or list it in removed_fields") from None
+        return out
+
+    def _columns_schema(self) -> Unischema:
+        return Unischema("read", [self._columns.fields[n] for n in self._columns.names]) if self._columns.fields \
+            else self.schema
 
     def __iter__(self) -> ArrowReader:
         return self
@@ -123,6 +166,11 @@ def make_reader(rank: int | None = None, world: int | None = None, *, plan: Shar
 
     ``backend='auto'`` takes Petastorm's reader where Petastorm imports (its pools, cache and ``transform_spec``),
     else the Arrow reader; ``'arrow'`` and ``'petastorm'`` choose. Both give the same rows in the same order.
+
+    ``transform_spec`` (``TransformSpec``, ours or Petastorm's) follows the Petastorm reader this one stands for:
+    on a Unischema dataset ``func`` gets each decoded row's dict and returns a dict (``make_reader``); on plain
+    Parquet it gets each fragment's rows as a DataFrame (``make_batch_reader``) and must return the same rows in
+    the same order (checked). The rows' schema is the transformed one.
     """
     backend = resolve_backend(backend)
     if backend == "petastorm":
@@ -135,9 +183,6 @@ def make_reader(rank: int | None = None, world: int | None = None, *, plan: Shar
         raise InvalidValueError(f"{refused[0]}={reader_kwargs[refused[0]]!r} is not accepted by make_reader with "
                                 "backend='arrow': it configures Petastorm's reader; use backend='petastorm' (the "
                                 "petastorm stack), or leave it out")
-    if reader_kwargs.get("transform_spec") is not None:
-        raise InvalidValueError("transform_spec is not accepted by make_reader with backend='arrow' yet; apply the "
-                                "function to the rows in the loop, or use backend='petastorm' (the petastorm stack)")
     who = resolve_world(rank, world)
     plan = resolve_plan(plan)
     frags = plan.assignment(who.rank, epoch=epoch, world_size=who.size, batch_size=batch_size, reshuffle=reshuffle)
@@ -153,7 +198,8 @@ def make_reader(rank: int | None = None, world: int | None = None, *, plan: Shar
         # names, patterns, UnischemaFields (namedtuples: ours or Petastorm's)
         schema_fields = [re.escape(cast(Any, f).name) if isinstance(f, tuple) else f for f in schema_fields]
     return ArrowReader(plan, frags, schema_fields=schema_fields, workers_count=reader_kwargs.get("workers_count", 10),
-                       reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key)
+                       reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key,
+                       transform_spec=reader_kwargs.get("transform_spec"))
 
 
 __all__ = ["ArrowReader", "make_reader"]

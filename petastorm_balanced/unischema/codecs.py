@@ -16,7 +16,10 @@ paths, and Petastorm reads them back as its own.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import re
+import threading
+import zipfile
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,7 +87,7 @@ class NdarrayCodec(DataframeColumnCodec):
         return bytearray(memfile.getvalue())
 
     def decode(self, unischema_field: Any, value: Any) -> np.ndarray:
-        return np.load(io.BytesIO(value))
+        return load_npy(value)
 
 
 class CompressedNdarrayCodec(DataframeColumnCodec):
@@ -97,8 +100,45 @@ class CompressedNdarrayCodec(DataframeColumnCodec):
         return bytearray(memfile.getvalue())
 
     def decode(self, unischema_field: Any, value: Any) -> np.ndarray:
-        with np.load(io.BytesIO(value)) as archive:
-            return archive["arr"]
+        with zipfile.ZipFile(io.BytesIO(value)) as archive:
+            names = archive.namelist()
+            if "arr.npy" in names:  # what savez_compressed(arr=...) writes: read it as np.load would
+                return load_npy(archive.read("arr.npy"))
+        with np.load(io.BytesIO(value)) as npz:
+            return npz["arr"]  # KeyError naming the missing entry, as Petastorm's decode raises
+
+
+# The .npy header numpy writes for a plain dtype: {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=][a-zA-Z]\d*)', 'fortran_order': (True|False), "
+                         r"'shape': \(((?:\d+, )*\d*|\d+,)\), \}\s*")
+_NPY_FALLBACK = threading.Lock()
+
+
+def load_npy(value: Any) -> np.ndarray:
+    """``numpy.load`` of ``.npy`` bytes, the same array (dtype with byte order, shape, Fortran order, a fresh
+    writable copy), with the header parsed by a regular expression instead of numpy's ``ast.literal_eval``.
+
+    Why: CPython 3.11 up to 3.11.7 can fail ``ast`` parsing done by several threads at once ("SystemError: AST
+    constructor recursion depth mismatch", cpython gh-106905), and the loaders decode cells in threads; a regular
+    expression is also far cheaper per cell. Any header this does not recognise (structured or object dtypes,
+    other versions) goes to ``numpy.load`` itself, one thread at a time, so it raises exactly what numpy raises."""
+    view = memoryview(value).cast("B")
+    if view[:6] == b"\x93NUMPY" and len(view) >= 10:
+        major = view[6]
+        size_bytes = 2 if major == 1 else 4
+        start = 8 + size_bytes
+        length = int.from_bytes(view[8:start], "little")
+        match = _NPY_HEADER.fullmatch(bytes(view[start:start + length]).decode("latin1"))
+        if match is not None and major in (1, 2, 3):
+            descr, fortran, shape_text = match.groups()
+            dtype = np.dtype(descr)
+            shape = tuple(int(d) for d in shape_text.replace(",", " ").split())
+            count = int(np.prod(shape, dtype=np.int64))
+            if not dtype.hasobject and len(view) - start - length >= count * dtype.itemsize:
+                flat = np.frombuffer(view, dtype=dtype, count=count, offset=start + length)
+                return flat.reshape(shape, order="F" if fortran == "True" else "C").copy(order="K")
+    with _NPY_FALLBACK:
+        return np.load(io.BytesIO(bytes(view)))
 
 
 class CompressedImageCodec(DataframeColumnCodec):
@@ -123,6 +163,13 @@ class CompressedImageCodec(DataframeColumnCodec):
         image = _images().decode(value)
         _check_image_shape(image.shape)
         return image
+
+    def decode_into(self, cells: Iterable[Any], out: np.ndarray) -> tuple[int, tuple] | None:
+        """Decode ``cells`` (buffers: bytes or uint8 arrays) straight into ``out[i]``, the loader's batch array
+        (rows on axis 0): the pixels ``decode`` gives, without a per-cell array to stack afterwards. Returns None,
+        or ``(row, shape)`` of the first cell whose image does not have ``out``'s row shape (nothing is guessed)."""
+        _check_image_shape(out.shape[1:])
+        return _images().decode_into(cells, out)
 
     def __str__(self) -> str:
         return f"{type(self).__name__}('{self.image_codec}', {self._quality})"
@@ -200,6 +247,27 @@ class _OpenCV:
         # the decode time for small images); a permutation, so the pixels are the same.
         return self.cv2.cvtColor(image, self.cv2.COLOR_BGR2RGB)
 
+    def decode_into(self, cells: Iterable[Any], out: np.ndarray) -> tuple[int, tuple] | None:
+        """``decode`` per cell, the channel swap writing into ``out[i]`` itself (OpenCV fills a ``dst`` of the
+        right size and type in place), so each pixel is copied once; other images are assigned (numpy casts)."""
+        cv2 = self.cv2
+        imdecode, unchanged, cvt, swap = cv2.imdecode, cv2.IMREAD_UNCHANGED, cv2.cvtColor, cv2.COLOR_BGR2RGB
+        row_shape = out.shape[1:]
+        in_place = out.dtype == np.uint8 and len(row_shape) == 3 and row_shape[2] == 3
+        for i, cell in enumerate(cells):
+            image = imdecode(cell if isinstance(cell, np.ndarray) else np.frombuffer(cell, dtype=np.uint8), unchanged)
+            if image is None:
+                raise InvalidValueError("a CompressedImageCodec cell holds bytes OpenCV cannot decode as an image")
+            if image.shape != row_shape:
+                return i, image.shape
+            if in_place and image.dtype == np.uint8:
+                cvt(image, swap, dst=out[i])
+            elif image.ndim == 3 and image.shape[2] == 3:
+                out[i] = cvt(image, swap)
+            else:
+                out[i] = image
+        return None
+
 
 class _Pillow:
     """Pillow, where OpenCV is not installed: RGB and grayscale, 8 or 16 bits."""
@@ -219,6 +287,14 @@ class _Pillow:
                 image = image.convert("RGBA" if "transparency" in image.info else "RGB")
             out = np.asarray(image)
         return out.astype(out.dtype.newbyteorder("=")) if not out.dtype.isnative else out
+
+    def decode_into(self, cells: Iterable[Any], out: np.ndarray) -> tuple[int, tuple] | None:
+        for i, cell in enumerate(cells):
+            image = self.decode(cell)
+            if image.shape != out.shape[1:]:
+                return i, image.shape
+            out[i] = image
+        return None
 
 
 _BACKEND: _OpenCV | _Pillow | None = None

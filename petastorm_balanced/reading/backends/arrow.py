@@ -36,8 +36,9 @@ class BundleReader:
     """Reads bundles of fragments as column dicts; each thread keeps its own few open files (footers parsed once
     per thread: a ``ParquetFile`` is not safe to share between threads)."""
 
-    def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=()):
+    def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=(), transform=None):
         self._plan = plan
+        self._transform = transform  # a transform.Transform: run here, in the reading thread, on the decoded rows
         self._filesystem, self._root = dataset_root(plan.dataset_url)
         self._planned = {f.path: f for f in plan.catalog.files}
         self._spec, self._fields, self._schemas = spec, fields, schemas
@@ -60,6 +61,8 @@ class BundleReader:
         return files
 
     def read(self, bundle: list[Fragment]) -> dict:
+        if self._transform is not None:
+            return self._transform.apply(self.table(bundle))
         return fr.to_columns(self.table(bundle), self._fields, self._schemas)
 
     def table(self, bundle: list[Fragment], indices=None) -> pa.Table:
@@ -78,14 +81,15 @@ class BundleReader:
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
-                 max_ahead=None):
+                 max_ahead=None, transform=None):
     """A ``stream.Chunks`` reading bundles in ``workers_count`` threads (or inline for ``"dummy"``), in order;
-    the pool options were checked when the loader was made (``options.check_pool_options``)."""
+    the pool options were checked when the loader was made (``options.check_pool_options``). ``transform`` (a
+    ``transform.Transform``) runs in the threads too, on each bundle's rows."""
     inline = reader_pool_type == "dummy"
     ahead = max_ahead or workers_count + 2
 
     def chunks(todo: list[Fragment]):
-        reader = BundleReader(plan, columns.spec, columns.fields, columns.schemas)
+        reader = BundleReader(plan, columns.spec, columns.fields, columns.schemas, transform)
         bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
         results = in_order(reader.read, bundles, workers_count=0 if inline else workers_count, ahead=ahead)
         try:

@@ -49,6 +49,7 @@ from .. import fragments as fr
 from .. import stream
 from ..batching import window_permutation
 from ..options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from ..transform import checked
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 
 # Every private member of Petastorm 0.12 this backend and ordering.py override or read, in one place; a test checks
@@ -94,6 +95,7 @@ class ReadTask:
     target: pa.Schema | None = None  # the loader's delivered types of the stored columns
     schemas: tuple = ()  # the loader's ColumnSchemas (Unischema columns are converted inside the workers)
     shuffle_key: tuple[int, ...] | None = None  # make_reader(shuffle_rows=True): permute inside fragments
+    transform: Any = None  # the loader's transform.Transform, applied in the worker (columns mode)
 
 
 class _PlannedWorkerMixin:
@@ -150,11 +152,18 @@ class _PlannedWorkerMixin:
 class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
     """Plain Parquet: publishes ``(sequence, pyarrow.Table)`` with exactly the item's fragments' rows."""
 
+    _transform_spec: Any  # Petastorm's worker argument (make_reader's transform_spec), wrapped on first use
+
     # pylint: disable=arguments-differ
     def process(self, piece_indexes, sequence, fragments, task):
         table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
                                   zip(piece_indexes, fragments, strict=True)])
+        if task.mode == "columns" and task.transform is not None:  # the loader's transform, here in the worker
+            self.publish_func((sequence, task.transform.apply(table)))
+            return
         if task.mode == "batches" and self._transform_spec:
+            if not getattr(self._transform_spec, "rows_checked", False):  # same rows, same order (transform.RULE)
+                self._transform_spec = _checked_spec(self._transform_spec)
             self._pending = table
             table = self._load_rows(None, self._split_pieces[piece_indexes[0]], (0, 1))  # Petastorm's transform
         self.publish_func((sequence, table))
@@ -171,13 +180,25 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
     def process(self, piece_indexes, sequence, fragments, task):
         table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
                                   zip(piece_indexes, fragments, strict=True)])
-        if task.mode == "columns":
-            payload: dict[str, Any] | list[dict] = fr.to_columns(table, self._schema.fields, task.schemas)
+        if task.mode == "columns" and task.transform is not None:
+            payload: dict[str, Any] | list[dict] = task.transform.apply(table)
+        elif task.mode == "columns":
+            payload = fr.to_columns(table, self._schema.fields, task.schemas)
         else:
             payload = [decode_row(row, self._schema) for row in table.to_pylist()]
             if self._transform_spec:
                 payload = _apply_transform_spec(payload, self._transform_spec)
         self.publish_func((sequence, payload))
+
+
+def _checked_spec(spec):
+    """A copy of Petastorm's ``TransformSpec`` whose ``func`` checks it returned the same rows in the same order."""
+    import copy
+    out = copy.copy(spec)
+    if spec.func is not None:
+        out.func = checked(spec.func)
+    out.rows_checked = True
+    return out
 
 
 class _InOrder:
@@ -387,8 +408,17 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int 
 
 
 def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: dict,
-                     slot: stream.ReaderKeeper | None = None) -> stream.Chunks:
-    """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order."""
+                     slot: stream.ReaderKeeper | None = None, transform: Any = None) -> stream.Chunks:
+    """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order;
+    ``transform`` (a ``transform.Transform``) runs in Petastorm's workers."""
+    if transform is not None and reader_options.get("reader_pool_type") == "process":
+        import pickle
+        try:
+            pickle.dumps(transform)
+        except Exception as exc:  # a lambda or a local function: the process pool cannot send it
+            raise InvalidValueError(f"transform_spec.func={transform.spec.func!r} cannot be pickled ({exc}), and "
+                                    "reader_pool_type='process' sends it to Petastorm's worker processes; define "
+                                    "it at module level, or use reader_pool_type='thread'") from None
     def chunks(todo: Sequence[Fragment]):
         holder = slot or stream.ReaderKeeper()
         if holder.reader is not None and holder.reader.idle:
@@ -396,7 +426,7 @@ def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: d
         else:
             holder.close()
             task = ReadTask("columns", columns=columns.names, partition_types=columns.partition_types,
-                            target=columns.target, schemas=columns.schemas)
+                            target=columns.target, schemas=columns.schemas, transform=transform)
             holder.reader = open_reader(plan, todo, task, schema_fields=[re.escape(n) for n in columns.names],
                                         **reader_options)
         reader, finished = holder.reader, False
