@@ -460,9 +460,13 @@ def _footer_schema(spark, url: str, root: str, relpath: str):
         jvm, session = spark._jvm, spark._jsparkSession
         parquet = jvm.org.apache.spark.sql.execution.datasources.parquet
         path = jvm.org.apache.hadoop.fs.Path(f"{spark_url(url)}/{relpath}")
-        metadata = parquet.ParquetFooterReader.readFooter(
-            session.sessionState().newHadoopConf(), path,
-            jvm.org.apache.parquet.format.converter.ParquetMetadataConverter.NO_FILTER)
+        conf, everything = (session.sessionState().newHadoopConf(),
+                            jvm.org.apache.parquet.format.converter.ParquetMetadataConverter.NO_FILTER)
+        try:  # Spark 4.0: (Configuration, Path, filter)
+            metadata = parquet.ParquetFooterReader.readFooter(conf, path, everything)
+        except Exception:  # noqa: BLE001 - Spark 4.1+: (HadoopInputFile, filter)
+            metadata = parquet.ParquetFooterReader.readFooter(
+                jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf), everything)
         converter = parquet.ParquetToSparkSchemaConverter(session.sessionState().conf())
         inferred = parquet.ParquetFileFormat.readSchemaFromFooter(jvm.org.apache.parquet.hadoop.Footer(path, metadata),
                                                                   converter)
