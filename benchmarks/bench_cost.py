@@ -29,6 +29,7 @@ warnings.simplefilter("ignore")
 
 WORLD, BATCH = 8, 16
 GOALS = {"sum": 1.05, "max": 1.10}
+THROUGHPUT_GOAL = 0.9  # cost balance's rows per CPU-second against rows balance's (issue 27; was 0.8)
 
 
 def write_dataset(path, rows, *, sources=False, files=16, row_group=5000, seed=0, text=False):
@@ -163,8 +164,8 @@ def main(argv=None):
                 wall, cpu = throughput(text_plan)
                 results["throughput"] = cpu["cost"] / cpu["rows"]  # wall clock swings 2x on a shared machine
                 print(f"  throughput with a text column (cost='length(text)'): rows balance {wall['rows']:,.0f} "
-                      f"rows/s, cost balance {wall['cost']:,.0f} rows/s ({wall['cost'] / wall['rows']:.2f}x; goal "
-                      f">= 0.8x); per CPU second {cpu['cost'] / cpu['rows']:.2f}x")
+                      f"rows/s, cost balance {wall['cost']:,.0f} rows/s ({wall['cost'] / wall['rows']:.2f}x); per CPU "
+                      f"second (goal >= {THROUGHPUT_GOAL}x) {cpu['cost'] / cpu['rows']:.2f}x")
                 budget = args.budget or max(8192, plan.max_row_cost)
                 fill, steps, left = budget_figures(plan, budget)
                 results["fill"] = fill
@@ -178,8 +179,9 @@ def main(argv=None):
     _, _, random_waste, cost_waste = results[("lognormal", "max")]
     halved = "met" if cost_waste <= random_waste / 2 else "NOT met"
     print(f"  padding waste halved: {cost_waste / random_waste:.2f}x: {halved}")
-    fast_enough = "met" if results["throughput"] >= 0.8 else "NOT met"
-    print(f"  throughput >= 0.8x (rows per CPU second, text column): {results['throughput']:.2f}x: {fast_enough}")
+    fast_enough = "met" if results["throughput"] >= THROUGHPUT_GOAL else "NOT met"
+    print(f"  throughput >= {THROUGHPUT_GOAL}x (rows per CPU second, text column): {results['throughput']:.2f}x: "
+          f"{fast_enough}")
     print(f"  token budget fill >= 90%: {results['fill']:.1%}: {'met' if results['fill'] >= 0.9 else 'NOT met'}")
     return 0
 

@@ -8,8 +8,9 @@ depends on everything read before it, so resuming exactly would mean replaying t
 row at any position is a function of the position alone, so resuming at batch ``k`` reads from the start of
 ``k``'s window (skipping every earlier fragment without opening it) and drops the batches before ``k`` inside it.
 
-Columns travel as ``{name: numpy array}`` with rows on axis 0, or a ``pyarrow`` array for strings (permuted inside
-Arrow, turned into Python objects only when handed out). The batcher hands out
+Columns travel as ``{name: numpy array}`` with rows on axis 0 (text as an object array of ``str``/``bytes``,
+permuted as pointers), or a ``pyarrow`` array for list columns (permuted inside Arrow, turned into Python lists only
+per batch handed out, ``tensors.torch_batches``). The batcher hands out
 *runs* of whole batches (a permuted window, or the whole batches buffered so far when not shuffling) and callers
 cut them into batches, so per-batch work is a slice, and conversions (to tensors) happen once per run.
 

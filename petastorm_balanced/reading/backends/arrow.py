@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -89,9 +90,11 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
     ahead = max_ahead or workers_count + 2
 
     def chunks(todo: list[Fragment]):
-        reader = BundleReader(plan, columns.spec, columns.fields, columns.schemas, transform)
+        threads = 0 if inline else workers_count
+        spec = columns.spec if threads < 2 else replace(columns.spec, use_threads=False)  # our threads decode
+        reader = BundleReader(plan, spec, columns.fields, columns.schemas, transform)
         bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
-        results = in_order(reader.read, bundles, workers_count=0 if inline else workers_count, ahead=ahead)
+        results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead)
         try:
             yield from zip(bundles, results, strict=False)
         finally:
