@@ -101,3 +101,26 @@ def test_mutated_encoding_is_refused_or_valid(case, data):
 def test_known_corruptions_are_refused(data):
     with pytest.raises(PlanIntegrityError):
         selection.decode(data, 10)
+
+
+@given(st.integers(1, 3000), st.floats(0.0, 1.0), st.integers(1, 64), st.integers(0, 2**32 - 1))
+def test_encode_mask_is_encode_of_the_positions(total, density, run, seed):
+    """``encode_mask`` (the planning shortcut) writes exactly ``encode``'s bytes, at every density and run length,
+    the bitmap/runs border included (runs of ``run`` rows at ``density``)."""
+    rng = np.random.default_rng(seed)
+    mask = np.repeat(rng.random(-(-total // run)) < density, run)[:total]
+    if not mask.any():
+        with pytest.raises(ValueError, match="no matching row"):
+            selection.encode_mask(mask)
+        return
+    assert selection.encode_mask(mask) == selection.encode(np.flatnonzero(mask), total)
+
+
+@pytest.mark.parametrize("total", [1000, 1001, 70_000])
+def test_encode_mask_at_the_bitmap_border(total):
+    """Every run count from one to one per two rows: the border where runs stop beating the bitmap is crossed
+    (for uint16 and uint32 runs) and ``encode_mask`` still writes ``encode``'s bytes."""
+    for runs in sorted({*range(1, 300), *range(total // 40, total // 2, max(1, total // 2000))}):
+        mask = np.zeros(total, dtype=bool)
+        mask[np.linspace(0, total - 2, runs).astype(np.int64) // 2 * 2] = True
+        assert selection.encode_mask(mask) == selection.encode(np.flatnonzero(mask), total), runs

@@ -346,3 +346,59 @@ def test_job_invalid_sql_exits_2_and_writes_nothing(plain_dataset, tmp_path):
     assert len(errors) == 1 and "--where" in errors[0] and BAD_WHERE in errors[0], job.output[-3000:]
     assert "Traceback" not in job.output
     assert not (job.plan / "plan.json").exists()
+
+
+# ------------------------------------------------------------------------------------------- where: footer schema
+
+def _typed_table(n: int) -> pa.Table:
+    """Columns of the types whose Spark schema inference has rules of its own (unsigned, nanoseconds, zones,
+    decimals, nesting, dictionaries)."""
+    rng = np.random.default_rng(n)
+    ts = pa.array(rng.integers(0, 10**15, n), pa.int64())
+    return pa.table({
+        "i8": pa.array(rng.integers(-100, 100, n), pa.int8()), "u16": pa.array(rng.integers(0, 60_000, n), pa.uint16()),
+        "u32": pa.array(rng.integers(0, 2**32 - 1, n), pa.uint32()),
+        "u64": pa.array(rng.integers(0, 2**62, n), pa.uint64()), "f32": pa.array(rng.random(n), pa.float32()),
+        "flag": pa.array(rng.random(n) < 0.5),
+        "day": pa.array(rng.integers(0, 20_000, n), pa.int32()).cast(pa.date32()),
+        "ts_us": ts.cast(pa.timestamp("us")), "ts_tz": ts.cast(pa.timestamp("us", tz="UTC")),
+        "ts_ms": pa.array(rng.integers(0, 10**12, n), pa.int64()).cast(pa.timestamp("ms")),
+        "dec": pa.array([None if i % 7 == 0 else i for i in range(n)], pa.decimal128(12, 3)),
+        "name": pa.array([f"n{i % 13}" for i in range(n)]).dictionary_encode(),
+        "blob": pa.array([bytes([i % 256]) * (i % 5) for i in range(n)], pa.binary()),
+        "ints": pa.array([list(range(i % 4)) for i in range(n)], pa.list_(pa.int32())),
+        "pair": pa.array([{"a": i, "b": str(i)} for i in range(n)],
+                         pa.struct([("a", pa.int64()), ("b", pa.string())])),
+    })
+
+
+def test_footer_schema_is_sparks_inferred_schema(spark, tmp_path):
+    """The schema planning computes from one footer on the driver (no inference job) is the one
+    ``spark.read.parquet`` infers, type by type, for pyarrow's and Spark's own files; a summary file (which Spark
+    reads first) leaves the inference to Spark."""
+    folder = tmp_path / "typed"
+    folder.mkdir()
+    for i in range(2):
+        pq.write_table(_typed_table(50 + i), folder / f"part-{i}.parquet", coerce_timestamps="us",
+                       allow_truncated_timestamps=True)
+    ours = spark_engine._footer_schema(spark, f"file://{folder}", str(folder), "part-1.parquet")
+    assert ours is not None and ours == spark.read.parquet(str(folder)).schema
+    written = tmp_path / "by_spark"
+    spark.read.parquet(str(folder)).selectExpr("*", "named_struct('x', u16, 'y', array(i8)) AS nested",
+                                               "map('k', i8) AS kv").write.parquet(str(written))
+    first = sorted(p.name for p in written.iterdir() if p.name.endswith(".parquet"))[0]
+    ours = spark_engine._footer_schema(spark, f"file://{written}", str(written), first)
+    assert ours is not None and ours == spark.read.parquet(str(written)).schema  # required columns too
+    assert spark.read.schema(ours).parquet(str(written)).schema == spark.read.parquet(str(written)).schema
+    pq.write_metadata(pa.schema([("only", pa.int64())]), folder / "_common_metadata")
+    assert spark_engine._footer_schema(spark, f"file://{folder}", str(folder), "part-1.parquet") is None
+
+
+def test_where_with_a_footer_schema_runs_one_job(spark, plain_dataset):
+    """Planning a where runs exactly one Spark job (no schema inference job) and keeps count(where)'s rows."""
+    where = "lang = 'en' AND value > 3.5"
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+    catalog = build_catalog(plain_dataset.url, where=where, spark=spark)
+    assert len(set(tracker.getJobIdsForGroup(None)) - before) == 1
+    assert catalog.total_rows == _spark_count(spark, plain_dataset.url, where)

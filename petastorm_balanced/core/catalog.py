@@ -241,7 +241,8 @@ def empty_selections(n: int) -> pa.Array:
 
 def match_from_mask(path: str, row_group: int, mask: np.ndarray) -> RowGroupMatch | None:
     """The catalog entry for a row group given its boolean match mask, or None if nothing matches."""
-    positions = np.flatnonzero(np.asarray(mask, dtype=bool))
-    if len(positions) == 0:
+    mask = np.asarray(mask, dtype=bool)
+    count = int(np.count_nonzero(mask))
+    if count == 0:
         return None
-    return RowGroupMatch(path, row_group, len(mask), len(positions), selection.encode(positions, len(mask)))
+    return RowGroupMatch(path, row_group, len(mask), count, selection.encode_mask(mask))

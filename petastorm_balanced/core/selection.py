@@ -44,6 +44,26 @@ def encode(positions: np.ndarray, total_rows: int) -> bytes:
     return _BITMAP + np.packbits(mask).tobytes()
 
 
+def encode_mask(mask: np.ndarray) -> bytes:
+    """``encode(np.flatnonzero(mask), len(mask))``, the same bytes, without the positions where the bitmap wins.
+
+    Planning a where over millions of scattered matches spends most of its driver time turning masks into
+    positions only to find the runs too many and rebuild the mask. The number of runs is one pass over the mask;
+    when even the narrowest runs (two uint16 per run) cannot beat the bitmap, ``encode`` would pick the bitmap, so
+    it is packed straight from the mask. Otherwise ``encode`` decides on the positions, as before."""
+    mask = np.asarray(mask, dtype=bool)
+    total_rows = len(mask)
+    count = int(np.count_nonzero(mask))
+    if count == total_rows:
+        return _ALL
+    if count == 0:
+        raise InvalidValueError("a row group with no matching row is left out of the catalog, not encoded")
+    runs = int(mask[0]) + int(np.count_nonzero(mask[1:] & ~mask[:-1]))
+    if 2 + runs * 2 * _DTYPES[b"2"].itemsize >= 1 + (total_rows + 7) // 8:
+        return _BITMAP + np.packbits(mask).tobytes()
+    return encode(np.flatnonzero(mask), total_rows)
+
+
 def decode(data: bytes, total_rows: int) -> np.ndarray:
     """The matching positions (int64, sorted) that ``encode`` stored."""
     if data == _ALL:

@@ -13,7 +13,9 @@ Three ways a catalog is built, all ending in the same ``Catalog`` the in-process
   aggregation inside each scan task, a shuffle of words only), at most 2 bits per scanned row where the plan's
   selections hold up to 1. A deterministic where on hive partition columns alone keeps or drops whole files, so
   only the matching files' keys travel. No Python worker: moving rows from the JVM into Python workers cost more
-  than Spark's whole count(where) (``benchmarks/bench_spark_plan.py``).
+  than Spark's whole count(where) (``benchmarks/bench_spark_plan.py``). One Spark job in all: the schema Spark
+  would infer (a job of its own in ``spark.read.parquet``) is computed on the driver from a footer already listed,
+  with Spark's own converter, whenever every file has the same Parquet schema.
 - ``predicate`` (Petastorm): each task opens its files and runs ``predicates.row_group_mask``, exactly what the
   local engine runs, so both engines see the same masks.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -69,11 +72,15 @@ APP_NAME = "petastorm-balanced plan"
 DRIVER_FOOTERS_MAX = 512  # above this many remote files, footers are read in Spark tasks
 FOOTER_THREADS = 8  # per task (or on the driver): footer reads are latency-bound
 SHIP_CONF = "spark.petastorm_balanced.shipPackage"
+SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"  # the schema Spark stores when it writes Parquet
 _BUCKET_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
-# Up to ROWS_TO_DRIVER_MAX scanned rows, each matching row reaches the driver as an int64 (at most 128 MB): no
-# shuffle, whose second stage costs about 0.1 s, a lot next to a count() of a few million rows. Above it, as
-# 64-row words: at most 2 bits per scanned row, within twice the plan's own selections.
-ROWS_TO_DRIVER_MAX = 1 << 24
+# Up to ROWS_TO_DRIVER_MAX scanned rows, each matching row reaches the driver as an int64 (at most 32 MB): no
+# shuffle, whose second stage costs 0.1 s on local[*] and 0.4-0.9 s on a standalone cluster, a lot next to a
+# count() of a few million rows. Above it, as 64-row words: at most 2 bits per scanned row, within twice the
+# plan's own selections. On a 2-worker standalone cluster at 16M rows (benchmarks/bench_cluster.py), rows cost
+# 1.68x count(where) at 53% and 5% matching, words 1.21x and 1.56x: the Arrow conversion, transfer and decoding
+# of 8.5M int64 (1.3-2.2 s on the driver alone) outgrow the second stage well before 16M rows.
+ROWS_TO_DRIVER_MAX = 1 << 22
 WORD_BITS = 6
 _SHIPPED: set[str | tuple[str, str]] = set()  # application ids that already got the package zip
 
@@ -166,7 +173,9 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
         return full_catalog(files, kind, partition_columns)
     started = time.perf_counter()
     if where is not None:
-        matches = _where_matches(spark, url, root, files, where, partition_columns, timings, table=table)
+        one_schema = len({r[4] for r in results}) == 1 and table is None and not partition_columns
+        matches = _where_matches(spark, url, root, files, where, partition_columns, timings, table=table,
+                                 schema_from=files[0].path if one_schema and files else None)
         what = f"where {where!r}"
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
@@ -185,9 +194,10 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
 # ---------------------------------------------------------------------------------------------- footers
 
 def read_footers(url: str, root: str, relpaths: Sequence[str], threads: int = FOOTER_THREADS) -> list[tuple]:
-    """``(relpath, row group rows, column names, footer digest)`` per file, or ``(relpath, None, error text, "")``
-    for a file that is not Parquet: errors travel back as values so the driver raises one clear ``ValueError``,
-    not a task failure."""
+    """``(relpath, row group rows, column names, footer digest, schema key)`` per file, or ``(relpath, None,
+    error text, "", "")`` for a file that is not Parquet: errors travel back as values so the driver raises one
+    clear ``ValueError``, not a task failure. The schema key (the Parquet schema and the schema Spark stored, as
+    text) is equal for files Spark infers one schema from, whichever of them it opens."""
     import pyarrow as pa
     filesystem, _ = fsutil.resolve(url)
 
@@ -195,8 +205,10 @@ def read_footers(url: str, root: str, relpaths: Sequence[str], threads: int = FO
         try:
             rows, meta, digest = read_footer(filesystem, f"{root}/{relpath}" if root else relpath)
         except (pa.ArrowException, OSError) as exc:
-            return relpath, None, f"{type(exc).__name__}: {exc}", ""
-        return relpath, rows, tuple(meta.schema.to_arrow_schema().names), digest
+            return relpath, None, f"{type(exc).__name__}: {exc}", "", ""
+        stored = (meta.metadata or {}).get(SPARK_ROW_METADATA, b"")
+        described = [line for line in str(meta.schema).splitlines() if not line.startswith("<pyarrow")]
+        return relpath, rows, tuple(meta.schema.to_arrow_schema().names), digest, "\n".join(described) + repr(stored)
 
     with ThreadPoolExecutor(max(1, min(threads, len(relpaths)))) as pool:
         return list(pool.map(footer, relpaths))
@@ -212,15 +224,16 @@ def _file_infos(url: str, results: Sequence[tuple], sizes: dict[str, int],
                 mtimes: dict[str, int | None]) -> list[FileInfo]:
     """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns."""
     results = sorted(results, key=lambda r: r[0])
-    for relpath, rows, detail, _ in results:
+    for relpath, rows, detail, *_ in results:
         if rows is None:
             raise footer_error(relpath, url, detail)
     first = results[0]
-    for relpath, _, names, _ in results:
+    for relpath, _, names, *_ in results:
         if set(names) != set(first[2]):
             raise InvalidValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} "
                                     f"has {sorted(first[2])}; all files of a dataset must share one schema")
-    return [FileInfo(relpath, sizes[relpath], rows, digest, mtimes[relpath]) for relpath, rows, _, digest in results]
+    return [FileInfo(relpath, sizes[relpath], rows, digest, mtimes[relpath])
+            for relpath, rows, _, digest, *_ in results]
 
 
 # ---------------------------------------------------------------------------------------------- where (SQL)
@@ -277,10 +290,12 @@ def _quiet_pyspark_error_logs():
 
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
-                   partition_columns: Sequence[str], timings: dict, table=None) -> list[RowGroupMatch]:
+                   partition_columns: Sequence[str], timings: dict, table=None,
+                   schema_from: str | None = None) -> list[RowGroupMatch]:
     started = time.perf_counter()
+    schema = _footer_schema(spark, url, root, schema_from) if schema_from is not None else None
     frame = _read_for_where(spark, url, partition_types([f.path for f in files]),
-                            files if table is not None else None)
+                            files if table is not None else None, schema=schema)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
@@ -414,10 +429,8 @@ def _file_matches(info: FileInfo, mask: np.ndarray) -> list[RowGroupMatch]:
     """The records of one file's row groups with a matching row, encoded by ``match_from_mask`` as the local engine
     encodes them (G8)."""
     bounds = np.concatenate(([0], np.cumsum(info.row_group_rows, dtype=np.int64)))
-    counts = np.diff(np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))[bounds])
-    # every row group here has a matching row, so match_from_mask never answers None
-    return [m for i in np.flatnonzero(counts)
-            if (m := match_from_mask(info.path, int(i), mask[bounds[i]:bounds[i + 1]])) is not None]
+    return [m for i in range(len(info.row_group_rows))
+            if (m := match_from_mask(info.path, i, mask[bounds[i]:bounds[i + 1]])) is not None]
 
 
 def _changed_while_planning() -> InvalidValueError:
@@ -425,8 +438,46 @@ def _changed_while_planning() -> InvalidValueError:
                              "list); the dataset changed while planning: re-run planning")
 
 
+def _footer_schema(spark, url: str, root: str, relpath: str):
+    """The schema Spark's own inference gives the dataset, computed on the driver from one footer with Spark's own
+    converter (``ParquetFileFormat.readSchemaFromFooter``, the session's SQL conf), or None to let Spark infer it.
+
+    ``spark.read.parquet`` infers a schema in a Spark job that opens one file's footer: 0.1-0.5 s on a cluster,
+    10-25% of a count(where) of a few million rows. The caller passes a file only when every file has the same
+    Parquet schema (and Spark-stored schema), no hive partition columns and no table snapshot, so the file Spark
+    would open gives the same answer. A summary file (``_common_metadata``, ``_metadata``), which Spark reads
+    first, or anything unexpected (Spark Connect, another Spark version's classes) leaves it to Spark."""
+    if is_connect(spark):
+        return None
+    from pyarrow import fs as pafs
+    filesystem, _ = fsutil.resolve(url)
+    try:
+        summaries = filesystem.get_file_info([f"{root}/{name}" if root else name
+                                              for name in ("_common_metadata", "_metadata")])
+        if any(info.type != pafs.FileType.NotFound for info in summaries):
+            return None
+        from pyspark.sql.types import StructType
+        jvm, session = spark._jvm, spark._jsparkSession
+        parquet = jvm.org.apache.spark.sql.execution.datasources.parquet
+        path = jvm.org.apache.hadoop.fs.Path(f"{spark_url(url)}/{relpath}")
+        conf, everything = (session.sessionState().newHadoopConf(),
+                            jvm.org.apache.parquet.format.converter.ParquetMetadataConverter.NO_FILTER)
+        try:  # Spark 4.0: (Configuration, Path, filter)
+            metadata = parquet.ParquetFooterReader.readFooter(conf, path, everything)
+        except Exception:  # noqa: BLE001 - Spark 4.1+: (HadoopInputFile, filter)
+            metadata = parquet.ParquetFooterReader.readFooter(
+                jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf), everything)
+        converter = parquet.ParquetToSparkSchemaConverter(session.sessionState().conf())
+        inferred = parquet.ParquetFileFormat.readSchemaFromFooter(jvm.org.apache.parquet.hadoop.Footer(path, metadata),
+                                                                  converter)
+        return StructType.fromJson(json.loads(inferred.asNullable().json()))  # as the file source relation makes it
+    except Exception as exc:  # noqa: BLE001 - any failure here only costs the inference job we tried to save
+        log.debug("schema from the footer of %s failed (%s); Spark infers it", relpath, _first_line(exc))
+        return None
+
+
 def _read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
-                    files: Sequence[FileInfo] | None = None):
+                    files: Sequence[FileInfo] | None = None, schema=None):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
     have no S3A) is reported as what to install instead of a Java stack trace.
 
@@ -436,7 +487,9 @@ def _read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
     as pyarrow does, so a where sees the values the loader delivers (G13).
 
     ``files`` (a table snapshot's): Spark reads exactly those, partitions discovered below ``url`` as for a folder;
-    no Delta or Iceberg jar is involved."""
+    no Delta or Iceberg jar is involved.
+
+    ``schema`` (``_footer_schema``): the schema Spark would infer, given so that no inference job runs."""
     base = spark_url(url)
     paths = [f"{base}/{f.path}" for f in files] if files is not None else [base]
 
@@ -445,6 +498,8 @@ def _read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
         return (reader.option("basePath", base) if files is not None else reader).parquet(*paths)
 
     try:
+        if schema is not None and not hive_types:
+            return read(spark.read.schema(schema))
         if not hive_types:
             return read(spark.read)
         with _sql_conf(spark, {"spark.sql.sources.partitionColumnTypeInference.enabled": "false"}):
