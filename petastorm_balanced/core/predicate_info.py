@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import hashlib
 import inspect
 import linecache
@@ -161,7 +162,20 @@ def _module_tree(fn):
                                "or at a plain python prompt?), so it cannot be fingerprinted stably; define it in a "
                                "module file or a notebook cell, or use petastorm_balanced.predicates.in_set / a "
                                "PredicateBase subclass with plain attributes")
-    return ast.parse(source)
+    return parse(source)
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse`` with the garbage collector paused: on CPython <= 3.11.7 (gh-106905) a collection during the
+    parse whose finalizers parse too (a traceback printed by an unraisable-exception hook does, in 3.11) leaves
+    the parse failing with "AST constructor recursion depth mismatch"."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _module_source(module) -> str | None:

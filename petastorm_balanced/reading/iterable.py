@@ -32,7 +32,7 @@ from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .options import resolve_backend
+from .options import SHUFFLE_WINDOW, LoaderOptions, resolve_backend
 from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 
@@ -66,16 +66,17 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
-                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
+                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = SHUFFLE_WINDOW,
                  schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
                  partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum",
                  transform_spec: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
-        self._settings = Settings(plan, resolve_world(rank, world), batch_size=batch_size, shuffle=shuffle,
-                                   reshuffle=reshuffle, shuffle_window=shuffle_window, schema_fields=schema_fields,
-                                   padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
-                                   cost_reduce=cost_reduce, transform_spec=transform_spec)
+        options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
+                                shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                                partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
+                                transform_spec=transform_spec)
+        self._settings = Settings(plan, resolve_world(rank, world), options)
         self.backend = resolve_backend(backend, self._settings.plan.table)
         self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)

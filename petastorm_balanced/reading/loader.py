@@ -19,7 +19,15 @@ from ..world import World, resolve_world
 from . import stream
 from .backends import BACKENDS
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
-from .options import check_arrow_kwargs, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
+from .options import (
+    SHUFFLE_WINDOW,
+    LoaderOptions,
+    check_arrow_kwargs,
+    check_petastorm_kwargs,
+    check_pool_options,
+    resolve_backend,
+    resolve_plan,
+)
 from .position import EpochSampler, PlannedView, Position, Settings
 from .tensors import require_torch, torch_batches
 
@@ -38,24 +46,18 @@ class BalancedLoader(PlannedView):
 
     Batches are dicts of column name to tensor (strings as lists of str), plus a boolean ``_padding`` tensor with
     ``padding_mask=True``. ``state_dict()`` is the same on every rank (all ranks take the same steps), so a
-    checkpoint written by rank 0 resumes every rank.
+    checkpoint written by rank 0 resumes every rank. Made by ``make_loader``, which checks its arguments once into
+    a ``LoaderOptions`` (``options.py``) and hands that down whole.
     """
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
 
-    def __init__(self, plan: ShardPlan | str, world: World, *, batch_size: int | None = None, epoch: int = 0,
-                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = stream.SHUFFLE_WINDOW,
-                 schema_fields: Sequence[Any] | None = None, padding_mask: bool = False,
-                 reader_options: dict | None = None, backend: str = "auto", partition_epoch: int = 1,
-                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
-                 feeding: Feed = NO_FEED, transform_spec: Any = None):
+    def __init__(self, plan: ShardPlan | str, world: World, options: LoaderOptions | None = None, *,
+                 epoch: int = 0, reader_options: dict | None = None, backend: str = "auto",
+                 feeding: Feed = NO_FEED):
         require_torch()
-        self._settings = Settings(plan, world, batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                                   shuffle_window=shuffle_window, schema_fields=schema_fields,
-                                   padding_mask=padding_mask, partition_epoch=partition_epoch, balance=balance,
-                                   cost_reduce=cost_reduce, max_batch_cost=max_batch_cost,
-                                   transform_spec=transform_spec)
+        self._settings = Settings(plan, world, options or LoaderOptions())
         self._position = Position(self._settings, epoch)
         self.backend = resolve_backend(backend, self._settings.plan.table)
         self._reader_options = dict(reader_options or {})
@@ -134,7 +136,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
                 workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,
                 padding_mask: bool = False,
-                shuffle_window: int = stream.SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
+                shuffle_window: int = SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 **petastorm_kwargs: Any) -> BalancedLoader:
@@ -174,6 +176,10 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     must return the same rows in the same order (checked: a typed error at that batch); ``edit_fields``,
     ``removed_fields`` and ``selected_fields`` shape ``loader.schema`` and the batches. Not with ``balance="cost"``.
     """
+    options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
+                            shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                            partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
+                            max_batch_cost=max_batch_cost, transform_spec=transform_spec)
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     plan = resolve_plan(plan)  # loaded once here: its table decides the backend
@@ -181,13 +187,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     check_pool_options(reader_pool_type, workers_count, chosen)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
-        options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
+        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
     else:
-        options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
-    who = resolve_world(rank, world)
-    return BalancedLoader(plan, who, batch_size=batch_size, epoch=epoch, shuffle=shuffle, reshuffle=reshuffle,
-                          shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
-                          reader_options=options, backend=chosen, partition_epoch=partition_epoch, balance=balance,
-                          cost_reduce=cost_reduce, max_batch_cost=max_batch_cost, feeding=fed,
-                          transform_spec=transform_spec)
-
+        reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
+    return BalancedLoader(plan, resolve_world(rank, world), options, epoch=epoch, reader_options=reader_options,
+                          backend=chosen, feeding=fed)

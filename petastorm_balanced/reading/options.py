@@ -7,11 +7,49 @@ without Petastorm installed.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ..core.cost import REDUCES, CostOptions, parse_cost
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..plan.model import ShardPlan
+
+SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """What a user chose for a loader, checked once where it is given (``make_loader``,
+    ``BalancedIterableDataset``) and handed down whole to ``position.Settings``, which checks it against the plan.
+
+    One object instead of a dozen keyword arguments relayed by hand through every layer: a new option is added
+    here, with its check, and reaches every loader. The checks that need the plan (the batch size's default, cost,
+    sub-epochs against the steps, a transform's columns) stay in ``Settings``; these need nothing but the values.
+    """
+
+    batch_size: int | None = None
+    shuffle: bool = True
+    reshuffle: str = "epoch"
+    shuffle_window: int = SHUFFLE_WINDOW
+    schema_fields: Sequence[Any] | None = None
+    padding_mask: bool = False
+    partition_epoch: int = 1
+    balance: str = "auto"
+    cost_reduce: str = "sum"
+    max_batch_cost: int | None = None
+    transform_spec: Any = None
+
+    def __post_init__(self) -> None:
+        if self.reshuffle not in ("epoch", "fixed"):
+            raise InvalidValueError(f"reshuffle={self.reshuffle!r} is not one of 'epoch' (new assignment every epoch) "
+                                    "or 'fixed' (the epoch-0 assignment, for caching)")
+        if not isinstance(self.shuffle, bool):
+            raise InvalidTypeError(f"shuffle={self.shuffle!r} must be True or False")
+        check_int("shuffle_window", self.shuffle_window, minimum=1, hint=" (rows per shuffle window)")
+        object.__setattr__(self, "padding_mask", bool(self.padding_mask))
+
 
 # Petastorm arguments the plan owns, and what to do instead.
 OWNED_ARGUMENTS = {

@@ -18,52 +18,47 @@ from ..world import World
 from . import layout, stream, transform
 from . import state as keys
 from .layout import Layout
-from .options import resolve_cost, resolve_plan
+from .options import LoaderOptions, resolve_cost, resolve_plan
 from .schema import BatchSchema, batch_schema, extra_column
 
 
 class Settings(Layout):
     """Checked loader settings shared by BalancedLoader and BalancedIterableDataset."""
 
-    def __init__(self, plan, world: World, *, batch_size, shuffle, reshuffle, shuffle_window, schema_fields,
-                 padding_mask, partition_epoch=1, balance="auto", cost_reduce="sum", max_batch_cost=None,
-                 transform_spec=None):
+    def __init__(self, plan, world: World, options: LoaderOptions):
         self.plan: ShardPlan = resolve_plan(plan)
+        self.options = options
         self.rank, self.world_size = world.rank, world.size
+        batch_size, shuffle, shuffle_window = options.batch_size, options.shuffle, options.shuffle_window
         # cost balancing (None: rows only); with a token budget batches have no fixed size
-        self.cost = resolve_cost(self.plan, balance=balance, cost_reduce=cost_reduce, max_batch_cost=max_batch_cost,
-                                 batch_size=batch_size, shuffle=shuffle)
+        self.cost = resolve_cost(self.plan, balance=options.balance, cost_reduce=options.cost_reduce,
+                                 max_batch_cost=options.max_batch_cost, batch_size=batch_size, shuffle=shuffle)
         budget = self.cost is not None and self.cost.budget is not None
         self.batch_size = None if budget else self.plan.batch_size if batch_size is None else batch_size
         if self.batch_size is None and not budget:
             raise InvalidValueError("batch_size=None and the plan was made without one; pass batch_size=")
-        if reshuffle not in ("epoch", "fixed"):
-            raise InvalidValueError(f"reshuffle={reshuffle!r} is not one of 'epoch' (new assignment every epoch) or "
-                                    "'fixed' (the epoch-0 assignment, for caching)")
-        if not isinstance(shuffle, bool):
-            raise InvalidTypeError(f"shuffle={shuffle!r} must be True or False")
-        check_int("shuffle_window", shuffle_window, minimum=1, hint=" (rows per shuffle window)")
-        if budget and partition_epoch != 1:
-            raise InvalidValueError(f"partition_epoch={partition_epoch} with max_batch_cost: a token budget packs each "
-                                    "window's rows into batches, so sub-epochs are not supported with it; leave "
-                                    "partition_epoch=1 or use batch_size")
+        if budget and options.partition_epoch != 1:
+            raise InvalidValueError(f"partition_epoch={options.partition_epoch} with max_batch_cost: a token budget "
+                                    "packs each window's rows into batches, so sub-epochs are not supported with it; "
+                                    "leave partition_epoch=1 or use batch_size")
         rows_batch = 1 if budget else self.batch_size  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, check_int(
             "batch_size", rows_batch, minimum=1))
         Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=rows_batch, shuffle=shuffle,
-                        shuffle_window=shuffle_window, reshuffle=reshuffle, partition_epoch=partition_epoch,
+                        shuffle_window=shuffle_window, reshuffle=options.reshuffle,
+                        partition_epoch=options.partition_epoch,
                         balance_by="rows" if self.cost is None else "cost")
         self.batch_size = None if budget else rows_batch
         if budget and self.cost is not None:
             self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
-        self.padding_mask = bool(padding_mask)
+        self.padding_mask = options.padding_mask
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
-        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, schema_fields),
+        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
                                                           self.plan, self.cost)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
-        self.transform = transform.bind(transform_spec, self.columns.schemas, self.columns.fields)
+        self.transform = transform.bind(options.transform_spec, self.columns.schemas, self.columns.fields)
         if self.transform is not None and self.cost is not None:
             raise InvalidValueError("transform_spec with a cost plan balanced by cost: the per-row costs come from the "
                                     "columns read, before any transform; pass balance='rows', or apply the function "

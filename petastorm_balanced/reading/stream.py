@@ -25,7 +25,6 @@ from .dataset_schema import partition_columns, read_stored_columns
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
-SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
 
 # Reads fragments in order and yields (the fragments of the chunk, their rows as columns).
 Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
