@@ -157,7 +157,7 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
             in_tasks = False  # no RDDs: driver threads read the footers
     timings["session"] = time.perf_counter() - before_session
     if in_tasks:
-        _ship_package(spark)
+        ship_package(spark)
         sc = spark.sparkContext
         slices = max(1, min(len(relpaths), sc.defaultParallelism * 4))
         results = sc.parallelize(relpaths, slices).mapPartitions(_footer_task(url, root)).collect()
@@ -242,7 +242,7 @@ def spark_url(url: str) -> str:
     """The location Spark's Hadoop filesystems read as the same folder as ``fs.resolve(url)`` (``s3://`` ->
     ``s3a://``). Hadoop's ``Path`` does not percent-decode (it reads ``file:///a%2523`` as a folder named
     ``a%2523``), so a local dataset is handed over as its decoded path: ``#``, ``%`` and spaces stay characters.
-    ``_read_for_where`` also turns Spark's globbing off, so ``?``, ``*`` and ``[`` are characters too."""
+    ``read_for_where`` also turns Spark's globbing off, so ``?``, ``*`` and ``[`` are characters too."""
     if fsutil.is_local(url):
         return "file://" + fsutil.local_path(url)
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
@@ -276,7 +276,7 @@ def _sql_conf(spark, settings: dict[str, str]):
 
 
 @contextlib.contextmanager
-def _quiet_pyspark_error_logs():
+def quiet_pyspark_error_logs():
     """PySpark logs every AnalysisException with a stack trace; we turn it into one clear ValueError instead."""
     loggers = [logging.getLogger(n) for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
     before = [lg.disabled for lg in loggers]
@@ -294,7 +294,7 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
                    schema_from: str | None = None) -> list[RowGroupMatch]:
     started = time.perf_counter()
     schema = _footer_schema(spark, url, root, schema_from) if schema_from is not None else None
-    frame = _read_for_where(spark, url, partition_types([f.path for f in files]),
+    frame = read_for_where(spark, url, partition_types([f.path for f in files]),
                             files if table is not None else None, schema=schema)
     columns = frame.columns
     if "_metadata" in columns:
@@ -314,11 +314,11 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     cores = default_parallelism(spark)
     shuffle = {} if cores is None else {"spark.sql.shuffle.partitions": str(max(1, cores)),
                                         "spark.sql.adaptive.enabled": "false"}
-    with _quiet_pyspark_error_logs():
+    with quiet_pyspark_error_logs():
         try:
             matching = frame.where(where)
         except AnalysisException as exc:  # includes ParseException
-            raise InvalidWhereError(where, _first_line(exc), columns) from None
+            raise InvalidWhereError(where, first_line(exc), columns) from None
         if _decided_per_file(frame, where, partition_columns):
             # Only which files match crosses to the driver: no row index is read, no row is sent.
             mode = "files"
@@ -339,7 +339,7 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
                 table = query.toArrow()
         except (AnalysisException, ArithmeticException, DateTimeException, NumberFormatException,
                 SparkRuntimeException) as exc:
-            raise InvalidWhereError(where, _first_line(exc), columns, on_data=True) from None
+            raise InvalidWhereError(where, first_line(exc), columns, on_data=True) from None
     timings["where"] = time.perf_counter() - started
     started = time.perf_counter()
     by_size, listed = {f.size: f for f in with_rows}, {f.path: f for f in with_rows}
@@ -472,11 +472,11 @@ def _footer_schema(spark, url: str, root: str, relpath: str):
                                                                   converter)
         return StructType.fromJson(json.loads(inferred.asNullable().json()))  # as the file source relation makes it
     except Exception as exc:  # noqa: BLE001 - any failure here only costs the inference job we tried to save
-        log.debug("schema from the footer of %s failed (%s); Spark infers it", relpath, _first_line(exc))
+        log.debug("schema from the footer of %s failed (%s); Spark infers it", relpath, first_line(exc))
         return None
 
 
-def _read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
+def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
                     files: Sequence[FileInfo] | None = None, schema=None):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
     have no S3A) is reported as what to install instead of a Java stack trace.
@@ -537,7 +537,7 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
 # ---------------------------------------------------------------------------------------------- Petastorm predicate
 
 def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> list[RowGroupMatch]:
-    _ship_package(spark)
+    ship_package(spark)
     sc = spark.sparkContext
     work = [(f.path, f.row_group_rows) for f in files if f.num_rows > 0]
     if not work:
@@ -603,7 +603,7 @@ def _package_dir() -> str:
     return path
 
 
-def _ship_package(spark) -> None:
+def ship_package(spark) -> None:
     if is_connect(spark):
         _ship_package_connect(spark)
         return
@@ -627,6 +627,6 @@ def _ship_package_connect(spark) -> None:
     _SHIPPED.add(key)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -22,11 +22,11 @@ from .spark import (
     AnalysisException,
     F,
     SparkRuntimeException,
-    _first_line,
-    _quiet_pyspark_error_logs,
-    _read_for_where,
-    _ship_package,
+    first_line,
     is_connect,
+    quiet_pyspark_error_logs,
+    read_for_where,
+    ship_package,
     spark_relative_path,
 )
 
@@ -37,33 +37,33 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
                      where: str | None = None, table=None) -> Stats:
     """``(sum, max)`` of the cost of the rows ``where`` keeps, per row group; a NULL, negative or fractional cost
     is a ``ValueError`` naming file and row group."""
-    frame = _read_for_where(spark, url, partition_types([f.path for f in files]),  # typed as the loader delivers
+    frame = read_for_where(spark, url, partition_types([f.path for f in files]),  # typed as the loader delivers
                             files if table is not None else None)  # a table: its snapshot's files
     columns = frame.columns
     lookup = {f.path: f.row_group_rows for f in files if f.num_rows > 0}
     # Spark Connect has no broadcast: the lookup (row group sizes per file) travels inside the function instead.
     shared = _Inline(lookup) if is_connect(spark) else spark.sparkContext.broadcast(lookup)
-    _ship_package(spark)
-    with _quiet_pyspark_error_logs():
+    ship_package(spark)
+    with quiet_pyspark_error_logs():
         if where is not None:
             try:
                 frame = frame.where(where)
             except AnalysisException as exc:
-                raise InvalidWhereError(where, _first_line(exc), columns) from None
+                raise InvalidWhereError(where, first_line(exc), columns) from None
         try:
             rows = frame.select(F.col("_metadata.file_path").alias("file"),
                                 F.col("_metadata.row_index").alias("row_index"),
                                 F.expr(spec.text).cast("double").alias("cost"))
         except AnalysisException as exc:
             raise InvalidValueError(f"cost={spec.text!r} is not a numeric Spark SQL expression over columns {columns} "
-                                    f"({_first_line(exc)})") from None
+                                    f"({first_line(exc)})") from None
         try:
             partial = rows.mapInPandas(_partial_stats(root, shared), _PARTIAL_SCHEMA)
             merged = (partial.groupBy("path", "row_group")
                       .agg(F.sum("cost_sum").alias("cost_sum"), F.max("cost_max").alias("cost_max"),
                            F.first("bad", ignorenulls=True).alias("bad")).collect())
         except (AnalysisException, SparkRuntimeException) as exc:
-            raise InvalidValueError(f"cost={spec.text!r} failed on the data ({_first_line(exc)})") from None
+            raise InvalidValueError(f"cost={spec.text!r} failed on the data ({first_line(exc)})") from None
         finally:
             shared.destroy()
     bad = sorted((r.path, r.row_group, r.bad) for r in merged if r.bad)
