@@ -28,7 +28,7 @@ import pyarrow as pa
 from ..errors import InvalidTypeError, InvalidValueError
 from ..unischema.decode import decode_value, is_scalar
 from . import convert
-from .schema import LIST, TENSOR, ColumnSchema
+from .schema import LIST, MASK_SUFFIX, TENSOR, ColumnSchema
 
 RULE = "transform_spec.func must return the same rows, in the same order, as the DataFrame it was given"
 
@@ -106,7 +106,7 @@ def edited_column(name: str, dtype: Any, shape: tuple, nullable: bool) -> Column
         if numpy_dtype.kind == "f":
             return ColumnSchema(name, described, TENSOR, numpy_dtype.name, shape, True, "nan")
         if not shape:
-            return ColumnSchema(name, described, TENSOR, numpy_dtype.name, (), True, "mask", name + "__valid")
+            return ColumnSchema(name, described, TENSOR, numpy_dtype.name, (), True, "mask", name + MASK_SUFFIX)
     nulls = "None" if nullable else "never"
     if numpy_dtype is not None and not shape and numpy_dtype.kind in "US":
         return ColumnSchema(name, described, LIST, None, (), nullable, nulls, item="str" if numpy_dtype.kind == "U"
@@ -256,7 +256,7 @@ def from_cells(column: ColumnSchema, cells: list) -> dict:
         stacked = stacked.astype(dtype)
     out = {column.name: stacked}
     if valid is not None:
-        out[column.mask or column.name + "__valid"] = valid
+        out[column.mask or column.name + MASK_SUFFIX] = valid
     return out
 
 
