@@ -206,6 +206,18 @@ def test_length_of_text_equals_the_length_column(lengths):
     assert by_column.catalog.cost_sums().tolist() == by_text.catalog.cost_sums().tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text() | st.text(alphabet="ab"), max_size=40), st.booleans(), st.integers(0, 5), st.integers(0, 40))
+def test_utf8_lengths_count_what_arrow_counts(values, large, head, size):
+    """The buffer-level character count equals pyarrow's utf8_length, ASCII or not, on slices of either string
+    type; it is what planning's statistics and the loader's per-row costs are computed with."""
+    import pyarrow.compute as pc
+
+    from petastorm_balanced.core.cost import utf8_lengths
+    array = pa.array(values, type=pa.large_string() if large else pa.string()).slice(head, size)
+    assert utf8_lengths(array).tolist() == pc.utf8_length(array).to_numpy(zero_copy_only=False).tolist()
+
+
 @pytest.mark.parametrize("values, pattern", [([1, -2, 3], "negative"), ([1, None, 3], "NULL"),
                                              ([1.0, 2.5, 3.0], "not an integer")])
 def test_bad_costs_name_file_and_row_group(tmp_path, values, pattern):

@@ -327,3 +327,51 @@ def test_schema_fields_and_plan_type_errors_are_clear(tmp_path):
         next(iter(make_loader(0, 1, plan=plan, backend="arrow", schema_fields=[])))
     with pytest.raises(InvalidTypeError, match="plan=123"):
         make_loader(0, 1, plan=123, backend="arrow")
+
+
+def test_each_footer_is_read_once_per_epoch_whatever_the_row_group_order(tmp_path, monkeypatch):
+    """A shuffled row group order over more files than a reading thread keeps open reopens files within an epoch;
+    their footers are read, hashed and checked once per epoch, not once per reopening, and the rows delivered
+    are still the dataset's (against pyarrow.dataset)."""
+    from petastorm_balanced.io import footer as footer_io
+    from petastorm_balanced.reading import fragments
+    files = fragments.OPEN_FILES * 2
+    target = write_dataset(tmp_path / "ds", files * 3 * 10, files=files, row_group_size=10)
+    plan = plan_shards(target, 1, batch_size=5, engine="local")
+    reads = []
+    real = footer_io.read_footer
+    monkeypatch.setattr(footer_io, "read_footer", lambda handle: reads.append(1) or real(handle))
+    opened = []
+    real_open = fragments.FileCache.get
+    monkeypatch.setattr(fragments.FileCache, "get", lambda self, path: opened.append(path) or real_open(self, path))
+    expected = sorted(pds.dataset(target).to_table().column("id").to_pylist())
+    loader = make_loader(0, 1, plan=plan, batch_size=5, backend="arrow", reader_pool_type="dummy", shuffle=False)
+    for epoch in range(2):
+        reads.clear()
+        loader.set_epoch(epoch)
+        assert sorted(i for b in loader for i in b["id"].tolist()) == expected
+        assert len(reads) == files  # once per file and epoch
+    assert len(opened) > 2 * files  # files were reopened within epochs: the case this is about
+
+
+def test_a_file_rewritten_between_opens_is_checked_again(tmp_path):
+    """A reader reuses a checked footer only for a file of the checked size: one rewritten to another size
+    between two opens is read and checked again, so a stale plan is refused rather than read with an old footer."""
+    from petastorm_balanced.io.footer import CheckedFooters
+    target = write_dataset(tmp_path / "ds", 60, files=1)
+    path = os.path.join(target, "part-0.parquet")
+    plan = plan_shards(target, 1, batch_size=5, engine="local")
+    checks = []
+
+    def check(name, footer):
+        checks.append(name)
+        plan_format.check_file(plan, plan.catalog.files[0], footer=footer.digest)
+    footers = CheckedFooters(fsutil.resolve("file://" + target)[0], check)
+    footers.open("part-0.parquet", path).close()
+    footers.open("part-0.parquet", path).close()
+    assert checks == ["part-0.parquet"]
+    ids = np.arange(90, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "x": ids * 2}), path, row_group_size=25, **PLAIN)
+    with pytest.raises(StalePlanError, match="rewritten since planning"):
+        footers.open("part-0.parquet", path)
+    assert checks == ["part-0.parquet"] * 2

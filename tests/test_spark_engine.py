@@ -394,6 +394,36 @@ def test_footer_schema_is_sparks_inferred_schema(spark, tmp_path):
     assert spark_engine._footer_schema(spark, f"file://{folder}", str(folder), "part-1.parquet") is None
 
 
+def test_files_of_different_schemas_leave_the_schema_to_spark(spark, tmp_path):
+    """Files whose footers differ (a column stored as int64 in some, int32 in one, as writers with other
+    defaults leave it) are not given a schema from one footer: Spark's own inference job runs, as
+    ``spark.read.parquet`` would, and the planned rows are the ones Spark's count(where) and the local engine
+    find. Files that agree take the footer's schema (one job)."""
+    rng = np.random.default_rng(3)
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for i in range(3):
+        n = 40 + 7 * i
+        columns = {"id": np.arange(i * 100, i * 100 + n, dtype=np.int64),
+                   "lang": rng.choice(["en", "de", "fr"], n).tolist(),
+                   "value": pa.array(rng.integers(0, 10, n), pa.int32() if i == 2 else pa.int64())}
+        pq.write_table(pa.table(columns), folder / f"part-{i}.parquet", row_group_size=16)
+    url, where = f"file://{folder}", "lang = 'en'"
+    tracker = spark.sparkContext.statusTracker()
+
+    def jobs_for(location):
+        before = set(tracker.getJobIdsForGroup(None))
+        catalog = build_catalog(location, where=where, spark=spark)
+        return catalog, len(set(tracker.getJobIdsForGroup(None)) - before)
+    catalog, jobs = jobs_for(url)
+    assert jobs == 2  # the inference job and the count: no footer's schema stood for the others
+    assert catalog.total_rows == _spark_count(spark, url, where)
+    local = plan_shards(url, 1, batch_size=1, engine="local", predicate=in_set({"en"}, "lang"))
+    assert catalog.total_rows == local.total_rows
+    os.remove(folder / "part-2.parquet")
+    assert jobs_for(url)[1] == 1  # the int32 file gone: one schema
+
+
 def test_where_with_a_footer_schema_runs_one_job(spark, plain_dataset):
     """Planning a where runs exactly one Spark job (no schema inference job) and keeps count(where)'s rows."""
     where = "lang = 'en' AND value > 3.5"

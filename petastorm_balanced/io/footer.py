@@ -19,10 +19,11 @@ _MAGIC = b"PAR1"
 
 @dataclass(frozen=True)
 class Footer:
-    """A parsed footer and the sha256 (hex) of its bytes as stored in the file."""
+    """A parsed footer and the sha256 (hex) of its bytes as stored in the file, and the file's size then."""
 
     metadata: pq.FileMetaData
     digest: str
+    file_size: int = 0
 
 
 def read_footer(handle) -> Footer:
@@ -46,7 +47,7 @@ def read_footer(handle) -> Footer:
         tail = handle.read(length + 8)
     stored = tail[len(tail) - length - 8:]
     metadata = pq.read_metadata(pa.BufferReader(_MAGIC + stored))
-    return Footer(metadata, hashlib.sha256(stored[:length]).hexdigest())
+    return Footer(metadata, hashlib.sha256(stored[:length]).hexdigest(), size)
 
 
 def open_parquet(filesystem, path: str) -> tuple:
@@ -58,3 +59,41 @@ def open_parquet(filesystem, path: str) -> tuple:
     except BaseException:
         handle.close()
         raise
+
+
+class CheckedFooters:
+    """Opens a reader's files, reading, hashing and checking each footer once (``check(name, footer)`` raises for
+    a footer that is not the planned one) and reusing it for every later open of the file by this reader.
+
+    Why: each reading thread keeps only a few files open, and a plan's seeded row group order crosses files, so one
+    file is opened again and again in an epoch; its footer was read, hashed and parsed each time (two extra
+    requests per row group on an object store). A later open whose file size differs from the checked one reads
+    and checks the footer again, so a file rewritten while the reader lives is still refused. Parsed footers are
+    read-only and shared by the threads; the dict is filled under the GIL, and two threads opening one file at
+    once merely both check it.
+    """
+
+    def __init__(self, filesystem, check):
+        self._filesystem, self._check = filesystem, check
+        self._footers: dict[str, Footer] = {}
+
+    def open(self, name: str, location: str) -> pq.ParquetFile:
+        """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked."""
+        known = self._footers.get(name)
+        if known is not None:
+            handle = self._filesystem.open_input_file(location)
+            try:
+                if handle.size() == known.file_size:
+                    return pq.ParquetFile(handle, metadata=known.metadata)
+            except BaseException:
+                handle.close()
+                raise
+            handle.close()
+        parquet, footer = open_parquet(self._filesystem, location)
+        try:
+            self._check(name, footer)
+        except BaseException:
+            parquet.close()
+            raise
+        self._footers[name] = footer
+        return parquet

@@ -27,37 +27,40 @@ import pyarrow as pa
 from ...errors import StalePlanError
 from ...io import fs as fsutil
 from ...io.dataset import dataset_root
-from ...io.footer import open_parquet
+from ...io.footer import CheckedFooters
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from .. import fragments as fr
 
 
 class BundleReader:
-    """Reads bundles of fragments as column dicts; each thread keeps its own few open files (footers parsed once
-    per thread: a ``ParquetFile`` is not safe to share between threads)."""
+    """Reads bundles of fragments as column dicts; each thread keeps its own few open files (a ``ParquetFile`` is
+    not safe to share between threads), all opened through one ``CheckedFooters`` (each footer read and checked
+    once per reader)."""
 
     def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=(), transform=None):
         self._plan = plan
         self._transform = transform  # a transform.Transform: run here, in the reading thread, on the decoded rows
-        self._filesystem, self._root = dataset_root(plan.dataset_url)
+        filesystem, self._root = dataset_root(plan.dataset_url)
         self._planned = {f.path: f for f in plan.catalog.files}
         self._spec, self._fields, self._schemas = spec, fields, schemas
         self._local = threading.local()
+        # every footer read, hashed and compared with the planned one (G15) before a row of its file is used, once
+        # per reader (per epoch): the threads' later opens of the file reuse it
+        self._footers = CheckedFooters(filesystem, self._check)
+
+    def _check(self, path: str, footer) -> None:
+        check_file(self._plan, self._planned[path], footer=footer.digest)
 
     def _files(self) -> fr.FileCache:
         files = getattr(self._local, "files", None)
         if files is None:
-            filesystem, root, plan, planned = self._filesystem, self._root, self._plan, self._planned
+            root, planned, footers = self._root, self._planned, self._footers
 
             def opener(path):
-                # Only a path the plan lists, checked again (G14); its footer read once, hashed and compared with
-                # the planned footer (G15) before a row of it is used.
-                if path not in planned:
+                if path not in planned:  # only a path the plan lists, checked again (G14)
                     raise StalePlanError(f"{path!r} is not a data file of the plan; re-run planning")
-                parquet, footer = open_parquet(filesystem, fsutil.join(root, path))
-                check_file(plan, planned[path], footer=footer.digest)
-                return parquet
+                return footers.open(path, fsutil.join(root, path))
             files = self._local.files = fr.FileCache(opener)
         return files
 
