@@ -11,7 +11,8 @@ same process, on the same rows, with the same worker count.
   raw pyarrow run.
 - rows per CPU-second (``process_time``: every thread of the process) of the same runs, and their ratios against
   raw pyarrow (issue 27's goal: >= 0.9x for numeric, shuffled, all columns and the conformance types: strings,
-  lists, nullable columns with their ``__valid`` masks), plus raw pyarrow without its own decode threads. Twice:
+  lists, nullable columns with their ``__valid`` masks), plus raw pyarrow without its own decode threads, and raw
+  pyarrow reading in as many threads as the loader (what parallel reading itself costs per CPU-second). Twice:
   ``make_loader`` and one epoch per round (its setup, footers read for the batch schema, counted each time), and
   ``_made``: epochs of one loader made before the rounds, as a training loop has it.
 - rows decoded per row delivered, for a plan with a predicate (plain) and a Petastorm dataset with codecs.
@@ -91,6 +92,29 @@ def raw_pyarrow(plan, columns=NUMERIC, use_threads=True):
         arrays = [table.column(c).to_numpy() for c in table.column_names]
         rows += len(arrays[0])
     return rows
+
+
+def raw_pyarrow_threads(plan, workers, columns=NUMERIC):
+    """``raw_pyarrow`` in ``workers`` threads, as the loader reads (each thread its own open files, no decode
+    threads): the same reads with nothing of ours, to tell what reading in parallel costs per CPU-second on this
+    machine (threads that run at once share caches and memory bandwidth, or SMT cores) from what our code adds."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    from petastorm_balanced.io import fs as fsutil
+    _, root = fsutil.resolve(plan.dataset_url)
+    local = threading.local()
+
+    def read(group):
+        files = local.__dict__.setdefault("files", {})
+        if group.path not in files:
+            files[group.path] = pq.ParquetFile(f"{root}/{group.path}")
+        table = files[group.path].read_row_group(group.row_group, columns=columns, use_threads=False)
+        return len([table.column(c).to_numpy() for c in table.column_names][0])
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(pool.map(read, plan.catalog.row_groups))
 
 
 def petastorm_batched(url, workers, batch, queue):
@@ -181,7 +205,9 @@ def throughput(url, args):
                   "raw_pyarrow_conformance": lambda: raw_pyarrow(conformance_plan, columns=None),
                   "raw_pyarrow_no_decode_threads": lambda: raw_pyarrow(plan, use_threads=False),
                   "raw_pyarrow_all_columns_no_decode_threads": lambda: raw_pyarrow(plan, columns=None,
-                                                                                   use_threads=False)}
+                                                                                   use_threads=False),
+                  "raw_pyarrow_in_reader_threads": lambda: raw_pyarrow_threads(plan, w),
+                  "raw_pyarrow_all_columns_in_reader_threads": lambda: raw_pyarrow_threads(plan, w, columns=None)}
     if "petastorm" in backends:
         contenders["petastorm"] = lambda: petastorm_batched(url, w, b, 0)
         contenders["petastorm_shuffled"] = lambda: petastorm_batched(url, w, b, q)
@@ -228,6 +254,13 @@ def throughput(url, args):
         f"{ours} / {base}": round(ratio(cpu, ours, base), 2) for ours, base in (
             ("balanced[arrow]", "raw_pyarrow_no_decode_threads"),
             ("balanced[arrow]_all_columns", "raw_pyarrow_all_columns_no_decode_threads"))}
+    out["rows per CPU-second against raw pyarrow reading in as many threads as ours (no goal)"] = {
+        f"{ours} / {base}": round(ratio(cpu, ours, base), 2) for ours, base in (
+            ("balanced[arrow]", "raw_pyarrow_in_reader_threads"),
+            ("balanced[arrow]_made", "raw_pyarrow_in_reader_threads"),
+            ("balanced[arrow]_all_columns", "raw_pyarrow_all_columns_in_reader_threads"),
+            ("balanced[arrow]_made_all_columns", "raw_pyarrow_all_columns_in_reader_threads"),
+            ("raw_pyarrow_in_reader_threads", "raw_pyarrow"))}
     ratios = {}
     for name in backends:
         ours = f"balanced[{name}]"
