@@ -25,7 +25,12 @@ def fingerprint(batch) -> tuple:
 
 
 def take(iterator, count=None) -> list:
-    return [fingerprint(b) for b in (iterator if count is None else islice(iterator, count))]
+    try:
+        return [fingerprint(b) for b in (iterator if count is None else islice(iterator, count))]
+    finally:  # a DataLoader's worker processes are stopped here, not by whichever later test's collection finds them
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def check_resume_contract(make, next_epoch, *, epochs: int = 3, cuts=None) -> None:

@@ -179,9 +179,13 @@ def test_corrupt_row_group_in_a_dataloader_worker_names_file_and_row_group(small
     rank = _owner(plan, victim.path, victim.row_group)
     dataset = BalancedIterableDataset(plan, rank, RANKS, batch_size=8)
     start = time.monotonic()
-    with pytest.raises(Exception) as caught:  # torch re-raises the worker's error in the main process
-        for _ in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2):
-            pass
+    batches = iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2))
+    try:
+        with pytest.raises(Exception) as caught:  # torch re-raises the worker's error in the main process
+            for _ in batches:
+                pass
+    finally:  # the other worker stopped now, not by a later test's garbage collection
+        batches._shutdown_workers()
     assert time.monotonic() - start < PROCESS_DEADLINE_S
     assert repr(victim.path) in str(caught.value) and f"row group {victim.row_group}" in str(caught.value)
 
