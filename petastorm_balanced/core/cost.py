@@ -99,7 +99,7 @@ from ..errors import InvalidValueError
 from .balance import Pieces, epoch_order
 from .catalog import Catalog
 from .registry import Algorithm, Registry
-from .shuffle import StartPoint, window_permutation
+from .shuffle import StartPoint, raw_words, window_permutation
 
 #: Spark SQL functions of one column the loader evaluates the same way Spark does (characters for strings,
 #: bytes for binary, elements for arrays).
@@ -324,7 +324,7 @@ def _rank_free(key: Sequence[int]) -> tuple[int, ...]:
 
 def _words16(key: Sequence[int], tag: int, count: int) -> np.ndarray:
     """The low 16 bits of the first ``count`` raw PCG64 words drawn from ``[*key, tag]``."""
-    return np.random.PCG64([*key, tag]).random_raw(count).astype(np.uint16)
+    return raw_words((*key, tag), count).astype(np.uint16)
 
 
 def _shuffle_within(batches: np.ndarray, key: Sequence[int]) -> np.ndarray:
@@ -451,7 +451,7 @@ def arrange_budget(costs: np.ndarray, batches: int, budget: int, key: Sequence[i
     lengths = np.fromiter((len(g) for g in groups), dtype=np.int64, count=batches)
     rows = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
     # rows inside each batch in a seeded order
-    words = np.random.Generator(np.random.PCG64([*key, _ROWS_IN_BATCH])).bit_generator.random_raw(len(rows))
+    words = raw_words((*key, _ROWS_IN_BATCH), len(rows))
     batch_of = np.repeat(np.arange(batches), lengths)
     order = rows[np.lexsort((words, batch_of))]
     return order, lengths
