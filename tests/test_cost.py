@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from resume_contract import check_resume_contract
 
 from petastorm_balanced import load_plan, plan_shards
-from petastorm_balanced.core import balance
+from petastorm_balanced.core import balance, shuffle
 from petastorm_balanced.core.cost import arrange_budget, arrange_max, arrange_sum, budget_batches, cost_order
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
@@ -71,6 +71,63 @@ def test_sum_arrangement_evens_batches(seed, k, batch):
     order = arrange_sum(costs, batch, (seed, 0, 0, 0, 0))
     sums = costs[order].reshape(k, batch).sum(axis=1)
     assert sums.max() - sums.min() <= costs.max()
+
+
+def _v1_words(key, count):  # the reference of "round-lpt" v1 / "sorted-buckets" v1, written plainly
+    return np.random.Generator(np.random.PCG64(list(key))).bit_generator.random_raw(count)
+
+
+def _v1_permutation(n, key):
+    words = _v1_words(key, n)
+    return np.lexsort(((words >> np.uint64(32)) & np.uint64(0xFFFF), (words >> np.uint64(16)) & np.uint64(0xFFFF),
+                       words & np.uint64(0xFFFF))[::-1])
+
+
+def _v1_ascending(costs, key):
+    tie = _v1_words((*key, 1), len(costs)) & np.uint64(0xFFFF)
+    return np.lexsort((tie, costs.astype(np.uint64)))  # by cost, then tie word, then position
+
+
+def _v1_within(batches, key):
+    k, rows = batches.shape
+    words = (_v1_words((*key, 3), k * rows) & np.uint64(0xFFFF)).reshape(k, rows)
+    return np.take_along_axis(batches, np.argsort(words, axis=1, kind="stable"), axis=1)
+
+
+def _v1_sum(costs, batch, key):
+    k = len(costs) // batch
+    rounds = _v1_ascending(costs, key)[::-1].reshape(batch, k)
+    loads, members = np.zeros(k, dtype=np.int64), np.empty((k, batch), dtype=np.int64)
+    for j in range(batch):
+        lightest = np.argsort(loads, kind="stable")
+        members[lightest, j] = rounds[j]
+        loads[lightest] += costs[rounds[j]]
+    members = members[np.argsort(-loads, kind="stable")]
+    members = members[_v1_permutation(k, (key[0], key[1], key[3], key[4], 4))]
+    return _v1_within(members, key).reshape(-1)
+
+
+def _v1_max(costs, batch, key):
+    k = len(costs) // batch
+    buckets = _v1_ascending(costs, key).reshape(k, batch)[_v1_permutation(k, (key[0], key[1], key[3], key[4], 4))]
+    return _v1_within(buckets, key).reshape(-1)
+
+
+keys = st.tuples(*[st.integers(0, 2**32 - 1) | st.integers(2**32, 2**70)] * 5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), k=st.integers(0, 40), batch=st.integers(1, 64), key=keys,
+       top=st.sampled_from([3, 2**16 - 1, 2**16, 2**16 + 1, 10**12, 2**62]))
+def test_arrangements_stay_what_v1_delivered(data, k, batch, key, top):
+    """The registry's "round-lpt" v1 and "sorted-buckets" v1 deliver the same rows, bit for bit, as their plain
+    first form: a position saved by one release resumes in another only if no arrangement moved a row (the
+    version is not stamped in states). Costs from ties to 2**62 (16-bit fast paths, 64-bit sums), keys past 32 bits."""
+    costs = np.array(data.draw(st.lists(st.integers(0, top), min_size=k * batch, max_size=k * batch)), dtype=np.int64)
+    assert np.array_equal(arrange_sum(costs, batch, key), _v1_sum(costs, batch, key))
+    assert np.array_equal(arrange_max(costs, batch, key), _v1_max(costs, batch, key))
+    n = k * batch
+    assert np.array_equal(shuffle.window_permutation(n, key), _v1_permutation(n, key))
 
 
 def test_max_arrangement_serves_the_same_quantile_on_every_rank():

@@ -99,7 +99,7 @@ from ..errors import InvalidValueError
 from .balance import Pieces, epoch_order
 from .catalog import Catalog
 from .registry import Algorithm, Registry
-from .shuffle import StartPoint, window_permutation
+from .shuffle import StartPoint, raw_words, window_permutation
 
 #: Spark SQL functions of one column the loader evaluates the same way Spark does (characters for strings,
 #: bytes for binary, elements for arrays).
@@ -322,6 +322,11 @@ def _rank_free(key: Sequence[int]) -> tuple[int, ...]:
     return (seed, epoch, slot, window)
 
 
+def _words16(key: Sequence[int], tag: int, count: int) -> np.ndarray:
+    """The low 16 bits of the first ``count`` raw PCG64 words drawn from ``[*key, tag]``."""
+    return raw_words((*key, tag), count).astype(np.uint16)
+
+
 def _shuffle_within(batches: np.ndarray, key: Sequence[int]) -> np.ndarray:
     """Each row of ``batches`` (batches, rows) permuted by a draw from ``key``.
 
@@ -329,8 +334,7 @@ def _shuffle_within(batches: np.ndarray, key: Sequence[int]) -> np.ndarray:
     sort per batch, whose per-call overhead dominated (about 5x slower for batches of 16).
     """
     k, rows = batches.shape
-    words = np.random.Generator(np.random.PCG64([*key, _ROWS_IN_BATCH])).bit_generator.random_raw(k * rows)
-    order = np.argsort(words.astype(np.uint16), kind="stable")
+    order = np.argsort(_words16(key, _ROWS_IN_BATCH, k * rows), kind="stable")
     batch_of = (order // rows).astype(np.uint16 if k <= 0xFFFF else np.uint32)
     order = order[np.argsort(batch_of, kind="stable")]
     return batches.reshape(-1)[order].reshape(k, rows)
@@ -341,11 +345,16 @@ def _ascending(costs: np.ndarray, key: Sequence[int]) -> np.ndarray:
 
     Least significant digit first with 16-bit stable passes (NumPy radix-sorts 16-bit keys): a pass of seeded
     words breaks ties, then one pass per 16 bits the largest cost needs; about 4x faster than sorting 64-bit keys.
+    Costs below 2**16 (the common case) take their one pass on a 16-bit copy, a quarter of the memory traffic.
     """
-    words = np.random.Generator(np.random.PCG64([*key, _TIE])).bit_generator.random_raw(len(costs))
-    order = np.argsort(words.astype(np.uint16), kind="stable")
-    values = costs.astype(np.uint64)
-    top = int(values.max()) if len(values) else 0
+    order = np.argsort(_words16(key, _TIE, len(costs)), kind="stable")
+    if not len(costs):
+        return order
+    top = int(costs.max())
+    if top <= 0xFFFF and int(costs.min()) >= 0:
+        return order[np.argsort(costs.astype(np.uint16)[order], kind="stable")]
+    values = costs.astype(np.uint64)  # (a negative cost, which check_costs refuses, wraps: the old order kept)
+    top = int(values.max())
     shift = 0
     while shift == 0 or top >> shift:
         digits = (values[order] >> np.uint64(shift)).astype(np.uint16)
@@ -367,16 +376,19 @@ def arrange_sum(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
         raise InvalidValueError(f"a window of {len(costs)} rows is not whole batches of {batch_size}")
     # rounds: (batch_size, k), round j holds the j-th k largest rows, largest first
     rounds = _descending(costs, key).reshape(batch_size, k)
+    round_costs = costs[rounds]
     loads = np.zeros(k, dtype=np.int64)
-    members = np.empty((k, batch_size), dtype=np.int64)  # (batches, rows)
-    for j in range(batch_size):
-        lightest = np.argsort(loads, kind="stable")  # largest row of the round -> lightest batch so far
-        members[lightest, j] = rounds[j]
-        loads[lightest] += costs[rounds[j]]
+    lightest = np.empty((batch_size, k), dtype=np.intp)  # lightest[j]: the batches of round j, lightest first
+    for j in range(batch_size):  # the largest row of a round -> the lightest batch so far (ties: lower batch)
+        lightest[j] = np.argsort(loads, kind="stable") if j else np.arange(k)
+        loads[lightest[j]] += round_costs[j]
     # Batches by load, heaviest first (a few hold a row costlier than the mean batch: no arrangement evens those
     # out), then served in an order drawn without the rank, so the heavy ones of every rank meet in the same steps.
-    members = members[np.argsort(-loads, kind="stable")]
-    members = members[window_permutation(k, (*_rank_free(key), _STEP_ORDER))]
+    served = np.argsort(-loads, kind="stable")[window_permutation(k, (*_rank_free(key), _STEP_ORDER))]
+    place = np.empty(k, dtype=np.intp)
+    place[served] = np.arange(k)  # place[b]: the step at which batch b is served
+    members = np.empty((k, batch_size), dtype=np.int64)  # (steps, rows)
+    members[place[lightest], np.arange(batch_size)[:, None]] = rounds
     return _shuffle_within(members, key).reshape(-1)
 
 
@@ -439,7 +451,7 @@ def arrange_budget(costs: np.ndarray, batches: int, budget: int, key: Sequence[i
     lengths = np.fromiter((len(g) for g in groups), dtype=np.int64, count=batches)
     rows = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
     # rows inside each batch in a seeded order
-    words = np.random.Generator(np.random.PCG64([*key, _ROWS_IN_BATCH])).bit_generator.random_raw(len(rows))
+    words = raw_words((*key, _ROWS_IN_BATCH), len(rows))
     batch_of = np.repeat(np.arange(batches), lengths)
     order = rows[np.lexsort((words, batch_of))]
     return order, lengths
