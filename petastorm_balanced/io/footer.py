@@ -23,7 +23,7 @@ class Footer:
 
     metadata: pq.FileMetaData
     digest: str
-    file_size: int = 0
+    file_size: int
 
 
 def read_footer(handle) -> Footer:
