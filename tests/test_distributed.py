@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from jobs import free_port, job_env
+from stacks import petastorm_only
 
 from petastorm_balanced import datagen, plan_shards
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
@@ -295,6 +296,7 @@ def test_horovod_elastic_rank_leaves_mid_epoch(skewed, tmp_path, how):
         assert np.concatenate(batches).tolist() == [i for chunk in logged for i in chunk]
 
 
+@petastorm_only  # Petastorm's own cur_shard/shard_count is the contrast
 def test_petastorm_contrast_shows_unequal_steps(skewed, tmp_path):
     """Plain cur_shard/shard_count covers the rows but gives ranks different step counts; the plan does not."""
     info, matching = skewed

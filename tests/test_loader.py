@@ -145,6 +145,7 @@ def test_epochs_differ_and_same_config_repeats(plans):
 
 
 @pytest.mark.slow
+@petastorm_only  # Petastorm's process pool
 def test_process_pool_gives_the_same_batches_and_lives_across_epochs(plans):
     plan, _ = plans["hive"]
     thread = [[fingerprint(b) for b in make_loader(1, 2, plan=plan, epoch=e, workers_count=2)] for e in (2, 3)]

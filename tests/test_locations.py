@@ -5,6 +5,7 @@ symlinks (loops, outside the root, dangling, two names for one file); catalog pa
 of the same size and with a byte-identical footer; plans written inside their dataset; numpy parameters.
 """
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -338,20 +339,43 @@ def test_each_footer_is_read_once_per_epoch_whatever_the_row_group_order(tmp_pat
     files = fragments.OPEN_FILES * 2
     target = write_dataset(tmp_path / "ds", files * 3 * 10, files=files, row_group_size=10)
     plan = plan_shards(target, 1, batch_size=5, engine="local")
-    reads = []
+    reads, parses = [], []
     real = footer_io.read_footer
-    monkeypatch.setattr(footer_io, "read_footer", lambda handle: reads.append(1) or real(handle))
+    monkeypatch.setattr(footer_io, "read_footer", lambda handle, parsed=None: reads.append(1) or real(handle, parsed))
+    real_parse = footer_io.pq.read_metadata
+    monkeypatch.setattr(footer_io.pq, "read_metadata", lambda *a, **k: parses.append(1) or real_parse(*a, **k))
+    monkeypatch.setattr(footer_io, "READ_FOOTERS", footer_io.ParsedFooters(1 << 20))  # none parsed yet
     opened = []
     real_open = fragments.FileCache.get
     monkeypatch.setattr(fragments.FileCache, "get", lambda self, path: opened.append(path) or real_open(self, path))
     expected = sorted(pds.dataset(target).to_table().column("id").to_pylist())
     loader = make_loader(0, 1, plan=plan, batch_size=5, backend="arrow", reader_pool_type="dummy", shuffle=False)
     for epoch in range(2):
-        reads.clear()
+        reads.clear(), parses.clear()
         loader.set_epoch(epoch)
         assert sorted(i for b in loader for i in b["id"].tolist()) == expected
-        assert len(reads) == files  # once per file and epoch
+        assert len(reads) == files  # read, hashed and checked once per file and epoch
+        assert len(parses) == (files if epoch == 0 else 0)  # the same bytes are not parsed twice
     assert len(opened) > 2 * files  # files were reopened within epochs: the case this is about
+
+
+def test_a_file_rewritten_between_epochs_is_refused_by_the_same_loader(tmp_path):
+    """Footers parsed in one epoch are reused in the next only for the very same bytes: a file rewritten between
+    epochs with its size and modification time kept is parsed again, and refused (G15)."""
+    target = write_dataset(tmp_path / "ds", 300)
+    plan = plan_shards(target, 1, batch_size=10, engine="local")
+    loader = make_loader(0, 1, plan=plan, batch_size=10, backend="arrow", reader_pool_type="dummy")
+    assert sorted(i for b in loader for i in b["id"].tolist()) == sorted(
+        pds.dataset(target).to_table().column("id").to_pylist())
+    path = os.path.join(target, "part-1.parquet")
+    size, stat = os.path.getsize(path), os.stat(path)
+    ids = pq.read_table(path).column("id").to_numpy()
+    pq.write_table(pa.table({"id": ids + 7, "x": ids * 2}), path, row_group_size=25, **PLAIN)
+    assert os.path.getsize(path) == size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    loader.set_epoch(1)
+    with pytest.raises(StalePlanError, match="'part-1.parquet'.*rewritten"):
+        list(loader)
 
 
 def test_a_file_rewritten_between_opens_is_checked_again(tmp_path):
@@ -375,3 +399,26 @@ def test_a_file_rewritten_between_opens_is_checked_again(tmp_path):
     with pytest.raises(StalePlanError, match="rewritten since planning"):
         footers.open("part-0.parquet", path)
     assert checks == ["part-0.parquet"] * 2
+
+
+def test_parsed_footers_are_bounded_by_their_bytes(tmp_path, monkeypatch):
+    """The parsed-footer cache holds at most ``max_bytes`` of footer bytes, least recently used out first, and
+    gives back the very metadata of the bytes asked for."""
+    from petastorm_balanced.io import footer as footer_io
+    target = write_dataset(tmp_path / "ds", 90, files=3)
+    stored = []
+    for i in range(3):
+        data = open(os.path.join(target, f"part-{i}.parquet"), "rb").read()
+        length = int.from_bytes(data[-8:-4], "little")
+        stored.append((data[-8 - length:], hashlib.sha256(data[-8 - length:-8]).hexdigest()))
+    cache = footer_io.ParsedFooters(max(len(s) for s, _ in stored) * 2)
+    parses = []
+    real_parse = footer_io.pq.read_metadata
+    monkeypatch.setattr(footer_io.pq, "read_metadata", lambda *a, **k: parses.append(1) or real_parse(*a, **k))
+    for (data, digest), path in zip(stored, (f"part-{i}.parquet" for i in range(3)), strict=True):
+        assert cache.parse(data, digest).equals(pq.ParquetFile(os.path.join(target, path)).metadata)
+    assert len(parses) == 3
+    cache.parse(*stored[2]), cache.parse(*stored[1])  # held
+    assert len(parses) == 3
+    cache.parse(*stored[0])  # evicted when the third came
+    assert len(parses) == 4

@@ -8,6 +8,8 @@ them when re-serializing, so the same file would hash differently on the petasto
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -26,9 +28,46 @@ class Footer:
     file_size: int
 
 
-def read_footer(handle) -> Footer:
-    """The footer of an open random-access file (a ``pyarrow`` ``NativeFile``); pyarrow's error types for a file
-    that is not Parquet (``ArrowInvalid``) or cannot be read (``OSError``)."""
+class ParsedFooters:
+    """Parsed footers by the sha256 of their bytes, least recently used out first once they hold more than
+    ``max_bytes`` of footer bytes.
+
+    Why: a reader checks every footer against the plan at each epoch (G15), which needs the footer's bytes and
+    their hash, but parsing them again (most of a footer's cost: a Thrift decode of every row group and column
+    chunk) gives the very same ``FileMetaData`` when the bytes are the same. Keyed by the hash of the bytes, a
+    hit is exact by construction: a rewritten file has other bytes, is parsed anew and checked as ever. Parsed
+    footers are read-only, so threads and loaders share them."""
+
+    def __init__(self, max_bytes: int):
+        self._max, self._held = max_bytes, 0
+        self._items: OrderedDict[str, tuple[pq.FileMetaData, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def parse(self, stored: bytes, digest: str) -> pq.FileMetaData:
+        """``stored`` (a footer with its length and magic bytes, ``digest`` the hash of the footer) parsed."""
+        with self._lock:
+            hit = self._items.get(digest)
+            if hit is not None:
+                self._items.move_to_end(digest)
+                return hit[0]
+        metadata = pq.read_metadata(pa.BufferReader(_MAGIC + stored))
+        with self._lock:
+            if digest not in self._items and len(stored) <= self._max:
+                self._items[digest] = (metadata, len(stored))
+                self._held += len(stored)
+                while self._held > self._max:
+                    self._held -= self._items.popitem(last=False)[1][1]
+        return metadata
+
+
+# the reading path's footers (a process's loaders, each epoch); planning parses each footer once and keeps none
+READ_FOOTERS = ParsedFooters(32 << 20)
+
+
+def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
+    """The footer of an open random-access file (a ``pyarrow`` ``NativeFile``), parsed, or taken from ``parsed``
+    when it holds these very bytes; pyarrow's error types for a file that is not Parquet (``ArrowInvalid``) or
+    cannot be read (``OSError``)."""
     size = handle.size()
     if size < 12:
         raise pa.ArrowInvalid(f"Parquet file size is {size} bytes, smaller than the minimum file footer (12 bytes)")
@@ -46,15 +85,17 @@ def read_footer(handle) -> Footer:
         handle.seek(size - length - 8)
         tail = handle.read(length + 8)
     stored = tail[len(tail) - length - 8:]
-    metadata = pq.read_metadata(pa.BufferReader(_MAGIC + stored))
-    return Footer(metadata, hashlib.sha256(stored[:length]).hexdigest(), size)
+    digest = hashlib.sha256(stored[:length]).hexdigest()
+    if parsed is not None:
+        return Footer(parsed.parse(stored, digest), digest, size)
+    return Footer(pq.read_metadata(pa.BufferReader(_MAGIC + stored)), digest, size)
 
 
-def open_parquet(filesystem, path: str) -> tuple:
+def open_parquet(filesystem, path: str, parsed: ParsedFooters | None = None) -> tuple:
     """``(ParquetFile, Footer)`` for ``path``: the footer is read and hashed once and handed to the reader."""
     handle = filesystem.open_input_file(path)
     try:
-        footer = read_footer(handle)
+        footer = read_footer(handle, parsed)
         return pq.ParquetFile(handle, metadata=footer.metadata), footer
     except BaseException:
         handle.close()
@@ -70,7 +111,8 @@ class CheckedFooters:
     requests per row group on an object store). A later open whose file size differs from the checked one reads
     and checks the footer again, so a file rewritten while the reader lives is still refused. Parsed footers are
     read-only and shared by the threads; the dict is filled under the GIL, and two threads opening one file at
-    once merely both check it.
+    once merely both check it. The next epoch's reader reads and checks every footer again, and parses only the
+    footers whose bytes changed (``READ_FOOTERS``).
     """
 
     def __init__(self, filesystem, check):
@@ -89,7 +131,7 @@ class CheckedFooters:
                 handle.close()
                 raise
             handle.close()
-        parquet, footer = open_parquet(self._filesystem, location)
+        parquet, footer = open_parquet(self._filesystem, location, READ_FOOTERS)
         try:
             self._check(name, footer)
         except BaseException:
