@@ -130,6 +130,20 @@ def test_arrangements_stay_what_v1_delivered(data, k, batch, key, top):
     assert np.array_equal(shuffle.window_permutation(n, key), _v1_permutation(n, key))
 
 
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 70_000) | st.sampled_from([1, 2, 2**16 - 1, 2**16, 2**16 + 1]), key=keys)
+def test_both_window_sorts_give_the_v1_permutation(n, key):
+    """The radix passes (NumPy 1) and the one sort of unique keys (NumPy 2, windows up to 2**16 rows) are two ways
+    to one permutation: the plain v1 reference's, on either side of the 2**16 boundary."""
+    words = shuffle.raw_words(key, n)
+    expected = _v1_permutation(n, key)
+    assert np.array_equal(shuffle._by_radix(words), expected)
+    bits = max(1, (n - 1).bit_length())
+    if bits <= 16:
+        assert np.array_equal(shuffle._by_unique_keys(words, bits), expected)
+    assert np.array_equal(shuffle.window_permutation(n, key), expected)
+
+
 def test_max_arrangement_serves_the_same_quantile_on_every_rank():
     """The step order of padded buckets is drawn without the rank: equal windows give equal steps."""
     rng = np.random.default_rng(0)

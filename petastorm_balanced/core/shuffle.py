@@ -34,15 +34,37 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
 
     The rows are stably sorted by 48 bits of raw PCG64 words (``Generator.permutation`` is not guaranteed to stay
     the same across versions; the bit generator's stream is). A stable sort's result is defined by the keys alone,
-    whatever algorithm NumPy uses, and three 16-bit passes let NumPy use its radix sort: about 0.3 ms per 10,000
-    rows instead of 0.7 ms for sorting the 64-bit words.
+    whatever algorithm computes it: ``_by_radix`` and ``_by_unique_keys`` give the same permutation, each where
+    it is the faster one.
     """
     words = raw_words(key, num_rows)
+    bits = max(1, (num_rows - 1).bit_length())
+    if _VECTOR_SORT and bits <= 16:
+        return _by_unique_keys(words, bits)
+    return _by_radix(words)
+
+
+# NumPy 2 sorts 64-bit integers with vectorized code (x86-simd-sort): 0.26 ms per 10,000 unique keys against
+# 0.41 ms for the three radix passes; NumPy 1.26's sort is the slower of the two (0.60 against 0.29 ms)
+_VECTOR_SORT = int(np.__version__.split(".")[0]) >= 2
+_LOW48 = np.uint64((1 << 48) - 1)
+
+
+def _by_radix(words: np.ndarray) -> np.ndarray:
+    """Three stable 16-bit passes, least significant first (NumPy radix-sorts 16-bit keys)."""
     order = np.argsort(words.astype(np.uint16), kind="stable")
     for shift in (16, 32):  # least significant digit first: the last pass decides, earlier ones break ties
         digits = (words >> np.uint64(shift)).astype(np.uint16)
         order = order[np.argsort(digits[order], kind="stable")]
     return order
+
+
+def _by_unique_keys(words: np.ndarray, bits: int) -> np.ndarray:
+    """One sort of ``(48-bit word << bits) | row`` (``bits`` <= 16 holds every row number): the keys are unique,
+    so any sort orders them as the stable sort by word does, ties by row; the low bits are then the rows."""
+    keys = ((words & _LOW48) << np.uint64(bits)) | np.arange(len(words), dtype=np.uint64)
+    keys.sort()
+    return (keys & np.uint64((1 << bits) - 1)).astype(np.intp)
 
 
 def raw_words(key: Sequence[int], count: int) -> np.ndarray:
