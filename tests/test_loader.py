@@ -75,6 +75,29 @@ def batches_from(rows, batch, window, shuffle, done):
     return out
 
 
+@pytest.mark.slow
+def test_a_window_of_over_2_gib_of_text_is_delivered_whole():
+    """Text stays Arrow in the window: two chunks whose bytes overflow 32-bit offsets together become one array
+    with 64-bit offsets, not an error, and the permutation moves every value whole (about 4.5 GB of memory)."""
+    import pyarrow.compute as pc
+    big = 1100 << 20  # two of them: more than 2**31 bytes
+    batcher = WindowBatcher(total_rows=4, batch_size=2, window_rows=4, start=start_point(
+        np.array([2, 2]), batch_size=2, window_rows=4, batches_done=0, shuffle=True), key=(3, 0, 0, 0))
+    runs = []
+    for first, fill in ((0, b"a"), (2, b"b")):
+        chunk = {"id": np.arange(first, first + 2), "text": pa.array([fill * big, fill], pa.binary())}
+        runs += list(batcher.push(chunk))
+        del chunk
+    batcher.finish()
+    (run,) = runs
+    assert pa.types.is_large_binary(run["text"].type)
+    lengths = dict(zip(run["id"].tolist(), pc.binary_length(run["text"]).to_pylist(), strict=True))
+    assert lengths == {0: big, 1: 1, 2: big, 3: 1}
+    firsts = dict(zip(run["id"].tolist(), (run["text"][i].as_buffer()[:1].to_pybytes() for i in range(4)),
+                      strict=True))
+    assert firsts == {0: b"a", 1: b"a", 2: b"b", 3: b"b"}
+
+
 @settings(max_examples=30, deadline=None)
 @given(rows=st.lists(st.integers(1, 40), min_size=1, max_size=12), batch=st.integers(1, 9),
        windows=st.integers(1, 5), shuffle=st.booleans(), data=st.data())

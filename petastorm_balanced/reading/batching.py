@@ -8,9 +8,9 @@ depends on everything read before it, so resuming exactly would mean replaying t
 row at any position is a function of the position alone, so resuming at batch ``k`` reads from the start of
 ``k``'s window (skipping every earlier fragment without opening it) and drops the batches before ``k`` inside it.
 
-Columns travel as ``{name: numpy array}`` with rows on axis 0 (text as an object array of ``str``/``bytes``,
-permuted as pointers), or a ``pyarrow`` array for list columns (permuted inside Arrow, turned into Python lists only
-per batch handed out, ``tensors.torch_batches``). The batcher hands out
+Columns travel as ``{name: numpy array}`` with rows on axis 0, or a ``pyarrow`` array for text and list columns
+(permuted inside Arrow, turned into Python values only for the rows handed out, ``tensors.torch_batches``). The
+batcher hands out
 *runs* of whole batches (a permuted window, or the whole batches buffered so far when not shuffling) and callers
 cut them into batches, so per-batch work is a slice, and conversions (to tensors) happen once per run.
 
@@ -151,11 +151,30 @@ class WindowBatcher:
 
 
 def _concat(parts):
-    return pa.concat_arrays(parts) if isinstance(parts[0], pa.Array) else np.concatenate(parts)
+    if not isinstance(parts[0], pa.Array):
+        return np.concatenate(parts)
+    try:
+        return pa.concat_arrays(parts)
+    except pa.ArrowInvalid:  # parts of over 2 GiB of text (or 2**31 list items) together: 64-bit offsets
+        return pa.concat_arrays([_large(p) for p in parts])
 
 
 def _gather(values, order: np.ndarray):
+    # ``order`` never repeats a row, so an Arrow result holds at most the window's bytes: it fits its offsets
+    # (pyarrow 14's take does not check them)
     return values.take(order) if isinstance(values, pa.Array) else values[order]
+
+
+def _large(values: pa.Array) -> pa.Array:
+    """``values`` with 64-bit offsets (the delivered Python values are the same)."""
+    t = values.type
+    if pa.types.is_string(t):
+        return values.cast(pa.large_string())
+    if pa.types.is_binary(t):
+        return values.cast(pa.large_binary())
+    if pa.types.is_list(t):
+        return values.cast(pa.large_list(t.value_field))
+    raise InvalidValueError(f"a window's {t} column does not fit one Arrow array; pass a smaller shuffle_window")
 
 
 def split_batches(run: Columns, batch_size: int) -> Iterator[Columns]:

@@ -183,23 +183,10 @@ def as_list(values) -> list:
     """Python values of a column: ``str``/``bytes`` for Arrow text arrays, ``to_pylist()`` for other Arrow arrays
     (None for nulls), items of numpy arrays."""
     if isinstance(values, pa.Array):
-        if _is_text(values.type):
+        if is_text(values.type):
             return values.to_numpy(zero_copy_only=False).tolist()  # far faster than to_pylist in pyarrow 14
         return python_values(values)
     return values.tolist()
-
-
-def objects_of(columns: dict) -> dict:
-    """``columns`` with every Arrow text array as a numpy array of its Python ``str``/``bytes`` (``as_list``'s
-    values), in place. Done once per chunk, after the cost (computed on the Arrow array) and before the window:
-    permuting and cutting an object array moves pointers, where Arrow's ``take`` of strings copies their bytes and
-    every run's ``to_numpy`` would then build the values again. Other list columns stay Arrow arrays: their Python
-    lists are built per batch (``tensors.torch_batches``), so they die young instead of filling the window with
-    thousands of objects that every garbage collection scans (40% of an epoch over a list column, measured)."""
-    for name, values in columns.items():
-        if isinstance(values, pa.Array) and _is_text(values.type):
-            columns[name] = values.to_numpy(zero_copy_only=False)
-    return columns
 
 
 def python_values(array: pa.Array) -> list:
@@ -227,7 +214,7 @@ def python_values(array: pa.Array) -> list:
     return out
 
 
-def _is_text(arrow_type) -> bool:
+def is_text(arrow_type) -> bool:
     return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or
             pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type))
 

@@ -152,7 +152,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
                 for name in drop:
                     del columns[name]
                     columns.pop(name + MASK_SUFFIX, None)
-            yield from batcher.push(fr.objects_of(columns))
+            yield from batcher.push(columns)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
