@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..io import footer as footer_io
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
 from ..io.partitions import arrow_type, partition_types, partition_values
@@ -36,9 +37,9 @@ def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[
     """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
     filesystem, root = dataset_root(dataset_url)
 
-    def footer(path):
+    def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
         with filesystem.open_input_file(fsutil.join(root, path)) as handle:
-            return pq.ParquetFile(handle).metadata
+            return footer_io.read_footer(handle, footer_io.READ_FOOTERS).metadata
 
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
         metas = list(pool.map(footer, paths))
