@@ -28,8 +28,9 @@ from .schema import LIST, ColumnSchema, column_schema, delivered_type
 # to_pylist of list arrays: value-by-value boxing up to pyarrow 14 (the petastorm stack), fast by pyarrow 26 (the
 # modern one); versions between take the flat path, exact either way (python_values)
 _FAST_TO_PYLIST = int(pa.__version__.split(".")[0]) >= 20
-OPEN_FILES = 16  # files kept open per reading thread (LRU): a seeded row group order crosses files, and 8 reopened
-# files all through an epoch over a dozen files (each reopening about 0.1 ms, measured)
+# files kept open per reading thread (LRU): a seeded row group order crosses files, and with 8 a dozen files were
+# reopened all through an epoch (about 0.1 ms each, measured)
+OPEN_FILES = 16
 BUNDLE_ROWS = 8192  # the loader reads consecutive fragments together until they hold this many rows
 
 
