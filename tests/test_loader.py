@@ -78,16 +78,23 @@ def batches_from(rows, batch, window, shuffle, done):
 @pytest.mark.slow
 def test_a_window_of_over_2_gib_of_text_is_delivered_whole():
     """Text stays Arrow in the window: two chunks whose bytes overflow 32-bit offsets together become one array
-    with 64-bit offsets, not an error, and the permutation moves every value whole (about 4.5 GB of memory)."""
+    with 64-bit offsets, not an error, and the permutation moves every value whole; so do a bundle's fragments
+    (``convert.one_array``). About 4.5 GB of memory."""
     import pyarrow.compute as pc
+
+    from petastorm_balanced.reading.convert import one_array
     big = 1100 << 20  # two of them: more than 2**31 bytes
+    parts = [pa.array([fill * big, fill], pa.binary()) for fill in (b"a", b"b")]
+    bundle = one_array(pa.chunked_array(parts))
+    assert pa.types.is_large_binary(bundle.type)
+    assert pc.binary_length(bundle).to_pylist() == [big, 1, big, 1]
+    del bundle
     batcher = WindowBatcher(total_rows=4, batch_size=2, window_rows=4, start=start_point(
         np.array([2, 2]), batch_size=2, window_rows=4, batches_done=0, shuffle=True), key=(3, 0, 0, 0))
     runs = []
-    for first, fill in ((0, b"a"), (2, b"b")):
-        chunk = {"id": np.arange(first, first + 2), "text": pa.array([fill * big, fill], pa.binary())}
-        runs += list(batcher.push(chunk))
-        del chunk
+    for first, text in zip((0, 2), parts, strict=True):
+        runs += list(batcher.push({"id": np.arange(first, first + 2), "text": text}))
+    del parts, text
     batcher.finish()
     (run,) = runs
     assert pa.types.is_large_binary(run["text"].type)
@@ -96,6 +103,18 @@ def test_a_window_of_over_2_gib_of_text_is_delivered_whole():
     firsts = dict(zip(run["id"].tolist(), (run["text"][i].as_buffer()[:1].to_pybytes() for i in range(4)),
                       strict=True))
     assert firsts == {0: b"a", 1: b"a", 2: b"b", 3: b"b"}
+
+
+def test_a_window_of_text_parts_of_both_offset_widths_is_one_array():
+    """A bundle that needed 64-bit offsets and the next one, which did not, meet in one window: both become 64-bit
+    and every value is delivered, in its place."""
+    batcher = WindowBatcher(total_rows=4, batch_size=2, window_rows=4, start=start_point(
+        np.array([2, 2]), batch_size=2, window_rows=4, batches_done=0, shuffle=False), key=None)
+    runs = list(batcher.push({"id": np.arange(2), "text": pa.array(["é", None], pa.large_string())}))
+    runs += list(batcher.push({"id": np.arange(2, 4), "text": pa.array(["c", "dd"])}))
+    batcher.finish()
+    (run,) = runs
+    assert run["text"].to_pylist() == ["é", None, "c", "dd"] and run["id"].tolist() == [0, 1, 2, 3]
 
 
 @settings(max_examples=30, deadline=None)

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from ..core import shuffle as _shuffle
 from ..errors import InvalidValueError
+from .convert import concat_arrays
 
 # The window shuffle rule lives in the core (``core/shuffle.py``, which the elastic arithmetic reads backwards);
 # its names stay importable from here.
@@ -151,30 +152,13 @@ class WindowBatcher:
 
 
 def _concat(parts):
-    if not isinstance(parts[0], pa.Array):
-        return np.concatenate(parts)
-    try:
-        return pa.concat_arrays(parts)
-    except pa.ArrowInvalid:  # parts of over 2 GiB of text (or 2**31 list items) together: 64-bit offsets
-        return pa.concat_arrays([_large(p) for p in parts])
+    return concat_arrays(parts) if isinstance(parts[0], pa.Array) else np.concatenate(parts)
 
 
 def _gather(values, order: np.ndarray):
     # ``order`` never repeats a row, so an Arrow result holds at most the window's bytes: it fits its offsets
     # (pyarrow 14's take does not check them)
     return values.take(order) if isinstance(values, pa.Array) else values[order]
-
-
-def _large(values: pa.Array) -> pa.Array:
-    """``values`` with 64-bit offsets (the delivered Python values are the same)."""
-    t = values.type
-    if pa.types.is_string(t):
-        return values.cast(pa.large_string())
-    if pa.types.is_binary(t):
-        return values.cast(pa.large_binary())
-    if pa.types.is_list(t):
-        return values.cast(pa.large_list(t.value_field))
-    raise InvalidValueError(f"a window's {t} column does not fit one Arrow array; pass a smaller shuffle_window")
 
 
 def split_batches(run: Columns, batch_size: int) -> Iterator[Columns]:

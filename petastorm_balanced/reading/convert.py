@@ -25,8 +25,32 @@ def one_array(column) -> pa.Array:
     if isinstance(column, pa.ChunkedArray):
         if column.num_chunks == 1:
             return column.chunk(0)
-        return column.combine_chunks() if column.num_chunks else pa.array([], type=column.type)
+        return concat_arrays(column.chunks) if column.num_chunks else pa.array([], type=column.type)
     return column
+
+
+def concat_arrays(parts: list[pa.Array]) -> pa.Array:
+    """``parts`` as one array; where their text or list items together overflow 32-bit offsets (2 GiB of text, a
+    bundle or a window of long documents), one with 64-bit offsets: the values delivered are the same."""
+    try:
+        return pa.concat_arrays(parts)
+    except pa.ArrowInvalid:  # (also parts already of both widths: each is brought to 64-bit offsets)
+        return pa.concat_arrays([_large_offsets(p) for p in parts])
+
+
+def _large_offsets(values: pa.Array) -> pa.Array:
+    t = values.type
+    if pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t):
+        return values
+    if pa.types.is_string(t):
+        return values.cast(pa.large_string())
+    if pa.types.is_binary(t):
+        return values.cast(pa.large_binary())
+    if pa.types.is_list(t):
+        return values.cast(pa.large_list(t.value_field))
+    raise InvalidValueError(f"{t} values of one bundle or window overflow an Arrow array's 32-bit offsets; pass a "
+                            "smaller shuffle_window, or store the column with 64-bit offsets (large_string, "
+                            "large_binary, large_list)")
 
 
 def to_values(column, spec: ColumnSchema) -> dict[str, Values]:
