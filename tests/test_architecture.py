@@ -12,11 +12,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from stacks import HAVE_PETASTORM, petastorm_only
 
 from petastorm_balanced.core.predicate_info import parse
+from tests.support.jobs import ROOT
+from tests.support.stacks import HAVE_PETASTORM, petastorm_only
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "petastorm_balanced")
 # Layers, bottom up: a module may import its own layer and the ones below, never one above (docs/architecture.md).
 # core: the pure arithmetic; io, unischema, world: the outside world; plan: the artefact; planner builds it and
