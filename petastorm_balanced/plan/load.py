@@ -17,8 +17,8 @@ from ..core.catalog import Catalog, FileInfo
 from ..core.predicate_info import PredicateInfo, predicate_info
 from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
-from ..io.dataset import load_unischema
 from ..io.tables import TableRef
+from ..unischema.storage import load_unischema
 from .format import (
     ASSIGNMENT,
     CATALOG,

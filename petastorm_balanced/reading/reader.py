@@ -135,7 +135,7 @@ def _schema_of(columns: stream.Columns, plan: ShardPlan, viewed: bool) -> Unisch
     """The Unischema rows carry: the stored one (its view with ``schema_fields``, named as Petastorm names it) for
     Petastorm datasets; for plain Parquet one like ``make_batch_reader``'s inferred schema (names only)."""
     if columns.fields:
-        from ..io.dataset import load_unischema
+        from ..unischema.storage import load_unischema
         name = load_unischema(plan.dataset_url)._name
         return Unischema(f"{name}_view" if viewed else name, [columns.fields[n] for n in columns.names])
     return Unischema("inferred_schema", [UnischemaField(n, None, ()) for n in columns.names])

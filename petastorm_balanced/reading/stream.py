@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 from ..core.cost import COST_COLUMN, CostOptions, CostSpec, check_costs, evaluate
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
-from ..io.dataset import dataset_root, load_unischema, partition_values
+from ..io.dataset import dataset_root, partition_values
 from ..plan.model import Fragment, ShardPlan
+from ..unischema.storage import load_unischema
 from . import fragments as fr
 from .batching import WindowBatcher, start_point, window_rows
 from .dataset_schema import partition_columns, read_stored_columns

@@ -26,9 +26,9 @@ from petastorm_balanced.unischema import (
     pickling,
 )
 from petastorm_balanced.unischema.spark_types import spark_type
+from petastorm_balanced.unischema.storage import UNISCHEMA_KEY
 from tests.support.stacks import HAVE_PETASTORM, petastorm_only
 
-UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 RNG = np.random.default_rng(7)
 ARRAYS = [RNG.standard_normal((3, 4)).astype(np.float32), RNG.integers(0, 2 ** 16, (5,), dtype=np.uint16),
           RNG.integers(-9, 9, (2, 3, 4), dtype=np.int64), np.array(3.5), np.arange(6, dtype=">i4").reshape(2, 3),

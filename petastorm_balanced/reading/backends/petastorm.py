@@ -41,9 +41,9 @@ except ImportError as _missing:
                                  "'petastorm-balanced[petastorm]' (docs/stacks.md)") from None
 
 from ...core.params import check_int
-from ...io.dataset import load_unischema
 from ...plan.model import Fragment, ShardPlan
 from ...unischema.pickling import harden_petastorm_unpickler
+from ...unischema.storage import load_unischema
 from ...world import resolve_world
 from .. import fragments as fr
 from .. import stream
