@@ -65,7 +65,7 @@ def epoch_costs(plan, balance, reduce, plain_order=False, **kwargs):
     if plain_order:
         from unittest import mock
 
-        from petastorm_balanced.core.cost import ROW_GROUP_ORDERS
+        from petastorm_balanced.core.cost.order import ROW_GROUP_ORDERS
         patch = mock.patch.dict(ROW_GROUP_ORDERS._choices, {"cost": ROW_GROUP_ORDERS["rows"]})
     for rank in range(WORLD):
         if plain_order:

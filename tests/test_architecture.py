@@ -28,8 +28,9 @@ LAYERS = {"errors": 0, "_version": 0, "core": 1, "io": 2, "unischema": 2, "world
 # Siblings of one layer of which the first never imports the second:
 APART = [("planner", "reading"), ("reading", "planner"), ("io", "unischema")]
 # Every module of core/ is pure (no I/O, no torch, Spark or Petastorm), and these besides:
-PURE = sorted(f"core.{n[:-3]}" for n in os.listdir(os.path.join(PACKAGE, "core")) if n.endswith(".py")
-              and n != "__init__.py") + ["reading.batching", "tools.coverage"]
+PURE = sorted(os.path.relpath(os.path.join(folder, n), PACKAGE)[:-3].replace(os.sep, ".")
+              for folder, _, names in os.walk(os.path.join(PACKAGE, "core")) for n in names
+              if n.endswith(".py") and n != "__init__.py") + ["reading.batching", "tools.coverage"]
 NEEDS_PETASTORM = {"petastorm_balanced.reading.backends.petastorm", "petastorm_balanced.reading.backends.ordering",
                    "petastorm_balanced.io.remote"}
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import balance
 from ..core.catalog import Catalog
-from ..core.cost import FUNCTIONS, parse_cost
+from ..core.cost.spec import FUNCTIONS, parse_cost
 from ..core.deletes import without_rows
 from ..core.predicate_info import PredicateInfo, predicate_info
 from ..errors import InvalidValueError

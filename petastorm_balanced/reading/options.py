@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.cost import REDUCES, CostOptions, parse_cost
+from ..core.cost.arrangement import REDUCES
+from ..core.cost.options import CostOptions
+from ..core.cost.spec import parse_cost
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..plan.model import ShardPlan

@@ -9,7 +9,7 @@ ints each; see ``keys.py``).
 from __future__ import annotations
 
 from ..core import balance as balance_module
-from ..core.cost import COST_COLUMN
+from ..core.cost.spec import COST_COLUMN
 from ..core.elastic import Stage
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError

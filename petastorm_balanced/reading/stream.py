@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.cost import COST_COLUMN, CostOptions, CostSpec, check_costs, evaluate
+from ..core.cost.options import CostOptions
+from ..core.cost.spec import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root, partition_values
@@ -113,7 +114,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
-    ``core/cost.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
+    ``core/cost/options.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
     ``batch_size=None`` (token budgets) makes every batch its own run.
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from petastorm_balanced import load_plan, plan_shards
 from petastorm_balanced.core import balance, shuffle
-from petastorm_balanced.core.cost import arrange_budget, arrange_max, arrange_sum, budget_batches, cost_order
+from petastorm_balanced.core.cost.arrangement import arrange_max, arrange_sum
+from petastorm_balanced.core.cost.budget import arrange_budget, budget_batches
+from petastorm_balanced.core.cost.order import cost_order
 from petastorm_balanced.reading.batching import WindowBatcher, split_batches
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
 from tests.support.delivery_contract import planned_ids
@@ -234,7 +236,7 @@ def test_utf8_lengths_count_what_arrow_counts(values, large, head, size):
     type; it is what planning's statistics and the loader's per-row costs are computed with."""
     import pyarrow.compute as pc
 
-    from petastorm_balanced.core.cost import utf8_lengths
+    from petastorm_balanced.core.cost.spec import utf8_lengths
     array = pa.array(values, type=pa.large_string() if large else pa.string()).slice(head, size)
     assert utf8_lengths(array).tolist() == pc.utf8_length(array).to_numpy(zero_copy_only=False).tolist()
 
