@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 from ..errors import InvalidValueError
 from . import fs as fsutil
 from . import tables
-from .partitions import partition_values  # noqa: F401 - re-exported: hive values, decoded (partitions.py)
 
 
 def is_data_name(name: str) -> bool:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..world import resolve_world
-from . import state as keys
+from . import state as loader_state
 from . import stream
 from .backends import BACKENDS
 from .batching import split_batches
@@ -61,8 +61,9 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
-    NUM_WORKERS = keys.NUM_WORKERS
-    WORKER, WORKER_BATCHES = keys.WORKER, keys.WORKER_BATCHES  # in states saved inside a DataLoader worker
+    NUM_WORKERS = loader_state.NUM_WORKERS
+    # in states saved inside a DataLoader worker:
+    WORKER, WORKER_BATCHES = loader_state.WORKER, loader_state.WORKER_BATCHES
 
     def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
@@ -171,7 +172,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         if info is None:
             return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
         epoch, start, own = self._in_worker or (*self._position.current(), 0)
-        return keys.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
+        return loader_state.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
                           self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own})
 
     def load_state_dict(self, state: dict) -> None:
@@ -179,8 +180,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         was saved with, the epoch continues elastically: the rows no slot had consumed, split over the new slots."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        state = keys.flat(state)  # every key at the top, unknown ones refused (reading/state.py)
-        keys.require(state, (self.NUM_WORKERS,))
+        state = loader_state.flat(state)  # every key at the top, unknown ones refused (reading/state.py)
+        loader_state.require(state, (self.NUM_WORKERS,))
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")

@@ -76,7 +76,7 @@ PASS_THROUGH = ("schema_fields", "reader_pool_type", "workers_count", "results_q
 ARROW_REFUSED = "it configures Petastorm's reader; use backend='petastorm' (the petastorm stack), or leave it out"
 ARROW_STORAGE = ("the Arrow backend reads through pyarrow.fs: give an S3 endpoint in the URL "
                  "(?endpoint_override=host:port&scheme=http) or AWS_ENDPOINT_URL, credentials in the AWS variables")
-BACKENDS = ("auto", "petastorm", "arrow")
+BACKEND_NAMES = ("auto", "petastorm", "arrow")  # what backend= accepts (the readers: backends.BACKENDS)
 
 
 def petastorm_importable() -> bool:
@@ -94,10 +94,10 @@ def resolve_backend(backend, table=None) -> str:
     A Delta/Iceberg snapshot plan (``table``, ``plan.table``) is read by the Arrow backend: Petastorm's reader lists
     every Parquet file of the folder, files the table removed included, so it cannot serve one snapshot.
     """
-    if backend not in BACKENDS:
-        raise InvalidValueError(f"backend={backend!r} is not one of {BACKENDS}: 'arrow' reads with pyarrow alone (any "
-                                "stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks Petastorm "
-                                "where it imports")
+    if backend not in BACKEND_NAMES:
+        raise InvalidValueError(f"backend={backend!r} is not one of {BACKEND_NAMES}: 'arrow' reads with pyarrow "
+                                "alone (any stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks "
+                                "Petastorm where it imports")
     if table is not None and table.format != "parquet":
         if backend == "petastorm":
             raise InvalidValueError(f"backend='petastorm' cannot serve a plan of {table.describe()}: Petastorm's "

@@ -4,7 +4,7 @@ The position is the whole resume state (G6): an epoch and a count of delivered b
 from the plan. See ``Position`` for when an epoch advances (only delivered batches and ``set_epoch`` move it, so
 frameworks that probe or re-create iterators cannot shift an epoch). After an elastic resume (a state saved at
 another world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four
-ints each; see ``keys.py``).
+ints each; the keys are declared in ``state.py``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.model import ShardPlan
 from ..world import World
 from . import layout, stream, transform
-from . import state as keys
+from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions, resolve_cost, resolve_plan
 from .schema import BatchSchema, batch_schema, extra_column
@@ -77,8 +77,8 @@ class Settings(Layout):
         if self._checksum is None:
             self._checksum = self.plan.checksum
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
-        cost = {} if self.cost is None else {keys.BALANCE: "cost", keys.COST_REDUCE:
-                                             self.cost.reduce, keys.MAX_BATCH_COST: self.cost.budget}
+        cost = {} if self.cost is None else {loader_state.BALANCE: "cost", loader_state.COST_REDUCE:
+                                             self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
         return {**dict(zip(Position.IDENTITY_KEYS, values, strict=True)), **cost}
 
 
@@ -102,14 +102,14 @@ class Position:
     """
 
     # state_dict keys (declared in ``state.py``)
-    EPOCH, BATCHES = keys.EPOCH, keys.BATCHES
-    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (keys.PLAN_CHECKSUM, keys.WORLD_SIZE,
-                                             keys.BATCH_SIZE)
-    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (keys.SHUFFLE, keys.SHUFFLE_WINDOW,
-                                          keys.RESHUFFLE)
+    EPOCH, BATCHES = loader_state.EPOCH, loader_state.BATCHES
+    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (loader_state.PLAN_CHECKSUM, loader_state.WORLD_SIZE,
+                                             loader_state.BATCH_SIZE)
+    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (loader_state.SHUFFLE, loader_state.SHUFFLE_WINDOW,
+                                          loader_state.RESHUFFLE)
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
-    STAGES, PARTITION_EPOCH = keys.STAGES, keys.PARTITION_EPOCH  # optional on load
+    STAGES, PARTITION_EPOCH = loader_state.STAGES, loader_state.PARTITION_EPOCH  # optional on load
 
     def __init__(self, settings: Settings, epoch: int):
         epoch = check_int("epoch", epoch, minimum=0)
@@ -186,16 +186,16 @@ class Position:
                 self.PARTITION_EPOCH: self.settings.partition_epoch, self.STAGES: [s.as_list() for s in stages]}
 
     def state_dict(self, extra: dict | None = None) -> dict:
-        return keys.nest(self.values(extra))
+        return loader_state.nest(self.values(extra))
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
         """Strict about keys (``state.flat``) and settings, except the world size: a state saved at another one
         resumes elastically (G10); ``workers`` is the number of slots per rank the state was saved with."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        state = keys.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
+        state = loader_state.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
         expected = {**self.settings.identity(), **(extra or {})}
-        keys.require(state, (self.EPOCH, self.BATCHES, *expected))
+        loader_state.require(state, (self.EPOCH, self.BATCHES, *expected))
         for key, value in expected.items():
             if key == self.WORLD_SIZE:
                 continue  # another world size is an elastic resume, checked below

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.params import check_int
+from ..core.shuffle import window_permutation
 from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
@@ -24,7 +25,6 @@ from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
 from . import stream
 from .backends.arrow import BundleReader, in_order
-from .batching import window_permutation
 from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .transform import as_spec, check_rows, transformed_unischema
 

@@ -16,13 +16,15 @@ import pyarrow.parquet as pq
 
 from ..core.cost.options import CostOptions
 from ..core.cost.spec import COST_COLUMN, CostSpec, check_costs, evaluate
+from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
-from ..io.dataset import dataset_root, partition_values
+from ..io.dataset import dataset_root
+from ..io.partitions import partition_values
 from ..plan.model import Fragment, ShardPlan
 from ..unischema.storage import load_unischema
 from . import fragments as fr
-from .batching import WindowBatcher, start_point, window_rows
+from .batching import WindowBatcher, start_point
 from .dataset_schema import partition_columns, read_stored_columns
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 

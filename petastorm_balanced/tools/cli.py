@@ -71,7 +71,7 @@ def cmd_inspect(args) -> int:
     extra = {"partition_epoch": args.partition_epoch}
     epoch, batch_size = args.epoch, args.batch_size
     if args.state:
-        from ..reading import state as keys  # the loader state keys
+        from ..reading import state as loader_state
         layout, epoch, batches, stages, state = _resume(plan, args)
         if batch_size not in (None, layout.batch_size):
             raise InputError(f"--batch-size {batch_size} differs from the state's batch_size={layout.batch_size}; "
@@ -79,8 +79,9 @@ def cmd_inspect(args) -> int:
         batch_size = layout.batch_size
         extra = {"partition_epoch": layout.partition_epoch, "stages": stages,
                  "windows": layout.windows,
-                 "resume": {"saved_world_size": state[keys.WORLD_SIZE], "saved_epoch": state[keys.EPOCH],
-                            "saved_batches": state[keys.BATCHES], "batches": batches,
+                 "resume": {"saved_world_size": state[loader_state.WORLD_SIZE],
+                            "saved_epoch": state[loader_state.EPOCH],
+                            "saved_batches": state[loader_state.BATCHES], "batches": batches,
                             "stages": [s.as_list() for s in stages]}}
     report = inspect_report(plan, plan_url=fsutil.normalize_url(args.plan_url), world_size=args.world_size,
                             epoch=epoch, num_workers=args.workers, batch_size=batch_size, **extra)
