@@ -1,4 +1,4 @@
-"""The package's shape (issue: one package a newcomer can read): no import cycles, nothing imports upward, pure
+"""The package's shape (one package a newcomer can read): no import cycles, nothing imports upward, pure
 modules stay pure, every module imports on its own in a fresh interpreter, the docstring examples run, and the
 Petastorm internals we depend on still exist."""
 import ast

@@ -231,13 +231,13 @@ def test_horovod_training_two_ranks_gloo(skewed, tmp_path, backend):
 
 
 def elastic_resume_or_skip(plan):
-    """Skip until a loader resumes a position saved at another world size (elastic mid-epoch resume, issue 13)."""
+    """Skip until a loader resumes a position saved at another world size (elastic mid-epoch resume)."""
     from petastorm_balanced import make_loader
     saved = make_loader(0, 2, plan=plan, batch_size=BATCH).state_dict()
     try:
         make_loader(0, 1, plan=plan, batch_size=BATCH).load_state_dict(saved)
     except ValueError as error:
-        pytest.skip(f"elastic Horovod needs load_state_dict of a state saved at another world size (issue 13): "
+        pytest.skip(f"elastic Horovod needs load_state_dict of a state saved at another world size: "
                     f"{error}")
 
 

@@ -1,4 +1,4 @@
-"""The user's door (issue 20): the wheel a pip user gets, installed into a fresh venv, driven through its INSTALLED
+"""The user's door: the wheel a pip user gets, installed into a fresh venv, driven through its INSTALLED
 console command from a folder outside the checkout, with the checkout nowhere on ``sys.path``.
 
 The venv holds only the wheel; its dependencies come from this stack's site-packages through a ``.pth`` line that

@@ -1,4 +1,4 @@
-"""Unischema datasets written with Spark (issues 24 and 25): by real Petastorm's ``materialize_dataset`` (the oracle,
+"""Unischema datasets written with Spark: by real Petastorm's ``materialize_dataset`` (the oracle,
 petastorm stack) and by ours (any stack, no Petastorm), read by Petastorm's ``make_reader`` and by our readers and
 loaders, every field of every row compared. Cross-stack directions are in tests/integration/test_stacks.py."""
 import os

@@ -1,4 +1,4 @@
-"""Issue 23: read only what the plan names, from where the user meant (G14, G15), on a real filesystem.
+"""Read only what the plan names, from where the user meant (G14, G15), on a real filesystem.
 
 Every entry point (API, CLI, Spark engine, plan save/load) with names holding '#', '?', '%', spaces and unicode;
 symlinks (loops, outside the root, dangling, two names for one file); catalog paths outside the root; rewrites

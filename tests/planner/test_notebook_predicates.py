@@ -1,4 +1,4 @@
-"""Predicates typed in notebook cells (issue 24): a function whose module has no file but whose source IPython keeps
+"""Predicates typed in notebook cells: a function whose module has no file but whose source IPython keeps
 in ``linecache`` is fingerprinted from that source, equal to the same lambda in a .py file; code with no source at
 all is still refused, clearly. The slow test runs a real Jupyter kernel (nbclient + ipykernel)."""
 import importlib.util

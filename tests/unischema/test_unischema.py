@@ -1,4 +1,4 @@
-"""Petastorm datasets without Petastorm (issue 24): our codecs give Petastorm 0.12.1's values, a stored Unischema
+"""Petastorm datasets without Petastorm: our codecs give Petastorm 0.12.1's values, a stored Unischema
 loads only through the allow-list (a hostile pickle is refused on every load path and runs nothing), and
 ``make_reader`` on the Arrow backend yields Petastorm's rows. Real Petastorm is the oracle where it imports."""
 import io
