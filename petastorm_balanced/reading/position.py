@@ -12,6 +12,7 @@ from ..core import balance as balance_module
 from ..core.cost import COST_COLUMN
 from ..core.elastic import Stage
 from ..core.params import check_int
+from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.model import ShardPlan
 from ..world import World
@@ -20,6 +21,9 @@ from . import state as keys
 from .layout import Layout
 from .options import LoaderOptions, resolve_cost, resolve_plan
 from .schema import BatchSchema, batch_schema, extra_column
+
+
+EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
 
 
 class Settings(Layout):
@@ -44,6 +48,13 @@ class Settings(Layout):
         rows_batch = 1 if budget else self.batch_size  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, check_int(
             "batch_size", rows_batch, minimum=1))
+        # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
+        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
+                                                          self.plan, self.cost)
+        self.shuffle_budget = options.shuffle_budget
+        if options.shuffle_window is None:  # as many rows as the budget holds (G16)
+            shuffle_window = budget_window(options.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES,
+                                           rows_batch)
         Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=rows_batch, shuffle=shuffle,
                         shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                         partition_epoch=options.partition_epoch,
@@ -52,9 +63,6 @@ class Settings(Layout):
         if budget and self.cost is not None:
             self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
         self.padding_mask = options.padding_mask
-        # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
-        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
-                                                          self.plan, self.cost)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
@@ -199,6 +207,10 @@ class Position:
         for key, value in expected.items():
             if key == self.WORLD_SIZE:
                 continue  # another world size is an elastic resume, checked below
+            if key == self.SHUFFLE_WINDOW and state[key] != value and self.settings.options.shuffle_window is None:
+                raise InvalidValueError(f"state[{key!r}]={state[key]!r} rows but this loader's shuffle_budget gives "
+                                        f"windows of {value} rows; pass shuffle_window={state[key]!r} to resume "
+                                        "that position exactly (its windows decide which rows come next)")
             if state[key] != value:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                         "position only resumes a loader with the same plan and settings")
@@ -239,6 +251,8 @@ class PlannedView:
     rank = property(lambda self: self._settings.rank)
     world_size = property(lambda self: self._settings.world_size)
     batch_size = property(lambda self: self._settings.batch_size)
+    shuffle_window = property(lambda self: self._settings.shuffle_window, doc="rows per shuffle window (resolved)")
+    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a slot's shuffle may hold")
 
     @property
     def schema(self) -> BatchSchema:
