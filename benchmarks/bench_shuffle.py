@@ -100,7 +100,8 @@ def quality_rows(path, world, every):
     import pyarrow.dataset as ds
     reference = ds.dataset(path).to_table(columns=["label"])["label"].to_numpy()
     rows = []
-    for name, kwargs in (("make_loader default", {}), (f"shuffle_window={OLD_WINDOW:,}", {"shuffle_window": OLD_WINDOW})):
+    loaders = (("make_loader default", {}), (f"shuffle_window={OLD_WINDOW:,}", {"shuffle_window": OLD_WINDOW}))
+    for name, kwargs in loaders:
         per_rank = loader_labels(plan, world, **kwargs)
         rank_q = Quality.of([b for r in per_rank for b in r], reference)
         global_q = Quality.of([np.concatenate(step) for step in zip(*per_rank, strict=True)], reference)

@@ -77,3 +77,33 @@ class Quality:
         uniform = uniform_batches(reference, size, seed)
         return cls(mean_tv(batches, reference), mean_tv(uniform, reference), mean_distinct(batches),
                    mean_distinct(uniform), len(batches))
+
+
+CLUSTERED_SPREAD = 0.5  # a column whose row groups each span less than this share of its range is stored in order
+
+
+def clustered_columns(ranges: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                      threshold: float = CLUSTERED_SPREAD) -> dict[str, float]:
+    """``{column: spread}`` of the columns stored sorted or clustered, by their row groups' min/max statistics.
+
+    ``spread`` is the rows-weighted mean of each row group's ``(max - min)`` over the column's whole range: about
+    1 when rows are stored in random order (every row group spans the range), ``1 / row groups`` when they are
+    sorted by the column. A batch can only mix rows that share its shuffle window, so on such a column batches are
+    far from i.i.d. unless a window holds rows from across the range.
+
+    >>> import numpy as np
+    >>> sorted_ranges = (np.array([0., 25, 50, 75]), np.array([24., 49, 74, 99]), np.array([10, 10, 10, 10]))
+    >>> clustered_columns({"label": sorted_ranges})
+    {'label': 0.24}
+    """
+    out = {}
+    for name, (mins, maxs, rows) in ranges.items():
+        if len(mins) < 2:
+            continue
+        width = float(maxs.max() - mins.min())
+        if width <= 0:
+            continue
+        spread = float(np.average((maxs - mins) / width, weights=np.maximum(rows, 1)))
+        if spread < threshold:
+            out[name] = round(spread, 4)
+    return out

@@ -8,6 +8,7 @@ Columns whose types cannot be unified are refused here, when the loader is made,
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,10 +16,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.quality import clustered_columns
 from ..io import footer as footer_io
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
 from ..io.partitions import arrow_type, partition_types, partition_values
+from ..io.stats import value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
 FOOTER_THREADS = 8
@@ -32,6 +35,8 @@ class StoredColumns:
     schema: pa.Schema
     nullable: dict[str, bool]
     row_bytes: float = 0.0  # estimated decoded bytes of one row of these columns (what a shuffle window holds)
+    # columns stored in order (``quality.clustered_columns``)
+    clustered: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[str] | None = None,
@@ -72,13 +77,15 @@ def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
         fields.append(pa.field(name, unify_types(name, typed), nullable_field))
         nullable[name] = nullable_field and nullable.get(name, False)
     schema = pa.schema(fields)
-    return StoredColumns(schema, {n: nullable[n] for n in wanted}, row_bytes(schema, footers))
+    sample = [meta for _, meta in sorted(footers, key=lambda pair: pair[0])[:ROW_BYTES_FILES]]
+    return StoredColumns(schema, {n: nullable[n] for n in wanted}, row_bytes(schema, sample),
+                         clustered_columns(value_ranges(sample)))
 
 
-def row_bytes(schema: pa.Schema, footers: Sequence[tuple[str, pq.FileMetaData]]) -> float:
+def row_bytes(schema: pa.Schema, footers: Sequence[pq.FileMetaData]) -> float:
     """Estimated decoded bytes per row of ``schema``'s columns: fixed-width types by their width, the others by
-    their uncompressed Parquet size per row in the first ``ROW_BYTES_FILES`` footers of ``footers``' path order
-    (the same on every rank, so every rank sizes its shuffle windows alike)."""
+    their uncompressed Parquet size per row in ``footers`` (the first ``ROW_BYTES_FILES`` in path order: the same
+    on every rank, so every rank sizes its shuffle windows alike)."""
     total, variable = 0.0, set()
     for field in schema:
         width = fixed_width(field.type)
@@ -89,7 +96,7 @@ def row_bytes(schema: pa.Schema, footers: Sequence[tuple[str, pq.FileMetaData]])
     if not variable:
         return total
     size = rows = 0
-    for _, meta in sorted(footers, key=lambda pair: pair[0])[:ROW_BYTES_FILES]:
+    for meta in footers:
         for i in range(meta.num_row_groups):
             group = meta.row_group(i)
             rows += group.num_rows

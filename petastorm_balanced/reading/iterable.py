@@ -69,8 +69,8 @@ class BalancedIterableDataset(PlannedView, _Base):
                  batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int | None = None,
                  shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
-                 padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum",
-                 transform_spec: Any = None) -> None:
+                 padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
+                 cost_reduce: str = "sum", transform_spec: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,

@@ -82,7 +82,8 @@ OWNED_ARGUMENTS = {
     "rowgroup_selector": "the plan selects the row groups; pass a predicate to plan_shards instead",
     "num_epochs": "a planned reader covers one epoch; iterate the loader again, or pass epoch=, for the next one",
     "shuffle_row_groups": "the plan orders row groups per epoch from [seed, epoch]; use make_loader(shuffle=...)",
-    "shuffle_row_drop_partitions": "the plan decides which rows each rank reads; use make_loader(shuffle_budget=) or shuffle_window=",
+    "shuffle_row_drop_partitions": "the plan decides which rows each rank reads; use make_loader(shuffle_budget=) "
+                                   "or shuffle_window=",
     "dataset_url": "the plan names its dataset; pass plan= only",
     "dataset_url_or_urls": "the plan names its dataset; pass plan= only",
 }

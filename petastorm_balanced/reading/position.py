@@ -8,12 +8,14 @@ ints each; see ``keys.py``).
 """
 from __future__ import annotations
 
+import warnings
+
 from ..core import balance as balance_module
 from ..core.cost import COST_COLUMN
 from ..core.elastic import Stage
 from ..core.params import check_int
 from ..core.shuffle import budget_window
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
 from . import layout, stream, transform
@@ -21,7 +23,6 @@ from . import state as keys
 from .layout import Layout
 from .options import LoaderOptions, resolve_cost, resolve_plan
 from .schema import BatchSchema, batch_schema, extra_column
-
 
 EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
 
@@ -63,6 +64,9 @@ class Settings(Layout):
         if budget and self.cost is not None:
             self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
         self.padding_mask = options.padding_mask
+        if shuffle:
+            warn_stored_order(self.columns.clustered, self.plan.rows_per_rank(self.world_size, rows_batch),
+                              self.shuffle_window)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
@@ -88,6 +92,20 @@ class Settings(Layout):
         cost = {} if self.cost is None else {keys.BALANCE: "cost", keys.COST_REDUCE:
                                              self.cost.reduce, keys.MAX_BATCH_COST: self.cost.budget}
         return {**dict(zip(Position.IDENTITY_KEYS, values, strict=True)), **cost}
+
+
+def warn_stored_order(clustered: dict[str, float], rank_rows: int, window: int) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window."""
+    if not clustered or rank_rows <= window:
+        return
+    name, spread = min(clustered.items(), key=lambda item: item[1])
+    warnings.warn(ShuffleQualityWarning(
+        f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
+        f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
+        "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
+        f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
+        "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
+        f"--shuffle-quality {name}` measures it"), stacklevel=4)
 
 
 class Position:
