@@ -32,7 +32,7 @@ from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .options import SHUFFLE_WINDOW, LoaderOptions, resolve_backend
+from .options import SHUFFLE_BUDGET, LoaderOptions, resolve_backend
 from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 
@@ -55,7 +55,8 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
     Iterated directly (or with ``num_workers=0``) it is a single slot and gives the same batches as
-    ``make_loader(..., shuffle_window=...)`` with the same settings. ``transform_spec`` (``TransformSpec``) runs
+    ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window of up to
+    ``shuffle_budget`` bytes: with K workers a rank holds up to K budgets. ``transform_spec`` (``TransformSpec``) runs
     in the DataLoader worker processes (its ``func`` must pickle for spawned workers: a module-level function).
     """
 
@@ -67,14 +68,15 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
-                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = SHUFFLE_WINDOW,
-                 schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
-                 partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum",
-                 transform_spec: Any = None) -> None:
+                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int | None = None,
+                 shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
+                 padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
+                 cost_reduce: str = "sum", transform_spec: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                                shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                                shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
+                                schema_fields=schema_fields, padding_mask=padding_mask,
                                 partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
                                 transform_spec=transform_spec)
         self._settings = Settings(plan, resolve_world(rank, world), options)

@@ -44,6 +44,8 @@ class Columns:
     fields: dict | None = None  # Unischema fields by name (Petastorm datasets only)
     target: pa.Schema | None = field(default=None, compare=False)  # delivered Arrow types of stored columns
     schemas: tuple[ColumnSchema, ...] = ()  # one per name
+    row_bytes: float = field(default=0.0, compare=False)  # estimated decoded bytes per row (sizes shuffle windows)
+    clustered: dict = field(default_factory=dict, compare=False)  # columns stored in order -> their spread
 
     @property
     def spec(self) -> fr.ReadSpec:
@@ -88,7 +90,24 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
             schemas.append(column_schema(name, stored_columns.schema.field(name).type,
                                          nullable=stored_columns.nullable[name]))
     used = tuple((k, kind) for k, (kind, _) in hive.items())
-    return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas))
+    # a hive partition column holds one value per file: stored clustered wherever it takes several values
+    clustered = {**stored_columns.clustered, **{k: 0.0 for k in hive if len(_distinct_partition(paths, k)) > 1}}
+    return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas),
+                   stored_columns.row_bytes + 8.0 * len(hive) + _decoded_bytes(fields), clustered)
+
+
+def _distinct_partition(paths: Sequence[str], name: str) -> set:
+    return {partition_values(path).get(name) for path in paths}
+
+
+def _decoded_bytes(fields: dict | None) -> float:
+    """Bytes per row that Unischema codecs add when they decode cells of a known shape (an image, an ndarray)."""
+    total = 0.0
+    for unischema_field in (fields or {}).values():
+        shape = tuple(getattr(unischema_field, "shape", ()) or ())
+        if shape and all(isinstance(n, int) for n in shape) and not fr.is_scalar(unischema_field):
+            total += float(np.prod(shape)) * np.dtype(unischema_field.numpy_dtype).itemsize
+    return total
 
 
 def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None) -> tuple[Columns, tuple]:
@@ -105,7 +124,8 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None
     if target is not None and source.target is not None:
         target = pa.schema(list(target) + [f for f in source.target if f.name not in target.names])
     return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields, target,
-                   columns.schemas + source.schemas), source.names
+                   columns.schemas + source.schemas, columns.row_bytes + source.row_bytes,
+                   {**columns.clustered, **source.clustered}), source.names
 
 
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,

@@ -88,7 +88,15 @@ def cmd_inspect(args) -> int:
     if args.plot:
         from .plot import plot_report
         report["plot"] = plot_report(report, args.plot)
+    quality = None
+    if args.shuffle_quality:
+        from .shuffle_quality import shuffle_quality
+        quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size, batch_size=batch_size,
+                                  epoch=epoch, shuffle_budget=args.shuffle_budget)
+        report["shuffle_quality"] = quality.as_dict()
     print(json.dumps(report, indent=2) if args.json else format_inspect(report))
+    if quality is not None and not args.json:
+        print(quality.format())
     return OK
 
 
@@ -231,6 +239,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.add_argument("--plot", metavar="FILE.png", help="draw rows and steps per rank beside Petastorm's sharding")
+    p.add_argument("--shuffle-quality", metavar="COLUMN", help="read COLUMN in the loader's order and report how "
+                   "far its batches are from i.i.d. (per rank and global batch, against a uniform permutation)")
+    p.add_argument("--shuffle-budget", default="256MiB", metavar="BYTES",
+                   help="the loader's shuffle_budget for --shuffle-quality (default 256MiB; '1GiB' works)")
     _pass_args(p)
     p.set_defaults(run=cmd_inspect)
 
