@@ -193,10 +193,10 @@ class MixturePosition:
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         state = keys.flat(state)
         expected = {**self.settings.identity(), **(extra or {})}
-        keys.require(state, (keys.EPOCH, keys.BATCHES, *expected, keys.WEIGHTS, keys.PHASE, keys.SOURCES))
-        if not isinstance(state[keys.PLAN_CHECKSUM], list):
+        if isinstance(state.get(keys.PLAN_CHECKSUM), str):
             raise InvalidValueError("state was saved by a loader of one plan; a mixture loader (plan=[...]) resumes "
                                     "only a mixture's state")
+        keys.require(state, (keys.EPOCH, keys.BATCHES, *expected, keys.WEIGHTS, keys.PHASE, keys.SOURCES))
         for key, value in expected.items():
             if state[key] == value:
                 continue
