@@ -1,6 +1,7 @@
 """Mixtures (G17): the schedule's arithmetic (pure, Hypothesis), and real loaders over three differently sized
 Parquet datasets: exact per-batch counts, the pass rule, equal steps on every rank, exact resume, a changed mixture,
 DataLoader workers, one schema, and the refusals."""
+import json
 from fractions import Fraction
 from itertools import islice
 
@@ -88,7 +89,7 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixture")
     infos = [datagen.make_plain_dataset(root / f"s{i}", num_files=3, total_rows=n, seed=seed, min_row_group_rows=16,
                                         max_row_group_rows=200)
-             for i, (n, seed) in enumerate(zip(SIZES, SEEDS))]
+             for i, (n, seed) in enumerate(zip(SIZES, SEEDS, strict=True))]
     return [info.url for info in infos]
 
 
@@ -296,3 +297,21 @@ def test_refusals_name_the_parameter_and_the_fix(plans):
     with pytest.raises(KeyError, match="phase"):
         broken = nest({k: v for k, v in values.items() if k != "phase"})
         make_loader(0, 2, plan=plans, **base).load_state_dict(broken)
+
+
+def test_inspect_shows_steps_rows_and_passes_of_each_source(plans, tmp_path, capsys):
+    from petastorm_balanced.tools.cli import main
+    urls = [plan.save(str(tmp_path / f"plan{i}")) for i, plan in enumerate(plans)]
+    assert main(["inspect", *urls, "--weights", "0.5,0.3,0.2", "--world-size", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    loader = make_loader(0, 2, plan=plans, weights=[0.5, 0.3, 0.2], backend="arrow", workers_count=1)
+    assert report["epochs"][0]["steps"] == len(loader)
+    taken = np.zeros(3, dtype=np.int64)
+    for batch in loader:
+        taken += np.bincount(batch["_source"].numpy(), minlength=3)
+    assert [s["rows_per_rank"] for s in report["epochs"][0]["sources"]] == taken.tolist()
+    assert report["epochs"][1]["sources"][0]["start"] == loader.state_dict()["mixture"]["sources"][0]
+    assert main(["inspect", *urls, "--weights", "1,1,1", "--world-size", "2"]) == 0
+    assert "scarcest" in capsys.readouterr().out
+    assert main(["inspect", *urls]) == 2
+    assert "--weights" in capsys.readouterr().err
