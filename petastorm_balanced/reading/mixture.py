@@ -242,9 +242,12 @@ class MixtureRun:
         self.position.delivered(self)
 
 
-def numpy_runs(settings: MixtureSettings, point: Point, count: int, keepers=None) -> Generator[dict, None, None]:
-    """Runs of whole numpy batches, ``count`` batches from ``point`` on (``RUN_BATCHES`` per run)."""
-    sources = open_sources(settings, point.counters, keepers)
+def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None) -> Generator[dict, None, None]:
+    """Runs of whole numpy batches, ``count`` batches from ``point`` on (``RUN_BATCHES`` per run), read from
+    ``sources`` (``SourceRows`` at ``point``'s counters, left open) or from sources opened and closed here."""
+    own = sources is None
+    if sources is None:
+        sources = open_sources(settings, point.counters)
     schedule = settings.mixture.schedule
     try:
         done = 0
@@ -254,8 +257,9 @@ def numpy_runs(settings: MixtureSettings, point: Point, count: int, keepers=None
             yield mixed_run(sources, schedule.counts(phase, phase + n), settings.names)
             done += n
     finally:
-        for source in sources:
-            source.close()
+        if own:
+            for source in sources:
+                source.close()
 
 
 class MixtureLoader(PlannedView):
@@ -278,7 +282,10 @@ class MixtureLoader(PlannedView):
         self._iterator: Generator[dict[str, Any], None, None] | None = None
         from .stream import ReaderKeeper
         self._keepers = [ReaderKeeper() for _ in settings.plans]
-        self._finalizer = weakref.finalize(self, _close_all, self._keepers)
+        # the sources' streams live from epoch to epoch: an epoch that ends inside a source's shuffle window hands
+        # the window, already read, to the next one (reopened only where an iteration was left mid-way)
+        self._sources: list = []
+        self._finalizer = weakref.finalize(self, _close_all, self._keepers, self._sources)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._iterator is not None:
@@ -289,7 +296,10 @@ class MixtureLoader(PlannedView):
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
-        runs = numpy_runs(settings, run.point, run.steps - run.point.batch, self._keepers)
+        if [s.counter for s in self._sources] != list(run.point.counters):
+            _close_all([], self._sources)
+            self._sources[:] = open_sources(settings, run.point.counters, self._keepers)
+        runs = numpy_runs(settings, run.point, run.steps - run.point.batch, self._sources)
 
         def tensors():
             for numpy_run in runs:
@@ -329,7 +339,7 @@ class MixtureLoader(PlannedView):
         if self._iterator is not None:
             self._iterator.close()
             self._iterator = None
-        _close_all(self._keepers)
+        _close_all(self._keepers, self._sources)
 
     def __enter__(self) -> MixtureLoader:
         return self
@@ -338,7 +348,10 @@ class MixtureLoader(PlannedView):
         self.close()
 
 
-def _close_all(keepers) -> None:
+def _close_all(keepers, sources) -> None:
+    for source in sources:
+        source.close()
+    sources.clear()
     for keeper in keepers:
         keeper.close()
 

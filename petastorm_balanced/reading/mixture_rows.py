@@ -97,7 +97,8 @@ class SourceRows:
         self.rank, self.world_size, self.rows_per_pass = rank, world_size, rows_per_pass
         self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
         self.backend, self.reader_options, self.keeper = backend, reader_options, keeper
-        self.pass_index, self.row = divmod(counter, rows_per_pass)
+        self.counter = counter  # rows handed out (``take``)
+        self.pass_index, self.row = divmod(counter, rows_per_pass)  # where reading stands (rows buffered ahead)
         self._runs: Iterator[dict] | None = None
         self._parts: list[dict] = []
         self._buffered = 0
@@ -112,6 +113,7 @@ class SourceRows:
 
     def take(self, rows: int) -> dict:
         """The next ``rows`` rows as one chunk of columns (crossing into the next pass where this one ends)."""
+        self.counter += rows
         while self._buffered < rows:
             if self._runs is None:
                 self._runs = self._open()
