@@ -170,10 +170,15 @@ def mixed_run(sources: Sequence[SourceRows], counts: np.ndarray, names: Sequence
     out_starts = np.cumsum(lengths) - lengths
     total = int(lengths.sum())
     index = np.arange(total, dtype=np.int64) + np.repeat(starts - out_starts, lengths)
+    # Arrow columns (text, lists): the batches' slices of each block joined in one copy; numpy: one gather
+    cells = [(i, b, n) for i, b, n in zip(np.tile(np.arange(k), batches).tolist(), before.ravel().tolist(),
+                                          lengths.tolist(), strict=True) if n]
     run = {}
     for name in (*names, stream.PADDING):
-        joined = _concat([b[name] for b in blocks])
-        run[name] = joined.take(pa.array(index)) if isinstance(joined, pa.Array) else joined[index]
+        if isinstance(blocks[0][name], pa.Array):
+            run[name] = concat_arrays([blocks[i][name].slice(b, n) for i, b, n in cells])
+        else:
+            run[name] = _concat([b[name] for b in blocks])[index]
     run[SOURCE] = np.repeat(np.tile(np.arange(k, dtype=np.int64), batches), lengths)
     return run
 
