@@ -315,3 +315,26 @@ def test_inspect_shows_steps_rows_and_passes_of_each_source(plans, tmp_path, cap
     assert "scarcest" in capsys.readouterr().out
     assert main(["inspect", *urls]) == 2
     assert "--weights" in capsys.readouterr().err
+
+
+@settings(max_examples=10, deadline=None)
+@given(workers=st.integers(1, 4), start=st.integers(0, 30), count=st.integers(1, 25),
+       weights=st.sampled_from([[5, 3, 2], [1, 2, 3], [0.45, 0.45, 0.1]]))
+def test_dataloader_workers_round_robin_is_the_ranks_sequence(plans, workers, start, count, weights):
+    """What each DataLoader worker yields (``mixture.worker_batches``), taken round robin as the DataLoader does,
+    is the rank's sequence from any batch on, whatever the number of workers."""
+    from petastorm_balanced.reading.mixture import numpy_runs, worker_batches
+    loader = make_loader(1, 2, plan=plans, weights=weights, batch_size=9, shuffle_window=30, backend="arrow",
+                         workers_count=1)
+    settings_ = loader._settings
+    point = settings_.mixture.advance(settings_.mixture.start(0), start)
+    expected = [list(zip(r["_source"][b:b + 9].tolist(), r["id"][b:b + 9].tolist(), strict=True))
+                for r in numpy_runs(settings_, point, count) for b in range(0, len(r["_source"]), 9)]
+    streams = [iter(worker_batches(settings_, point, count, workers, w, numpy_out=w % 2 == 0))
+               for w in range(workers)]
+    got = []
+    for j in range(count):
+        batch = next(streams[j % workers])
+        got.append(list(zip(list(batch["_source"]), list(batch["id"]), strict=True)))
+    assert [[(int(s), int(i)) for s, i in b] for b in got] == expected
+    assert all(next(s, None) is None for s in streams), "no worker yields more than its share"
