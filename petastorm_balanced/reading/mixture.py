@@ -69,10 +69,7 @@ class MixtureSettings:
         self.backend = resolve_backend(backend, tables[0] if tables else None)
         self.reader_options = dict(reader_options or {})
         rows = []
-        for index, plan in enumerate(self.plans):
-            if plan.cost is not None and options.balance == "cost":
-                raise InvalidValueError(f"balance='cost' with a mixture (source {index} has a cost): a batch's rows "
-                                        "are decided by the weights; pass balance='rows' (or 'auto')")
+        for plan in self.plans:
             balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
             rows.append(plan.rows_per_rank(self.world_size, 1))
         self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
@@ -100,6 +97,9 @@ class MixtureSettings:
 
 
 def _refuse(options: LoaderOptions) -> None:
+    if options.balance not in ("auto", "rows"):
+        raise InvalidValueError(f"balance={options.balance!r} with a mixture: a batch's rows are decided by the "
+                                "weights, and each source is read by rows; pass balance='rows' (or 'auto')")
     if options.partition_epoch != 1:
         raise InvalidValueError(f"partition_epoch={options.partition_epoch} with a mixture: its epochs are already "
                                 "set by the scarcest source or epoch_steps=; pass epoch_steps= instead")
