@@ -340,3 +340,21 @@ def test_dataloader_workers_round_robin_is_the_ranks_sequence(plans, workers, st
         got.append(list(zip(list(batch["_source"]), list(batch["id"]), strict=True)))
     assert [[(int(s), int(i)) for s, i in b] for b in got] == expected
     assert all(next(s, None) is None for s in streams), "no worker yields more than its share"
+
+
+def test_a_pad_source_delivers_every_row_of_each_pass_and_flags_its_repeats(sources):
+    plans = [plan_shards(url, 3, batch_size=16, policy=policy, seed=2, engine="local")
+             for url, policy in zip(sources, ("drop", "pad", "pad"), strict=True)]  # 640 and 310 rows: 3 ranks pad
+    ranks = [make_loader(r, 3, plan=plans, weights=[1, 1, 1], batch_size=12, padding_mask=True, backend="arrow",
+                         workers_count=1, epoch_steps=60) for r in range(3)]
+    per_pass = ranks[0]._settings.mixture.rows_per_pass
+    rows = {r: [] for r in range(3)}
+    for r, loader in enumerate(ranks):
+        for batch in loader:
+            rows[r] += list(zip(batch["_source"].tolist(), batch["id"].tolist(), batch["_padding"].tolist(),
+                                strict=True))
+    for s in (1, 2):
+        first = [row for r in range(3) for row in [(i, p) for src, i, p in rows[r] if src == s][:per_pass[s]]]
+        real = [i for i, p in first if not p]
+        assert sorted(real) == list(range(SIZES[s])), f"source {s}: its pass delivers every row once"
+        assert 0 < sum(p for _, p in first) < 3, "fewer than world_size rows repeated, flagged"
