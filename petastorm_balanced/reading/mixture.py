@@ -30,16 +30,31 @@ import numpy as np
 from ..core import balance
 from ..core.mixture import Mixture, Point, make_schedule, parse_weights
 from ..core.params import check_int
+from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
 from ..world import World
-from . import state as keys
+from . import state as loader_state
 from . import stream
 from .device import NO_FEED, Feed, close_iterator, feed
 from .fragments import as_list
 from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
 from .options import LoaderOptions, resolve_backend, resolve_plan
-from .position import EpochSampler, PlannedView
+from .position import EXTRA_ROW_BYTES, EpochSampler, PlannedView
 from .schema import batch_schema, extra_column
+from .state import (
+    BATCH_SIZE,
+    BATCHES,
+    EPOCH,
+    EPOCH_STEPS,
+    PHASE,
+    PLAN_CHECKSUM,
+    RESHUFFLE,
+    SHUFFLE,
+    SHUFFLE_WINDOW,
+    SOURCES,
+    WEIGHTS,
+    WORLD_SIZE,
+)
 from .tensors import require_torch, to_torch, torch_batches
 
 RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
@@ -74,6 +89,9 @@ class MixtureSettings:
             rows.append(plan.rows_per_rank(self.world_size, 1))
         self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
         self.sources, schemas = mixture_columns(self.plans, options.schema_fields)
+        if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
+            row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
+            self.shuffle_window = budget_window(options.shuffle_budget // len(self.plans), row, 1)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras)
@@ -91,9 +109,9 @@ class MixtureSettings:
 
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
-        return {keys.PLAN_CHECKSUM: [p.checksum for p in self.plans], keys.WORLD_SIZE: self.world_size,
-                keys.BATCH_SIZE: self.batch_size, keys.SHUFFLE: self.shuffle, keys.SHUFFLE_WINDOW: self.shuffle_window,
-                keys.RESHUFFLE: self.reshuffle}
+        return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
+                BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
+                RESHUFFLE: self.reshuffle}
 
 
 def _refuse(options: LoaderOptions) -> None:
@@ -179,51 +197,51 @@ class MixturePosition:
         epoch, batch = self.current()
         point = self.point()
         rows = self.mixture.rows_per_pass
-        return {keys.EPOCH: epoch, keys.BATCHES: batch, **self.settings.identity(), **(extra or {}),
-                keys.WEIGHTS: [str(w) for w in self.settings.weights], keys.EPOCH_STEPS: self.settings.epoch_steps,
-                keys.PHASE: point.phase, keys.SOURCES: [list(divmod(c, r)) for c, r in zip(point.counters, rows,
+        return {EPOCH: epoch, BATCHES: batch, **self.settings.identity(), **(extra or {}),
+                WEIGHTS: [str(w) for w in self.settings.weights], EPOCH_STEPS: self.settings.epoch_steps,
+                PHASE: point.phase, SOURCES: [list(divmod(c, r)) for c, r in zip(point.counters, rows,
                                                                                           strict=True)]}
 
     def state_dict(self, extra: dict | None = None) -> dict:
-        return keys.nest(self.values(extra))
+        return loader_state.nest(self.values(extra))
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
         """Strict about keys and settings; ``workers`` (slots the state was saved with) changes nothing here."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        state = keys.flat(state)
+        state = loader_state.flat(state)
         expected = {**self.settings.identity(), **(extra or {})}
-        if isinstance(state.get(keys.PLAN_CHECKSUM), str):
+        if isinstance(state.get(PLAN_CHECKSUM), str):
             raise InvalidValueError("state was saved by a loader of one plan; a mixture loader (plan=[...]) resumes "
                                     "only a mixture's state")
-        keys.require(state, (keys.EPOCH, keys.BATCHES, *expected, keys.WEIGHTS, keys.PHASE, keys.SOURCES))
+        loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
         for key, value in expected.items():
             if state[key] == value:
                 continue
-            if key == keys.WORLD_SIZE:
+            if key == WORLD_SIZE:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this mixture loader has world_size="
                                         f"{value}: an elastic resume of a mixture is not supported; resume with "
                                         f"{state[key]} ranks, or start the next epoch at the new world size")
             raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                     "position only resumes a loader with the same plans and settings")
-        sources = state[keys.SOURCES]
+        sources = state[SOURCES]
         rows = self.mixture.rows_per_pass
         if not isinstance(sources, list) or len(sources) != len(rows):
-            raise InvalidValueError(f"state[{keys.SOURCES!r}]={sources!r} must be [pass, row] for each of the "
+            raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
                                     f"{len(rows)} sources")
         counters = []
         for i, (entry, per_pass) in enumerate(zip(sources, rows, strict=True)):
             if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-                raise InvalidValueError(f"state[{keys.SOURCES!r}][{i}]={entry!r} must be [pass, row]")
-            p = check_int(f"state[{keys.SOURCES!r}][{i}] pass", entry[0], minimum=0)
-            r = check_int(f"state[{keys.SOURCES!r}][{i}] row", entry[1], minimum=0, maximum=per_pass - 1)
+                raise InvalidValueError(f"state[{SOURCES!r}][{i}]={entry!r} must be [pass, row]")
+            p = check_int(f"state[{SOURCES!r}][{i}] pass", entry[0], minimum=0)
+            r = check_int(f"state[{SOURCES!r}][{i}] row", entry[1], minimum=0, maximum=per_pass - 1)
             counters.append(p * per_pass + r)
-        epoch = check_int(f"state[{keys.EPOCH!r}]", state[keys.EPOCH], minimum=0)
-        batch = check_int(f"state[{keys.BATCHES!r}]", state[keys.BATCHES], minimum=0)
-        same = [str(w) for w in self.settings.weights] == state[keys.WEIGHTS]
+        epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
+        batch = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0)
+        same = [str(w) for w in self.settings.weights] == state[WEIGHTS]
         period = self.mixture.schedule.period
         # the same weights continue their schedule; other ones (a curriculum) start theirs here
-        phase = check_int(f"state[{keys.PHASE!r}]", state[keys.PHASE], minimum=0,
+        phase = check_int(f"state[{PHASE!r}]", state[PHASE], minimum=0,
                           maximum=period - 1) if same else 0
         self.anchor = Point(epoch, batch, phase, tuple(counters))
         self.batches, self._steps = batch, self.mixture.steps_of(self.anchor)

@@ -114,7 +114,7 @@ class SourceRows:
     def take(self, rows: int) -> dict:
         """The next ``rows`` rows as one chunk of columns (crossing into the next pass where this one ends)."""
         self.counter += rows
-        while self._buffered < rows:
+        while self._buffered < rows or not self._parts:  # a part buffered: even 0 rows need the columns' types
             if self._runs is None:
                 self._runs = self._open()
             run = next(self._runs, None)
@@ -143,6 +143,8 @@ class SourceRows:
                 self._parts[0] = {k: v[need:] for k, v in part.items()}
                 need = 0
         self._buffered -= rows
+        if not taken:
+            return {k: v[:0] for k, v in self._parts[0].items()}
         if len(taken) == 1:
             return taken[0]
         return {k: _concat([t[k] for t in taken]) for k in taken[0]}
