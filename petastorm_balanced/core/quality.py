@@ -94,7 +94,7 @@ def clustered_columns(ranges: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray
     >>> import numpy as np
     >>> sorted_ranges = (np.array([0., 25, 50, 75]), np.array([24., 49, 74, 99]), np.array([10, 10, 10, 10]))
     >>> clustered_columns({"label": sorted_ranges})
-    {'label': 0.24}
+    {'label': 0.2424}
     """
     out = {}
     for name, (mins, maxs, rows) in ranges.items():

@@ -29,9 +29,10 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> i
     return max(1, -(-shuffle_window // batch_size)) * batch_size
 
 
-# A window is held up to three times at once: the chunks read for it, the window they are joined into, and its
-# permuted copy (the next window's chunks arrive while the last one's batches are handed out).
-WINDOW_COPIES = 3
+# Bytes a slot holds per byte of its window, measured (bench_shuffle.py's peak RSS, 4M rows): the chunks read for
+# the next window, that window joined and its permuted copy, the last window's permuted copy (the batch a training
+# loop still holds keeps it alive while the next window is made) and the reader's prefetch.
+WINDOW_COPIES = 6
 
 
 def budget_window(budget_bytes: int, row_bytes: float, batch_size: int) -> int:
@@ -43,7 +44,7 @@ def budget_window(budget_bytes: int, row_bytes: float, batch_size: int) -> int:
     The largest window memory allows is the best one; a slot whose rows fit in it delivers batches cut from one
     uniform permutation of all its rows, whatever the stored order (G16).
 
-    >>> budget_window(256 * 2**20, 144.0, 256)
+    >>> budget_window(512 * 2**20, 144.0, 256)
     621312
     """
     rows = int(budget_bytes // (WINDOW_COPIES * max(float(row_bytes), 1.0)))

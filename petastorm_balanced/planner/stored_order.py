@@ -39,12 +39,12 @@ def warn_stored_order(plan: ShardPlan) -> dict[str, float]:
     found = stored_order(plan)
     if found:
         names = ", ".join(f"{name!r} ({spread:.0%} of its range per row group)" for name, spread in found.items())
-        rows = plan.rows_per_rank(plan.world_size, plan.batch_size)
+        rows = plan.rows_per_rank(plan.world_size, plan.batch_size or 1)
         first = next(iter(found))
         warnings.warn(ShuffleQualityWarning(
             f"rows are stored sorted or clustered by {names}: a loader's batches are as random as a uniform "
             f"permutation's while each rank's rows ({rows:,} at world size {plan.world_size}) fit one shuffle "
-            "window (make_loader(shuffle_budget=), 256 MiB of decoded rows by default), and mix fewer row groups "
+            "window (make_loader(shuffle_budget=), 512 MiB of decoded rows by default), and mix fewer row groups "
             f"beyond it; check before training with `petastorm-balanced inspect PLAN --shuffle-quality {first}`, "
             "and if they do not fit, raise the budget or write a shuffled copy once "
             "(petastorm_balanced.spark.make_shuffled_copy)"), stacklevel=3)

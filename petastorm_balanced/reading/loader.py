@@ -151,7 +151,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     serves any ``world`` (G9). ``batch_size`` defaults to the plan's.
 
     Shuffling (G16): the rank's rows are permuted in windows of as many rows as ``shuffle_budget`` bytes hold
-    (default 256 MiB of decoded rows of the columns read, ``loader.shuffle_window`` says how many rows that is).
+    (default 512 MiB of decoded rows of the columns read, ``loader.shuffle_window`` says how many rows that is).
     A rank whose rows fit in one window gets batches cut from one uniform permutation of all its rows, whatever
     order they are stored in; beyond that a batch mixes the row groups of its window (``petastorm-balanced inspect
     --shuffle-quality`` tells how close to i.i.d. that is). ``shuffle_window=N`` sets the rows instead. Memory per

@@ -91,7 +91,7 @@ class MixtureSettings:
         self.sources, schemas = mixture_columns(self.plans, options.schema_fields)
         if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
             row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
-            self.shuffle_window = budget_window(options.shuffle_budget // len(self.plans), row, 1)
+            self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras)

@@ -19,7 +19,7 @@ from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..plan.model import ShardPlan
 
-SHUFFLE_BUDGET = 256 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
+SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
 
 
 @dataclass(frozen=True)

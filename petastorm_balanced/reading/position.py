@@ -46,16 +46,15 @@ class Settings(Layout):
             raise InvalidValueError(f"partition_epoch={options.partition_epoch} with max_batch_cost: a token budget "
                                     "packs each window's rows into batches, so sub-epochs are not supported with it; "
                                     "leave partition_epoch=1 or use batch_size")
-        rows_batch = 1 if budget else self.batch_size  # a token budget assigns rows one by one, then packs them
-        balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, check_int(
-            "batch_size", rows_batch, minimum=1))
+        # a token budget assigns rows one by one, then packs them
+        rows_batch = check_int("batch_size", 1 if budget else self.batch_size, minimum=1)
+        balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, rows_batch)
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
         self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
                                                           self.plan, self.cost)
-        self.shuffle_budget = options.shuffle_budget
-        if options.shuffle_window is None:  # as many rows as the budget holds (G16)
-            shuffle_window = budget_window(options.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES,
-                                           rows_batch)
+        self.shuffle_budget = int(options.shuffle_budget)  # bytes (parsed by LoaderOptions)
+        if shuffle_window is None:  # as many rows as the budget holds (G16)
+            shuffle_window = budget_window(self.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES, rows_batch)
         Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=rows_batch, shuffle=shuffle,
                         shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                         partition_epoch=options.partition_epoch,

@@ -265,8 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw rows and steps per rank beside Petastorm's sharding")
     p.add_argument("--shuffle-quality", metavar="COLUMN", help="read COLUMN in the loader's order and report how "
                    "far its batches are from i.i.d. (per rank and global batch, against a uniform permutation)")
-    p.add_argument("--shuffle-budget", default="256MiB", metavar="BYTES",
-                   help="the loader's shuffle_budget for --shuffle-quality (default 256MiB; '1GiB' works)")
+    p.add_argument("--shuffle-budget", default="512MiB", metavar="BYTES",
+                   help="the loader's shuffle_budget for --shuffle-quality (default 512MiB; '1GiB' works)")
     _pass_args(p)
     p.set_defaults(run=cmd_inspect)
 
