@@ -68,3 +68,16 @@ class InvalidWhereError(InvalidValueError):
         if self.on_data:
             return "fails on the rows of the dataset (columns " + ", ".join(self.columns) + ")"
         return "is not a valid Spark SQL boolean expression over the columns " + ", ".join(self.columns)
+
+
+class RowShapeError(InvalidValueError):
+    """A row whose list does not fit the shape ``loader.schema`` declares for its column. ``row`` is its position
+    in the rows being converted; the reader that knows their files adds the file, row group and row to the
+    message (``fragments.to_columns``)."""
+
+    def __init__(self, message: str, row: int):
+        super().__init__(message)
+        self.row = row
+
+    def __reduce__(self):  # through process pools with its row
+        return type(self), (str(self), self.row)

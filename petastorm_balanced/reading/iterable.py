@@ -69,13 +69,13 @@ class BalancedIterableDataset(PlannedView, _Base):
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = SHUFFLE_WINDOW,
                  schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
                  partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum",
-                 transform_spec: Any = None) -> None:
+                 transform_spec: Any = None, list_format: Any = "auto", list_shapes: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                 shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
                                 partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
-                                transform_spec=transform_spec)
+                                transform_spec=transform_spec, list_format=list_format, list_shapes=list_shapes)
         self._settings = Settings(plan, resolve_world(rank, world), options)
         self.backend = resolve_backend(backend, self._settings.plan.table)
         self._position = Position(self._settings, epoch)

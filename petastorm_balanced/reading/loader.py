@@ -139,7 +139,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 shuffle_window: int = SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
-                **petastorm_kwargs: Any) -> BalancedLoader:
+                list_format: Any = "auto", list_shapes: Any = None, **petastorm_kwargs: Any) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
@@ -175,11 +175,19 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     bundle's rows as a pandas DataFrame (Unischema cells decoded) in the reading threads or Petastorm's workers, and
     must return the same rows in the same order (checked: a typed error at that batch); ``edit_fields``,
     ``removed_fields`` and ``selected_fields`` shape ``loader.schema`` and the batches. Not with ``balance="cost"``.
+
+    List columns of numbers (``reading/list_shapes.py``): ``list_format="auto"`` delivers one whose rows all have
+    one length as a ``(batch, k, ...)`` tensor (lengths read from the planned row groups when the loader is made),
+    others as lists of Python lists; ``"tensor"`` refuses other lengths; ``"padded"`` gives ``(batch, longest,
+    ...)`` values padded with 0 and a ``<name>__lengths`` tensor; ``"python"`` lists of lists. A dict sets it per
+    column. ``list_shapes={"vec": (4,)}`` declares a shape instead of reading the lengths (checked on every batch:
+    a row of another length is an error naming its file and row).
     """
     options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                             shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
                             partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
-                            max_batch_cost=max_batch_cost, transform_spec=transform_spec)
+                            max_batch_cost=max_batch_cost, transform_spec=transform_spec, list_format=list_format,
+                            list_shapes=list_shapes)
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     plan = resolve_plan(plan)  # loaded once here: its table decides the backend

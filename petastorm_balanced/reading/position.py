@@ -53,7 +53,8 @@ class Settings(Layout):
             self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
         self.padding_mask = options.padding_mask
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
-        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
+        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields,
+                                                                                 options.lists),
                                                           self.plan, self.cost)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])

@@ -22,6 +22,8 @@ from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
 from .batching import WindowBatcher, start_point, window_rows
 from .dataset_schema import partition_columns, read_stored_columns
+from .list_scan import scan_lists
+from .list_shapes import LENGTHS_SUFFIX, PYTHON_LISTS, ListOptions, list_column, needs_scan
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -50,9 +52,10 @@ class Columns:
         return batch_schema([c for c in self.schemas if c.name not in set(drop)], extras)
 
 
-def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
+def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PYTHON_LISTS) -> Columns:
     """The requested columns in dataset order (the Unischema's order, or partition folders then the footer's),
-    with one delivered type and representation each, from every planned file's footer (read here, once)."""
+    with one delivered type and representation each, from every planned file's footer (read here, once); list
+    columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed)."""
     paths = [f.path for f in plan.catalog.files]
     read = sorted({g.path for g in plan.catalog.row_groups}) or paths[:1]
     try:
@@ -70,6 +73,14 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
                                     "flags")
         hive = partition_columns(paths, names)
         stored_columns = read_stored_columns(plan.dataset_url, read, [n for n in names if n not in hive])
+        plain = [n for n in names if n not in hive and not (fields and n in fields)]
+        unknown = sorted(lists.named() - set(plain))
+        if unknown:
+            raise InvalidValueError(f"list_format/list_shapes name {unknown[0]!r}, which is not a list column read "
+                                    f"from the files; the columns read are {names}")
+        scanned = {n: stored_columns.schema.field(n).type for n in plain
+                   if needs_scan(n, stored_columns.schema.field(n).type, lists)}
+        stats = scan_lists(plan, scanned) if scanned else {}
     except (OSError, pa.ArrowException) as exc:
         raise fr.unreadable_dataset_error(plan, exc) from exc
     fields = {n: fields[n] for n in names} if fields else None
@@ -81,8 +92,9 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
             schemas.append(unischema_column(fields[name], stored_columns.schema.field(name).type,
                                             stored_columns.nullable[name], fr.is_scalar(fields[name])))
         else:
-            schemas.append(column_schema(name, stored_columns.schema.field(name).type,
-                                         nullable=stored_columns.nullable[name]))
+            arrow_type, nullable = stored_columns.schema.field(name).type, stored_columns.nullable[name]
+            schemas.append(list_column(name, arrow_type, nullable=nullable, options=lists, stats=stats.get(name))
+                           or column_schema(name, arrow_type, nullable=nullable))
     used = tuple((k, kind) for k, (kind, _) in hive.items())
     return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas))
 
@@ -143,7 +155,9 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
             if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
-                raw = evaluate(spec, columns[cost.column])
+                lengths = columns.get(cost.column + LENGTHS_SUFFIX)  # a padded list: size() is its lengths
+                raw = lengths if lengths is not None and spec.function in ("size", "cardinality") else \
+                    evaluate(spec, columns[cost.column])
                 valid = columns.get(cost.column + MASK_SUFFIX)
                 if valid is not None and not valid.all():  # a null cost: refused by check_costs, not taken as 0
                     raw = raw.astype(object)
