@@ -145,7 +145,7 @@ def list_tensor(array: pa.Array, spec: ColumnSchema) -> dict[str, np.ndarray]:
         out = np.full((rows, *spec.shape), fill, dtype=dtype) if fill else np.zeros((rows, *spec.shape), dtype)
         if spec.lengths is None:  # a null row stays NaN or 0
             assert valid is not None
-            out[valid] = items.reshape(-1, *spec.shape)
+            out[valid] = items.reshape(int(valid.sum()), *spec.shape)
         else:  # padded: row-major order of the kept cells is the items' order
             out[np.arange(first) < lengths[:, None]] = items
     result = {spec.name: out if out.dtype == dtype else out.astype(dtype)}

@@ -177,8 +177,10 @@ def list_column(name: str, t: pa.DataType, *, nullable: bool, options: ListOptio
             return None
         raise InvalidValueError(f"list_format={form!r}: {problem}; {FIX if form == 'tensor' else _PYTHON}")
     shape = tuple(level[1] for level in stats.lengths if level is not None)
-    # the pass read every planned row: its nulls, not the footers' counts (which count empty lists too)
-    return _schema(name, t, leaf, shape, stats.null_rows or stats.null_items, padded=form == "padded")
+    # the pass read every planned row: its nulls, not the footers' counts (which count empty lists too); a padded
+    # column masks null rows only (its null float items are NaN)
+    nullable = stats.null_rows or (stats.null_items and form != "padded")
+    return _schema(name, t, leaf, shape, nullable, padded=form == "padded")
 
 
 _PYTHON = "pass list_format='python' for it, or fill the nulls when writing"
