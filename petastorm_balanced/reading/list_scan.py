@@ -55,7 +55,7 @@ def _scan(dataset_url: str, groups: Sequence[tuple[str, set[int]]], types: dict[
 
     def one_file(item):
         path, row_groups = item
-        out: list[dict[str, ListStats]] = []
+        out: list[dict[str, tuple[ListStats, int | None, str]]] = []
         with filesystem.open_input_file(fsutil.join(root, path)) as handle:
             parquet = pq.ParquetFile(handle)
             for i in sorted(row_groups):

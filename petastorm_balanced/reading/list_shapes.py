@@ -164,7 +164,7 @@ def list_column(name: str, t: pa.DataType, *, nullable: bool, options: ListOptio
     if form == "python" or (None not in levels and form != "padded" and declared is None):
         return None  # fixed_size_list only: column_schema's tensors, as without list_format
     if declared is not None or None not in levels:  # null items are then checked on every batch
-        shape = _declared(name, declared, levels) if declared is not None else tuple(levels)
+        shape = _declared(name, declared, levels) if declared is not None else tuple(d or 0 for d in levels)
         return _schema(name, t, leaf, shape, nullable, padded=form == "padded")
     if stats is None or any(level is None for level in stats.lengths):
         if form == "auto":
@@ -176,7 +176,7 @@ def list_column(name: str, t: pa.DataType, *, nullable: bool, options: ListOptio
         if form == "auto":
             return None
         raise InvalidValueError(f"list_format={form!r}: {problem}; {FIX if form == 'tensor' else _PYTHON}")
-    shape = tuple(level[1] for level in stats.lengths if level is not None)
+    shape = tuple(level[1] if level is not None else 0 for level in stats.lengths)
     # the pass read every planned row: its nulls, not the footers' counts (which count empty lists too); a padded
     # column masks null rows only (its null float items are NaN)
     nullable = stats.null_rows or (stats.null_items and form != "padded")
