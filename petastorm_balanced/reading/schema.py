@@ -13,7 +13,7 @@ validity tensor ``<name>__valid`` beside them (their values at null rows are 0);
 >>> import pyarrow as pa
 >>> column_schema("id", pa.int64(), nullable=True)
 ColumnSchema(name='id', arrow_type='int64', kind='tensor', dtype='int64', shape=(), nullable=True, nulls='mask', \
-mask='id__valid', item=None)
+mask='id__valid', item=None, lengths=None)
 >>> column_schema("lang", pa.dictionary(pa.int32(), pa.string()), nullable=True).item
 'str'
 >>> unify_types("x", [("a.parquet", pa.string()), ("b.parquet", pa.large_string())])
