@@ -140,7 +140,7 @@ class BalancedIterableDataset(PlannedView, _Base):
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
                                 batches_done=(done + worker) // num_workers + own, cost=settings.cost,
-                                drop=settings.drop)
+                                drop=settings.drop, cost_lengths=settings.cost_lengths)
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.

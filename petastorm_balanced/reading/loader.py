@@ -82,7 +82,7 @@ class BalancedLoader(PlannedView):
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost, drop=settings.drop)
+                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths)
 
         def tensors():
             for batch_run in runs:  # a token budget's batches come one per run

@@ -56,6 +56,9 @@ class Settings(Layout):
         self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields,
                                                                                  options.lists),
                                                           self.plan, self.cost)
+        # a padded list as the cost column: size() is its lengths column (stream.slot_runs)
+        self.cost_lengths = next((c.lengths for c in self.columns.schemas
+                                  if self.cost is not None and c.name == self.cost.column), None)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's

@@ -23,7 +23,7 @@ from . import fragments as fr
 from .batching import WindowBatcher, start_point, window_rows
 from .dataset_schema import partition_columns, read_stored_columns
 from .list_scan import scan_lists
-from .list_shapes import LENGTHS_SUFFIX, PYTHON_LISTS, ListOptions, list_column, needs_scan
+from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -118,14 +118,16 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None
 
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
               shuffle_window: int, key: Sequence[int], batches_done: int = 0,
-              cost: CostOptions | None = None, drop: Sequence[str] = ()) -> Iterator[dict]:
+              cost: CostOptions | None = None, drop: Sequence[str] = (),
+              cost_lengths: str | None = None) -> Iterator[dict]:
     """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
     ``core/cost.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
-    ``batch_size=None`` (token budgets) makes every batch its own run.
+    ``batch_size=None`` (token budgets) makes every batch its own run. ``cost_lengths``: the lengths column of a
+    padded list cost column (``size()`` is its lengths, not the padded width).
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
@@ -155,9 +157,8 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
             if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
-                lengths = columns.get(cost.column + LENGTHS_SUFFIX)  # a padded list: size() is its lengths
-                raw = lengths if lengths is not None and spec.function in ("size", "cardinality") else \
-                    evaluate(spec, columns[cost.column])
+                raw = columns[cost_lengths] if cost_lengths is not None and spec.function in ("size", "cardinality") \
+                    else evaluate(spec, columns[cost.column])
                 valid = columns.get(cost.column + MASK_SUFFIX)
                 if valid is not None and not valid.all():  # a null cost: refused by check_costs, not taken as 0
                     raw = raw.astype(object)
