@@ -329,3 +329,21 @@ def test_padded_lists_with_a_cost_plan_cost_their_lengths(tmp_path):
     for batch in loader:
         assert batch["_cost"].tolist() == batch["tokens__lengths"].tolist()
         assert batch["tokens"].shape == (3, 4)
+
+
+def test_dataloader_workers_deliver_list_tensors(tmp_path):
+    """BalancedDataLoader with worker processes: fixed and padded list tensors, the same batches as in-process."""
+    rows = [list(range(i % 3)) for i in range(24)]
+    root = write(tmp_path, [pa.table({"id": np.arange(24), "vec": pa.array([[i, -i] for i in range(24)]),
+                                      "tokens": pa.array(rows, pa.list_(pa.int16()))})], row_group_size=5)
+    plan = plan_shards(root, 1, batch_size=4, engine="local")
+    dataset = BalancedIterableDataset(plan, 0, 1, batch_size=4, backend="arrow", list_format={"tokens": "padded"})
+    batches = list(dataset.dataloader(num_workers=2))
+    assert len(batches) == 6
+    for batch in batches:
+        dataset.schema.check(batch)
+        ids = batch["id"].tolist()
+        assert batch["vec"].tolist() == [[i, -i] for i in ids]
+        assert [t[:n] for t, n in zip(batch["tokens"].tolist(), batch["tokens__lengths"].tolist(), strict=True)] == \
+            [rows[i] for i in ids]
+        assert batch["tokens"].dtype == torch.int16 and batch["tokens"].shape == (4, 2)
