@@ -70,6 +70,11 @@ class InvalidWhereError(InvalidValueError):
         return "is not a valid Spark SQL boolean expression over the columns " + ", ".join(self.columns)
 
 
+class ShuffleQualityWarning(UserWarning):
+    """The rows are stored sorted or clustered by a column and a rank's rows need more than one shuffle window, so
+    batches mix only the row groups of their window and are further from i.i.d. than a uniform permutation's."""
+
+
 class RowShapeError(InvalidValueError):
     """A row whose list does not fit the shape ``loader.schema`` declares for its column. ``row`` is its position
     in the rows being converted; the reader that knows their files adds the file, row group and row to the

@@ -26,13 +26,13 @@ import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..world import resolve_world
-from . import state as keys
+from . import state as loader_state
 from . import stream
 from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .options import SHUFFLE_WINDOW, LoaderOptions, resolve_backend
+from .options import SHUFFLE_BUDGET, LoaderOptions, resolve_backend
 from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 
@@ -55,25 +55,29 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
     Iterated directly (or with ``num_workers=0``) it is a single slot and gives the same batches as
-    ``make_loader(..., shuffle_window=...)`` with the same settings. ``transform_spec`` (``TransformSpec``) runs
+    ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window of up to
+    ``shuffle_budget`` bytes: with K workers a rank holds up to K budgets. ``transform_spec`` (``TransformSpec``) runs
     in the DataLoader worker processes (its ``func`` must pickle for spawned workers: a module-level function).
     """
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
-    NUM_WORKERS = keys.NUM_WORKERS
-    WORKER, WORKER_BATCHES = keys.WORKER, keys.WORKER_BATCHES  # in states saved inside a DataLoader worker
+    NUM_WORKERS = loader_state.NUM_WORKERS
+    # in states saved inside a DataLoader worker:
+    WORKER, WORKER_BATCHES = loader_state.WORKER, loader_state.WORKER_BATCHES
 
     def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
-                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = SHUFFLE_WINDOW,
-                 schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
-                 partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum",
-                 transform_spec: Any = None, list_format: Any = "auto", list_shapes: Any = None) -> None:
+                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int | None = None,
+                 shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
+                 padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
+                 cost_reduce: str = "sum", transform_spec: Any = None, list_format: Any = "auto",
+                 list_shapes: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                                shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                                shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
+                                schema_fields=schema_fields, padding_mask=padding_mask,
                                 partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
                                 transform_spec=transform_spec, list_format=list_format, list_shapes=list_shapes)
         self._settings = Settings(plan, resolve_world(rank, world), options)
@@ -171,7 +175,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         if info is None:
             return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
         epoch, start, own = self._in_worker or (*self._position.current(), 0)
-        return keys.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
+        return loader_state.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
                           self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own})
 
     def load_state_dict(self, state: dict) -> None:
@@ -179,8 +183,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         was saved with, the epoch continues elastically: the rows no slot had consumed, split over the new slots."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        state = keys.flat(state)  # every key at the top, unknown ones refused (reading/state.py)
-        keys.require(state, (self.NUM_WORKERS,))
+        state = loader_state.flat(state)  # every key at the top, unknown ones refused (reading/state.py)
+        loader_state.require(state, (self.NUM_WORKERS,))
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")

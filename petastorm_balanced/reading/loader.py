@@ -20,7 +20,7 @@ from . import stream
 from .backends import BACKENDS
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .options import (
-    SHUFFLE_WINDOW,
+    SHUFFLE_BUDGET,
     LoaderOptions,
     check_arrow_kwargs,
     check_petastorm_kwargs,
@@ -135,18 +135,24 @@ class BalancedLoader(PlannedView):
 def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str,
                 batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
                 workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,
-                padding_mask: bool = False,
-                shuffle_window: int = SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
+                padding_mask: bool = False, shuffle_window: int | None = None,
+                shuffle_budget: int | str = SHUFFLE_BUDGET, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 list_format: Any = "auto", list_shapes: Any = None, **petastorm_kwargs: Any) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
-    serves any ``world`` (G9). ``batch_size`` defaults to the plan's. ``shuffle_window`` rows (rounded up to
-    whole batches) are shuffled together; memory per rank is about ``shuffle_window`` rows plus ``workers_count +
-    4`` bundles (the Arrow backend's prefetch; a bundle is consecutive fragments of at least 8,192 rows, so a row
-    group larger than that is one bundle).
+    serves any ``world`` (G9). ``batch_size`` defaults to the plan's.
+
+    Shuffling (G16): the rank's rows are permuted in windows of as many rows as ``shuffle_budget`` bytes hold
+    (default 256 MiB of decoded rows of the columns read, ``loader.shuffle_window`` says how many rows that is).
+    A rank whose rows fit in one window gets batches cut from one uniform permutation of all its rows, whatever
+    order they are stored in; beyond that a batch mixes the row groups of its window (``petastorm-balanced inspect
+    --shuffle-quality`` tells how close to i.i.d. that is). ``shuffle_window=N`` sets the rows instead. Memory per
+    rank is about the budget plus ``workers_count + 4`` bundles (the Arrow backend's prefetch; a bundle is
+    consecutive fragments of at least 8,192 rows, so a row group larger than that is one bundle); the first batch
+    comes when the first window is read, and a resume reads at most one window again.
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
     (Petastorm's reader and pools; pyarrow < 15) or ``"auto"`` (Petastorm where it imports). Both give identical
@@ -184,7 +190,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     a row of another length is an error naming its file and row).
     """
     options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                            shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                            shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
+                            schema_fields=schema_fields, padding_mask=padding_mask,
                             partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
                             max_batch_cost=max_batch_cost, transform_spec=transform_spec, list_format=list_format,
                             list_shapes=list_shapes)

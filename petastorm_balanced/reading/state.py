@@ -47,7 +47,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "workers": (NUM_WORKERS, WORKER, WORKER_BATCHES),
 }
 COMPONENT_OF = {key: name for name, keys in COMPONENTS.items() for key in keys}
-FIX = "pass a dict saved by state_dict() of this loader type (docs/loader.md, \"Resume\")"
+FIX = "pass a dict saved by state_dict() of this loader type (docs/resume.md)"
 
 
 def nest(values: dict[str, Any]) -> dict[str, Any]:

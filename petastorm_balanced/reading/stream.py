@@ -14,13 +14,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.cost import COST_COLUMN, CostOptions, CostSpec, check_costs, evaluate
+from ..core.cost.options import CostOptions
+from ..core.cost.spec import COST_COLUMN, CostSpec, check_costs, evaluate
+from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
-from ..io.dataset import dataset_root, load_unischema, partition_values
+from ..io.dataset import dataset_root
+from ..io.partitions import partition_values
 from ..plan.model import Fragment, ShardPlan
+from ..unischema.storage import load_unischema
 from . import fragments as fr
-from .batching import WindowBatcher, start_point, window_rows
+from .batching import WindowBatcher, start_point
 from .dataset_schema import partition_columns, read_stored_columns
 from .list_scan import scan_lists
 from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
@@ -42,6 +46,8 @@ class Columns:
     fields: dict | None = None  # Unischema fields by name (Petastorm datasets only)
     target: pa.Schema | None = field(default=None, compare=False)  # delivered Arrow types of stored columns
     schemas: tuple[ColumnSchema, ...] = ()  # one per name
+    row_bytes: float = field(default=0.0, compare=False)  # estimated decoded bytes per row (sizes shuffle windows)
+    clustered: dict = field(default_factory=dict, compare=False)  # columns stored in order -> their spread
 
     @property
     def spec(self) -> fr.ReadSpec:
@@ -96,7 +102,24 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
             schemas.append(list_column(name, arrow_type, nullable=nullable, options=lists, stats=stats.get(name))
                            or column_schema(name, arrow_type, nullable=nullable))
     used = tuple((k, kind) for k, (kind, _) in hive.items())
-    return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas))
+    # a hive partition column holds one value per file: stored clustered wherever it takes several values
+    clustered = {**stored_columns.clustered, **{k: 0.0 for k in hive if len(_distinct_partition(paths, k)) > 1}}
+    return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas),
+                   stored_columns.row_bytes + 8.0 * len(hive) + _decoded_bytes(fields), clustered)
+
+
+def _distinct_partition(paths: Sequence[str], name: str) -> set:
+    return {partition_values(path).get(name) for path in paths}
+
+
+def _decoded_bytes(fields: dict | None) -> float:
+    """Bytes per row that Unischema codecs add when they decode cells of a known shape (an image, an ndarray)."""
+    total = 0.0
+    for unischema_field in (fields or {}).values():
+        shape = tuple(getattr(unischema_field, "shape", ()) or ())
+        if shape and all(isinstance(n, int) for n in shape) and not fr.is_scalar(unischema_field):
+            total += float(np.prod(shape)) * np.dtype(unischema_field.numpy_dtype).itemsize
+    return total
 
 
 def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None) -> tuple[Columns, tuple]:
@@ -113,7 +136,8 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None
     if target is not None and source.target is not None:
         target = pa.schema(list(target) + [f for f in source.target if f.name not in target.names])
     return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields, target,
-                   columns.schemas + source.schemas), source.names
+                   columns.schemas + source.schemas, columns.row_bytes + source.row_bytes,
+                   {**columns.clustered, **source.clustered}), source.names
 
 
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
@@ -125,7 +149,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
-    ``core/cost.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
+    ``core/cost/options.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
     ``batch_size=None`` (token budgets) makes every batch its own run. ``cost_lengths``: the lengths column of a
     padded list cost column (``size()`` is its lengths, not the padded width).
     """

@@ -71,7 +71,7 @@ def cmd_inspect(args) -> int:
     extra = {"partition_epoch": args.partition_epoch}
     epoch, batch_size = args.epoch, args.batch_size
     if args.state:
-        from ..reading import state as keys  # the loader state keys
+        from ..reading import state as loader_state
         layout, epoch, batches, stages, state = _resume(plan, args)
         if batch_size not in (None, layout.batch_size):
             raise InputError(f"--batch-size {batch_size} differs from the state's batch_size={layout.batch_size}; "
@@ -79,15 +79,24 @@ def cmd_inspect(args) -> int:
         batch_size = layout.batch_size
         extra = {"partition_epoch": layout.partition_epoch, "stages": stages,
                  "windows": layout.windows,
-                 "resume": {"saved_world_size": state[keys.WORLD_SIZE], "saved_epoch": state[keys.EPOCH],
-                            "saved_batches": state[keys.BATCHES], "batches": batches,
+                 "resume": {"saved_world_size": state[loader_state.WORLD_SIZE],
+                            "saved_epoch": state[loader_state.EPOCH],
+                            "saved_batches": state[loader_state.BATCHES], "batches": batches,
                             "stages": [s.as_list() for s in stages]}}
     report = inspect_report(plan, plan_url=fsutil.normalize_url(args.plan_url), world_size=args.world_size,
                             epoch=epoch, num_workers=args.workers, batch_size=batch_size, **extra)
     if args.plot:
         from .plot import plot_report
         report["plot"] = plot_report(report, args.plot)
+    quality = None
+    if args.shuffle_quality:
+        from .shuffle_quality import shuffle_quality
+        quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size, batch_size=batch_size,
+                                  epoch=epoch, shuffle_budget=args.shuffle_budget)
+        report["shuffle_quality"] = quality.as_dict()
     print(json.dumps(report, indent=2) if args.json else format_inspect(report))
+    if quality is not None and not args.json:
+        print(quality.format())
     return OK
 
 
@@ -230,6 +239,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.add_argument("--plot", metavar="FILE.png", help="draw rows and steps per rank beside Petastorm's sharding")
+    p.add_argument("--shuffle-quality", metavar="COLUMN", help="read COLUMN in the loader's order and report how "
+                   "far its batches are from i.i.d. (per rank and global batch, against a uniform permutation)")
+    p.add_argument("--shuffle-budget", default="256MiB", metavar="BYTES",
+                   help="the loader's shuffle_budget for --shuffle-quality (default 256MiB; '1GiB' works)")
     _pass_args(p)
     p.set_defaults(run=cmd_inspect)
 
