@@ -117,6 +117,7 @@ def quality_rows(path, world, every):
 def train(batches_of_epoch, epochs=2, seed=0):
     """Softmax regression trained on the batches ``batches_of_epoch(epoch)`` yields; test accuracy."""
     import torch
+    torch.set_num_threads(1)  # a tiny model: more threads only contend with the loader's
     torch.manual_seed(seed)
     model = torch.nn.Linear(FEATURES, CLASSES)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -201,17 +202,43 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="quality and throughput only (no accuracy, no RSS)")
+    parser.add_argument("--parts", default="quality,accuracy,throughput,rss",
+                        help="comma-separated: quality, accuracy, throughput, rss")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
         return rss_child(args.rss_child)
+    parts = set(args.parts.split(","))
     tmp = tempfile.mkdtemp(prefix="bench_shuffle_")
-    print(f"sorted by label: {args.rows:,} rows, {CLASSES} classes, 4 files, batch {BATCH}; TV ratio = mean batch "
+    sorted_50k = write_sorted(os.path.join(tmp, "sorted-50000"), args.rows, row_group=50_000)
+    if "quality" in parts:
+        quality(tmp, args.rows)
+    if "accuracy" in parts:
+        acc = accuracies(sorted_50k)
+        base = acc["global permutation"]
+        for name, value in acc.items():
+            print(f"  accuracy {name:<24} {value:.3f} ({value / base:.2f}x of the global permutation; goal >= "
+                  f"{GOALS['accuracy']})")
+    if "throughput" in parts:
+        unsorted = write_sorted(os.path.join(tmp, "unsorted"), args.rows, row_group=50_000, sort=False)
+        ratio, window = throughput(unsorted, args.rounds)
+        print(f"throughput on unsorted data, rows per CPU-second, default (window {window:,} rows) / shuffle_window="
+              f"{OLD_WINDOW:,}: {ratio:.2f}x (median of {args.rounds} interleaved rounds; goal >= "
+              f"{GOALS['throughput']})")
+    if "rss" in parts:
+        big = write_sorted(os.path.join(tmp, "sorted-10x"), args.rows * 10, row_group=50_000)
+        small, large = rss(sorted_50k), rss(big)
+        print(f"peak RSS growth over one epoch: 1x {small['growth_mib']:.0f} MiB (window {small['window']:,} rows), "
+              f"10x {large['growth_mib']:.0f} MiB (window {large['window']:,} rows); budget "
+              f"{large['budget_mib']:.0f} MiB; 10x / 1x = {large['growth_mib'] / max(small['growth_mib'], 1):.2f}")
+
+
+def quality(tmp, rows):
+    print(f"sorted by label: {rows:,} rows, {CLASSES} classes, 4 files, batch {BATCH}; TV ratio = mean batch "
           "TV / a uniform permutation's (goal: rank <= 1.15, global <= 1.10)")
     met = True
     for row_group in (5_000, 50_000):
-        path = write_sorted(os.path.join(tmp, f"sorted-{row_group}"), args.rows, row_group=row_group)
+        path = write_sorted(os.path.join(tmp, f"sorted-{row_group}"), rows, row_group=row_group)
         for world in (1, 4):
             for name, rank_q, global_q in quality_rows(path, world, every=row_group == 50_000):
                 line = (f"  rg {row_group:>6,} world {world}  {name:<24} rank TV {rank_q.tv:.3f} "
@@ -224,22 +251,6 @@ def main():
                     met &= rank_q.ratio <= GOALS["rank"] or world > 1
                     met &= global_q is None or global_q.ratio <= GOALS["global"]
     print(f"quality goals at world 1 (rank) and the global batch of world 4: {'met' if met else 'NOT met'}")
-    if not args.quick:
-        acc = accuracies(os.path.join(tmp, "sorted-50000"))
-        base = acc["global permutation"]
-        for name, value in acc.items():
-            print(f"  accuracy {name:<24} {value:.3f} ({value / base:.2f}x of the global permutation; goal >= "
-                  f"{GOALS['accuracy']})")
-    unsorted = write_sorted(os.path.join(tmp, "unsorted"), args.rows, row_group=50_000, sort=False)
-    ratio, window = throughput(unsorted, args.rounds)
-    print(f"throughput on unsorted data, rows per CPU-second, default (window {window:,} rows) / shuffle_window="
-          f"{OLD_WINDOW:,}: {ratio:.2f}x (median of {args.rounds} interleaved rounds; goal >= {GOALS['throughput']})")
-    if not args.quick:
-        big = write_sorted(os.path.join(tmp, "sorted-10x"), args.rows * 10, row_group=50_000)
-        small, large = rss(os.path.join(tmp, "sorted-50000")), rss(big)
-        print(f"peak RSS growth over one epoch: 1x {small['growth_mib']:.0f} MiB (window {small['window']:,} rows), "
-              f"10x {large['growth_mib']:.0f} MiB (window {large['window']:,} rows); budget "
-              f"{large['budget_mib']:.0f} MiB; 10x / 1x = {large['growth_mib'] / max(small['growth_mib'], 1):.2f}")
 
 
 if __name__ == "__main__":

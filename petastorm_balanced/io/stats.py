@@ -5,7 +5,10 @@ import datetime
 from collections.abc import Iterable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
+
+NUMERIC = ("INT32", "INT64", "FLOAT", "DOUBLE")  # physical types whose min/max order like numbers
 
 
 def value_ranges(footers: Iterable[pq.FileMetaData]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -23,10 +26,14 @@ def value_ranges(footers: Iterable[pq.FileMetaData]) -> dict[str, tuple[np.ndarr
                 name = column.path_in_schema
                 if name in skip or "." in name:
                     continue
-                stats = column.statistics
                 low = high = None
-                if stats is not None and stats.has_min_max:
-                    low, high = stats.min, stats.max
+                if column.physical_type in NUMERIC:
+                    try:
+                        stats = column.statistics
+                        if stats is not None and stats.has_min_max:
+                            low, high = stats.min, stats.max
+                    except pa.ArrowException:  # a logical type pyarrow cannot turn into a Python value
+                        pass
                 low, high = _number(low), _number(high)
                 if low is None or high is None:
                     skip.add(name)

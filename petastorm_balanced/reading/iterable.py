@@ -32,6 +32,7 @@ from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
+from .mixture import MixturePosition, MixtureSettings, check_single_plan, mixture_slot
 from .options import SHUFFLE_BUDGET, LoaderOptions, resolve_backend
 from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
@@ -66,13 +67,14 @@ class BalancedIterableDataset(PlannedView, _Base):
     # in states saved inside a DataLoader worker:
     WORKER, WORKER_BATCHES = loader_state.WORKER, loader_state.WORKER_BATCHES
 
-    def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
+    def __init__(self, plan: ShardPlan | str | PathLike[str] | Sequence[Any], rank: int | None = None,
+                 world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int | None = None,
                  shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
                  padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
-                 cost_reduce: str = "sum", transform_spec: Any = None, list_format: Any = "auto",
-                 list_shapes: Any = None) -> None:
+                 cost_reduce: str = "sum", transform_spec: Any = None, weights: Sequence[float] | None = None,
+                 epoch_steps: int | None = None, list_format: Any = "auto", list_shapes: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
@@ -80,9 +82,18 @@ class BalancedIterableDataset(PlannedView, _Base):
                                 schema_fields=schema_fields, padding_mask=padding_mask,
                                 partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
                                 transform_spec=transform_spec, list_format=list_format, list_shapes=list_shapes)
-        self._settings = Settings(plan, resolve_world(rank, world), options)
-        self.backend = resolve_backend(backend, self._settings.plan.table)
-        self._position = Position(self._settings, epoch)
+        self._mixture = isinstance(plan, (list, tuple))  # plan=[...]: a mixture (reading/mixture.py)
+        if isinstance(plan, (list, tuple)):
+            settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
+                                       epoch_steps=epoch_steps, backend=backend,
+                                       reader_options={"reader_pool_type": "dummy"})
+            self._settings, self.backend = settings, settings.backend  # type: ignore[assignment]
+            self._position = MixturePosition(settings, epoch)  # type: ignore[assignment]
+        else:
+            check_single_plan(weights, epoch_steps)
+            self._settings = Settings(plan, resolve_world(rank, world), options)
+            self.backend = resolve_backend(backend, self._settings.plan.table)
+            self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
         self._in_worker: list[int] | None = None  # inside a DataLoader worker: [epoch, start, batches delivered]
@@ -108,7 +119,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         if wrapper is not None:
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        return self._slot(num_workers, worker, self._numpy_out, info is not None)
+        slot = mixture_slot if self._mixture else type(self)._slot
+        return slot(self, num_workers, worker, self._numpy_out, info is not None)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
@@ -174,6 +186,9 @@ class BalancedIterableDataset(PlannedView, _Base):
         info = torch.utils.data.get_worker_info()
         if info is None:
             return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
+        if self._mixture:
+            raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
+                                    "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
         epoch, start, own = self._in_worker or (*self._position.current(), 0)
         return loader_state.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
                           self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own})

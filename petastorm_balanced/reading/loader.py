@@ -19,6 +19,7 @@ from ..world import World, resolve_world
 from . import stream
 from .backends import BACKENDS
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
+from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import (
     SHUFFLE_BUDGET,
     LoaderOptions,
@@ -132,14 +133,18 @@ class BalancedLoader(PlannedView):
         self.close()
 
 
-def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str,
+Loader = BalancedLoader | MixtureLoader  # what make_loader returns: one plan's loader, or a mixture's
+
+
+def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str | Sequence[Any],
                 batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
                 workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,
                 padding_mask: bool = False, shuffle_window: int | None = None,
                 shuffle_budget: int | str = SHUFFLE_BUDGET, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
-                list_format: Any = "auto", list_shapes: Any = None, **petastorm_kwargs: Any) -> BalancedLoader:
+                weights: Sequence[float] | None = None, epoch_steps: int | None = None,
+                list_format: Any = "auto", list_shapes: Any = None, **petastorm_kwargs: Any) -> Loader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
@@ -182,6 +187,10 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     must return the same rows in the same order (checked: a typed error at that batch); ``edit_fields``,
     ``removed_fields`` and ``selected_fields`` shape ``loader.schema`` and the batches. Not with ``balance="cost"``.
 
+    A mixture (``reading/mixture.py``, G17): ``plan=[plan_a, plan_b, ...]`` with ``weights=[w_a, w_b, ...]``; every
+    batch holds each source's share of ``batch_size`` rows and a ``_source`` tensor; ``epoch_steps`` sets the epoch
+    length (default: until the scarcest source completes a pass).
+
     List columns of numbers (``reading/list_shapes.py``): ``list_format="auto"`` delivers one whose rows all have
     one length as a ``(batch, k, ...)`` tensor (lengths read from the planned row groups when the loader is made),
     others as lists of Python lists; ``"tensor"`` refuses other lengths; ``"padded"`` gives ``(batch, longest,
@@ -197,6 +206,11 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                             list_shapes=list_shapes)
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
+    if isinstance(plan, (list, tuple)):
+        return make_mixture_loader(resolve_world(rank, world), plan, weights, options, epoch=epoch,
+                                   epoch_steps=epoch_steps, backend=backend, workers_count=workers_count,
+                                   reader_pool_type=reader_pool_type, petastorm_kwargs=petastorm_kwargs, feeding=fed)
+    check_single_plan(weights, epoch_steps)
     plan = resolve_plan(plan)  # loaded once here: its table decides the backend
     chosen = resolve_backend(backend, plan.table)
     check_pool_options(reader_pool_type, workers_count, chosen)

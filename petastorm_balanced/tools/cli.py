@@ -67,6 +67,8 @@ def cmd_plan(args) -> int:
 
 def cmd_inspect(args) -> int:
     from .report import format_inspect, inspect_report
+    if args.mixed or args.weights:
+        return _inspect_mixture(args)
     plan = _load(args.plan_url)
     extra = {"partition_epoch": args.partition_epoch}
     epoch, batch_size = args.epoch, args.batch_size
@@ -97,6 +99,24 @@ def cmd_inspect(args) -> int:
     print(json.dumps(report, indent=2) if args.json else format_inspect(report))
     if quality is not None and not args.json:
         print(quality.format())
+    return OK
+
+
+def _inspect_mixture(args) -> int:
+    from .mixture_report import format_mixture, mixture_report
+    urls = [args.plan_url, *args.mixed]
+    if not args.weights:
+        raise InputError(f"{len(urls)} plans make a mixture: pass --weights with one weight per plan (0.7,0.3)")
+    try:
+        weights = [float(w) for w in args.weights.split(",")]
+    except ValueError:
+        raise InputError(f"--weights {args.weights!r} must be numbers separated by commas (0.7,0.3)") from None
+    if args.state or args.plot:
+        raise InputError("--state and --plot apply to one plan; leave them out for a mixture")
+    report = mixture_report([_load(u) for u in urls], [fsutil.normalize_url(u) for u in urls], weights,
+                            world_size=args.world_size, batch_size=args.batch_size, epoch=args.epoch,
+                            epoch_steps=args.epoch_steps)
+    print(json.dumps(report, indent=2) if args.json else format_mixture(report))
     return OK
 
 
@@ -231,8 +251,12 @@ def _parser() -> argparse.ArgumentParser:
     add_planning_arguments(p, default_engine="spark")
     p.set_defaults(run=cmd_plan)
 
-    p = sub.add_parser("inspect", help="per-rank rows, steps, padding and read cost of a plan")
+    p = sub.add_parser("inspect", help="per-rank rows, steps, padding and read cost of a plan (or a mixture)")
     p.add_argument("plan_url", metavar="PLAN_URL")
+    p.add_argument("mixed", nargs="*", metavar="PLAN_URL", help="more plans: a mixture (with --weights)")
+    p.add_argument("--weights", metavar="W1,W2,...", help="a mixture's weights, one per plan: 0.7,0.3")
+    p.add_argument("--epoch-steps", type=_positive, metavar="S", help="a mixture's epoch length (default: until "
+                   "the scarcest source completes a pass)")
     p.add_argument("--world-size", type=_positive, metavar="W", help="ranks (default: the planned world size)")
     p.add_argument("--epoch", type=_non_negative, default=0, metavar="E")
     p.add_argument("--workers", type=_positive, default=1, metavar="K", help="DataLoader workers per rank")
