@@ -18,6 +18,9 @@ same process, on the same rows, with the same worker count.
 - rows decoded per row delivered, for a plan with a predicate (plain) and a Petastorm dataset with codecs.
 - peak RSS of one rank reading a whole epoch, for the dataset and one ``--scale`` times larger (subprocesses).
 - time to the first batch after resuming at 90% of an epoch, against a fresh start.
+- list columns (``bench_lists.per_value``): rows per CPU-second of a fixed-length ``list<float>`` of 4 (a
+  ``(batch, 4)`` tensor) and a variable-length ``list<int32>`` (``list_format="padded"``) against the same numbers
+  stored as plain columns (goal: at most 1.3x their cost).
 """
 from __future__ import annotations
 
@@ -366,6 +369,18 @@ def resume_latency(url, args):
             "resumed_first_batch_s": resumed, "ratio_resumed_vs_fresh": resumed / fresh}
 
 
+def list_costs(workdir, args):
+    """List columns against plain columns of the same numbers, per CPU-second (``bench_lists.py``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_lists
+
+    from petastorm_balanced.reading.options import petastorm_importable
+    url = bench_lists.vec_dataset(os.path.join(workdir, f"lists_{args.rows}"), args.rows)
+    options = argparse.Namespace(workers=args.workers, batch=args.batch, repeats=args.repeats,
+                                 backends=["arrow", "petastorm"] if petastorm_importable() else ["arrow"])
+    return bench_lists.per_value(url, options)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=250_000)
@@ -377,12 +392,15 @@ def main(argv=None):
     parser.add_argument("--workdir", default=None, help="keep generated datasets here between runs")
     parser.add_argument("--skip-rss", action="store_true")
     parser.add_argument("--throughput-only", action="store_true", help="only the rows/s and rows per CPU-second")
+    parser.add_argument("--skip-lists", action="store_true", help="leave out the list columns' per-value costs")
     args = parser.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_read_")
     os.makedirs(workdir, exist_ok=True)
     args.workdir_path = workdir
     url = dataset(os.path.join(workdir, f"plain_{args.rows}"), args.rows)
     results = {"throughput": throughput(url, args)}
+    if not args.skip_lists:
+        results["lists"] = list_costs(workdir, args)
     if args.throughput_only:
         print(json.dumps(results, indent=1))
         return results

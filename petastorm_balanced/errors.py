@@ -73,3 +73,16 @@ class InvalidWhereError(InvalidValueError):
 class ShuffleQualityWarning(UserWarning):
     """The rows are stored sorted or clustered by a column and a rank's rows need more than one shuffle window, so
     batches mix only the row groups of their window and are further from i.i.d. than a uniform permutation's."""
+
+
+class RowShapeError(InvalidValueError):
+    """A row whose list does not fit the shape ``loader.schema`` declares for its column. ``row`` is its position
+    in the rows being converted; the reader that knows their files adds the file, row group and row to the
+    message (``fragments.to_columns``)."""
+
+    def __init__(self, message: str, row: int):
+        super().__init__(message)
+        self.row = row
+
+    def __reduce__(self):  # through process pools with its row
+        return type(self), (str(self), self.row)

@@ -48,7 +48,7 @@ DEFAULT_BATCH_SIZE = 32  # Petastorm's make_torch_dataloader default
 # Parquet writer rejects).
 CODECS = ("uncompressed", "snappy", "gzip", "lz4", "lz4_raw", "zstd", "brotli")
 DTYPES = ("float32", "float64", None)
-KEY_VERSION = 1  # bump when the materialized layout changes: old copies are then never reused
+KEY_VERSION = 2  # bump when the materialized layout changes: old copies are then never reused (2: arrays as lists)
 # Session confs that change the rows or the Parquet a DataFrame writes (values, types, timestamps, names).
 OUTPUT_CONFS = ("spark.sql.session.timeZone", "spark.sql.ansi.enabled", "spark.sql.caseSensitive",
                 "spark.sql.storeAssignmentPolicy", "spark.sql.legacy.timeParserPolicy",
@@ -161,8 +161,8 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
     Petastorm's. ``world_size`` defaults to the detected world (``World.detect()``) and else to 1: a converter is
     usually made on the driver, and a plan serves any world size (G9), so loaders may run on W ranks whatever was
     planned. ``where``, ``cost``, ``policy``, ``seed`` and ``batch_size`` are ``plan_shards``'s. Spark ML vectors
-    become arrays of ``dtype``; every array column must hold arrays of one length with no null (fixed-shape
-    tensors), else the conversion is refused naming the column.
+    become arrays of ``dtype``. Array columns are delivered by the loaders' ``list_format``: ``(batch, k)`` tensors
+    where every array of a column has one length (the default), padded tensors with lengths, or lists.
     """
     _pyspark()
     if not hasattr(df, "sparkSession") or not hasattr(df, "write"):
@@ -349,77 +349,15 @@ def _as_url(spark_path: str) -> str:
 # ---------------------------------------------------------------------------------------------- writing
 
 def _materialize(df, url: str, options: ConvertOptions) -> None:
-    """Write ``df`` under ``url`` (which does not exist yet), then refuse array columns that are not fixed-shape."""
+    """Write ``df`` under ``url`` (which does not exist yet). Array columns stay Parquet lists as Spark writes them:
+    the loaders deliver them as tensors (``(batch, k)`` where every array of a column has one length, a padded form
+    on request) or lists, by their ``list_format`` (``reading/list_shapes.py``)."""
     from .planner.engines.spark import spark_url
     (df.write.option("compression", "none" if options.compression_codec == "uncompressed"
                      else options.compression_codec)
      .option("parquet.block.size", str(options.parquet_row_group_size_bytes))
      .parquet(spark_url(url)))
-    lengths = _check_fixed_shapes(df.sparkSession, url)
-    if lengths:
-        _as_fixed_size_lists(url, lengths)
     log.info("materialized the DataFrame at %s", url)
-
-
-def _as_fixed_size_lists(url: str, lengths: dict[str, int]) -> None:
-    """Rewrite the copy's array columns as Arrow ``fixed_size_list`` (row groups kept as Spark wrote them), so the
-    loader's schema, decided from the footers alone, delivers them as ``(rows, length)`` tensors (G13: a plain
-    ``list`` column is a list of lists, since nothing in a footer promises one length). Runs before the copy is
-    committed; Spark and pyarrow read the files as before (Parquet stores a list either way)."""
-    import pyarrow as pa
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-    filesystem, root = fsutil.resolve(url)
-    for info in filesystem.get_file_info(pafs.FileSelector(root)):
-        name = info.path.rsplit("/", 1)[-1]
-        if info.type != pafs.FileType.File or not name.endswith(".parquet") or name.startswith((".", "_")):
-            continue
-        with filesystem.open_input_file(info.path) as handle:
-            source = pq.ParquetFile(handle)
-            meta = source.metadata
-            codec = meta.row_group(0).column(0).compression if meta.num_row_groups else "UNCOMPRESSED"
-            codec = "none" if codec == "UNCOMPRESSED" else codec.lower()
-            fields = [pa.field(f.name, pa.list_(f.type.value_type, lengths[f.name]), f.nullable)
-                      if f.name in lengths else f for f in source.schema_arrow]
-            schema = pa.schema(fields, metadata=source.schema_arrow.metadata)
-            temporary = f"{root}/.{name}.fixed"
-            with filesystem.open_output_stream(temporary) as out, \
-                    pq.ParquetWriter(out, schema, compression=codec) as writer:
-                for i in range(meta.num_row_groups):
-                    writer.write_table(source.read_row_group(i).cast(schema), row_group_size=meta.row_group(i).num_rows)
-        filesystem.move(temporary, info.path)
-        crc = f"{root}/.{name}.crc"  # Hadoop's checksum of the file Spark wrote would not match the rewrite
-        if filesystem.get_file_info(crc).type == pafs.FileType.File:
-            filesystem.delete_file(crc)
-
-
-def _check_fixed_shapes(spark, url: str) -> dict[str, int]:
-    """Every top-level array column holds arrays of one length, no null array and no null element: a tensor of
-    shape (rows, length). Checked on the written copy (one scan of those columns), before it is committed."""
-    F, T = _pyspark()
-    from .planner.engines.spark import spark_url
-    written = spark.read.parquet(spark_url(url))
-    arrays = [f.name for f in written.schema.fields if isinstance(f.dataType, T.ArrayType)]
-    if not arrays:
-        return {}
-    aggs = []
-    for i, name in enumerate(arrays):
-        col = F.col(_quoted(name))
-        aggs += [F.min(F.size(col)).alias(f"lo{i}"), F.max(F.size(col)).alias(f"hi{i}"),
-                 F.sum(F.when(col.isNull(), 1).otherwise(0)).alias(f"nulls{i}"),
-                 F.sum(F.when(F.exists(col, lambda x: x.isNull()), 1).otherwise(0)).alias(f"holes{i}")]
-    row = written.agg(*aggs).collect()[0]
-    lengths: dict[str, int] = {}
-    for i, name in enumerate(arrays):
-        lo, hi, nulls, holes = row[f"lo{i}"], row[f"hi{i}"], row[f"nulls{i}"], row[f"holes{i}"]
-        if (nulls or 0) or (holes or 0) or lo != hi:
-            raise InvalidValueError(
-                f"column {name!r} holds arrays of lengths {lo} to {hi} ({nulls or 0} null arrays, {holes or 0} "
-                "with a null element); a converter delivers array columns as fixed-shape tensors: pad or cut them "
-                f"to one length (e.g. slice/concat in Spark), fill the nulls, or drop the column before converting")
-        if lo is not None:
-            lengths[name] = int(lo)
-    return lengths
 
 
 # ---------------------------------------------------------------------------------------------- planning

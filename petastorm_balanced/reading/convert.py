@@ -12,8 +12,9 @@ from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from ..errors import InvalidValueError
+from ..errors import InvalidValueError, RowShapeError
 from .schema import LIST, ColumnSchema
 
 Values: TypeAlias = np.ndarray | pa.Array
@@ -61,6 +62,8 @@ def to_values(column, spec: ColumnSchema) -> dict[str, Values]:
                                 "(a writer that records no null counts?); rewrite the files with statistics")
     if spec.kind == LIST:
         return {spec.name: array}
+    if spec.shape and (spec.lengths is not None or not _all_fixed(array.type)):
+        return list_tensor(array, spec)
     if spec.shape:
         return {spec.name: _fixed_lists(array, spec.shape)}
     out: dict[str, Values] = {}
@@ -102,6 +105,80 @@ def _fixed_lists(array: pa.Array, shape) -> np.ndarray:
         out = out.copy()
         out[~array.is_valid().to_numpy(zero_copy_only=False)] = np.nan
     return out
+
+
+def _all_fixed(t: pa.DataType) -> bool:
+    """Only ``fixed_size_list`` levels (column_schema's tensors): no length to check."""
+    while pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return not (pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
+def list_tensor(array: pa.Array, spec: ColumnSchema) -> dict[str, np.ndarray]:
+    """A list column (``list``, ``large_list``, ``fixed_size_list`` levels) as the tensor ``spec`` declares
+    (``list_shapes.py``): ``(rows, *shape)`` values, every row's length checked against ``shape[0]`` (equal, or at
+    most it when padded, with ``lengths``), null rows NaN or 0 with a mask. A row that does not fit raises
+    ``RowShapeError`` naming its position. No Python object per row: the items are cut from the flat values."""
+    rows = len(array)
+    lengths = pc.list_value_length(array)
+    valid = array.is_valid().to_numpy(zero_copy_only=False) if array.null_count else None
+    lengths = (lengths.fill_null(0) if lengths.null_count else lengths).to_numpy(zero_copy_only=False)
+    first = spec.shape[0]
+    bad = lengths > first if spec.lengths is not None else lengths != first
+    if valid is not None:
+        bad &= valid
+    if bad.any():
+        row = int(np.argmax(bad))
+        rule = f"at most {first}" if spec.lengths is not None else f"{first}"
+        raise RowShapeError(f"column {spec.name!r} holds a list of {int(lengths[row])} items where loader.schema "
+                            f"says {rule} (list_shapes, or the lengths read when the loader was made)", row)
+    try:
+        items = _items(array.flatten(), spec, spec.shape[1:])  # (valid rows' items, *shape[1:])
+    except RowShapeError as exc:  # an item's position: its row (null rows hold no item)
+        at = int(np.searchsorted(np.cumsum(lengths), exc.row, side="right")) if exc.row >= 0 else -1
+        raise RowShapeError(str(exc), at) from None
+    dtype = _DTYPES.get(spec.dtype or "") or _DTYPES.setdefault(spec.dtype or "float64", np.dtype(spec.dtype))
+    if spec.lengths is None and valid is None:
+        out = items.reshape(rows, *spec.shape)
+    else:
+        fill = np.nan if spec.nulls == "nan" else 0
+        out = np.full((rows, *spec.shape), fill, dtype=dtype) if fill else np.zeros((rows, *spec.shape), dtype)
+        if spec.lengths is None:  # a null row stays NaN or 0
+            assert valid is not None
+            out[valid] = items.reshape(int(valid.sum()), *spec.shape)
+        else:  # padded: row-major order of the kept cells is the items' order
+            out[np.arange(first) < lengths[:, None]] = items
+    result = {spec.name: out if out.dtype == dtype else out.astype(dtype)}
+    if spec.mask is not None:
+        result[spec.mask] = np.ones(rows, dtype=bool) if valid is None else valid
+    if spec.lengths is not None:
+        result[spec.lengths] = lengths.astype(np.int64, copy=False)
+    return result
+
+
+def _items(values: pa.Array, spec: ColumnSchema, shape: tuple[int, ...], depth: int = 0) -> np.ndarray:
+    """The flat items of the lists below the outer level, as ``(len(values), *shape)``: every inner list of its
+    level's one length, no null inner list, null items NaN (floats) or refused (``RowShapeError.row``: the item's
+    position among ``values`` at depth 0, else -1: unknown)."""
+    if not shape:
+        if values.null_count and not pa.types.is_floating(values.type):
+            raise RowShapeError(f"column {spec.name!r} holds a null item in a list of {values.type}, which no "
+                                f"{spec.dtype} tensor can show; pass list_format='python' for it, or fill the nulls "
+                                "when writing", _first_null(values) if depth == 0 else -1)
+        return values.to_numpy(zero_copy_only=False)
+    if values.null_count:
+        raise RowShapeError(f"column {spec.name!r} holds a null inner list, which no tensor can show; pass "
+                            "list_format='python' for it", -1)
+    lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+    if len(lengths) and (lengths != shape[0]).any():
+        raise RowShapeError(f"column {spec.name!r} holds an inner list of "
+                            f"{int(lengths[np.argmax(lengths != shape[0])])} items where loader.schema says "
+                            f"{shape[0]}", -1)
+    return _items(values.flatten(), spec, shape[1:], depth + 1).reshape(len(values), *shape)
+
+
+def _first_null(values: pa.Array) -> int:
+    return int(np.argmax(~values.is_valid().to_numpy(zero_copy_only=False)))
 
 
 def partition_array(value, kind: str, rows: int) -> pa.Array:

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InvalidTypeError, InvalidValueError, StalePlanError
+from ..errors import InvalidTypeError, InvalidValueError, RowShapeError, StalePlanError
 from ..io import partitions
 from ..plan.model import Fragment
 from ..unischema.decode import decode_value, is_scalar
@@ -158,13 +158,31 @@ def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return table.take(pa.array(rows))
 
 
-def to_columns(table: pa.Table, fields: dict | None = None,
-               schemas: Sequence[ColumnSchema] = ()) -> dict[str, np.ndarray]:
+def to_columns(table: pa.Table, fields: dict | None = None, schemas: Sequence[ColumnSchema] = (),
+               fragments: Sequence[Fragment] = ()) -> dict[str, np.ndarray]:
     """Column values with rows on axis 0, as ``schemas`` (the loader's ``ColumnSchema`` per column) declare:
     numpy arrays for tensors (plus ``<name>__valid`` masks), Arrow arrays for list columns (permuted inside
     Arrow, turned into Python values only for the rows handed out: ``as_list``). Unischema ``fields`` are decoded
     after the cut, so only delivered rows pay for codecs. Without ``schemas`` each column is taken as this table
-    has it (for one-off conversions; the loaders always pass their schema)."""
+    has it (for one-off conversions; the loaders always pass their schema). ``fragments``: those the table's rows
+    come from, in order, to name the file and row of a row that does not fit its schema."""
+    try:
+        return _to_columns(table, fields, schemas)
+    except RowShapeError as exc:
+        raise RowShapeError(f"{exc} ({locate(fragments, exc.row)})", exc.row) from None
+
+
+def locate(fragments: Sequence[Fragment], row: int) -> str:
+    """Where row ``row`` of the fragments' concatenated rows is stored: file, row group and row in it."""
+    for fragment in fragments:
+        if 0 <= row < fragment.num_rows:
+            return f"{fragment.path!r} row group {fragment.row_group} row {int(fragment.row_indices()[row])}"
+        row -= fragment.num_rows
+    names = sorted({f"{f.path!r} row group {f.row_group}" for f in fragments})
+    return "in " + ", ".join(names) if names else "row unknown"
+
+
+def _to_columns(table: pa.Table, fields: dict | None, schemas: Sequence[ColumnSchema]) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     declared = {c.name: c for c in schemas}
     for name in table.column_names:

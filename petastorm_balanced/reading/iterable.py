@@ -74,14 +74,14 @@ class BalancedIterableDataset(PlannedView, _Base):
                  shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
                  padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
                  cost_reduce: str = "sum", transform_spec: Any = None, weights: Sequence[float] | None = None,
-                 epoch_steps: int | None = None) -> None:
+                 epoch_steps: int | None = None, list_format: Any = "auto", list_shapes: Any = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                 shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
                                 schema_fields=schema_fields, padding_mask=padding_mask,
                                 partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
-                                transform_spec=transform_spec)
+                                transform_spec=transform_spec, list_format=list_format, list_shapes=list_shapes)
         self._mixture = isinstance(plan, (list, tuple))  # plan=[...]: a mixture (reading/mixture.py)
         if isinstance(plan, (list, tuple)):
             settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
@@ -156,7 +156,7 @@ class BalancedIterableDataset(PlannedView, _Base):
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
                                 batches_done=(done + worker) // num_workers + own, cost=settings.cost,
-                                drop=settings.drop)
+                                drop=settings.drop, cost_lengths=settings.cost_lengths)
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.

@@ -83,7 +83,7 @@ class BalancedLoader(PlannedView):
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost, drop=settings.drop)
+                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths)
 
         def tensors():
             for batch_run in runs:  # a token budget's batches come one per run
@@ -144,7 +144,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 weights: Sequence[float] | None = None, epoch_steps: int | None = None,
-                **petastorm_kwargs: Any) -> Loader:
+                list_format: Any = "auto", list_shapes: Any = None, **petastorm_kwargs: Any) -> Loader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
@@ -190,12 +190,20 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     A mixture (``reading/mixture.py``, G17): ``plan=[plan_a, plan_b, ...]`` with ``weights=[w_a, w_b, ...]``; every
     batch holds each source's share of ``batch_size`` rows and a ``_source`` tensor; ``epoch_steps`` sets the epoch
     length (default: until the scarcest source completes a pass).
+
+    List columns of numbers (``reading/list_shapes.py``): ``list_format="auto"`` delivers one whose rows all have
+    one length as a ``(batch, k, ...)`` tensor (lengths read from the planned row groups when the loader is made),
+    others as lists of Python lists; ``"tensor"`` refuses other lengths; ``"padded"`` gives ``(batch, longest,
+    ...)`` values padded with 0 and a ``<name>__lengths`` tensor; ``"python"`` lists of lists. A dict sets it per
+    column. ``list_shapes={"vec": (4,)}`` declares a shape instead of reading the lengths (checked on every batch:
+    a row of another length is an error naming its file and row).
     """
     options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                             shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
                             schema_fields=schema_fields, padding_mask=padding_mask,
                             partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
-                            max_batch_cost=max_batch_cost, transform_spec=transform_spec)
+                            max_batch_cost=max_batch_cost, transform_spec=transform_spec, list_format=list_format,
+                            list_shapes=list_shapes)
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     if isinstance(plan, (list, tuple)):

@@ -18,6 +18,7 @@ from ..core.cost.spec import parse_cost
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..plan.model import ShardPlan
+from .list_shapes import ListOptions
 
 SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
 
@@ -44,6 +45,8 @@ class LoaderOptions:
     cost_reduce: str = "sum"
     max_batch_cost: int | None = None
     transform_spec: Any = None
+    list_format: Any = "auto"
+    list_shapes: Any = None
 
     def __post_init__(self) -> None:
         if self.reshuffle not in ("epoch", "fixed"):
@@ -56,6 +59,12 @@ class LoaderOptions:
                       "many as shuffle_budget holds)")
         object.__setattr__(self, "shuffle_budget", parse_bytes("shuffle_budget", self.shuffle_budget))
         object.__setattr__(self, "padding_mask", bool(self.padding_mask))
+        self.lists  # noqa: B018  (checked here, where the user gave them)
+
+    @property
+    def lists(self) -> ListOptions:
+        """How list columns of numbers are delivered (``list_shapes.py``)."""
+        return ListOptions.of(self.list_format, self.list_shapes)
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

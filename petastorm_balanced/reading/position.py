@@ -50,8 +50,12 @@ class Settings(Layout):
         rows_batch = check_int("batch_size", 1 if budget else self.batch_size, minimum=1)
         balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, rows_batch)
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
-        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
+        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields,
+                                                                                 options.lists),
                                                           self.plan, self.cost)
+        # a padded list as the cost column: size() is its lengths column (stream.slot_runs)
+        self.cost_lengths = next((c.lengths for c in self.columns.schemas
+                                  if self.cost is not None and c.name == self.cost.column), None)
         self.shuffle_budget = int(options.shuffle_budget)  # bytes (parsed by LoaderOptions)
         if shuffle_window is None:  # as many rows as the budget holds (G16)
             shuffle_window = budget_window(self.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES, rows_batch)

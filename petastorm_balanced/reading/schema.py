@@ -13,7 +13,7 @@ validity tensor ``<name>__valid`` beside them (their values at null rows are 0);
 >>> import pyarrow as pa
 >>> column_schema("id", pa.int64(), nullable=True)
 ColumnSchema(name='id', arrow_type='int64', kind='tensor', dtype='int64', shape=(), nullable=True, nulls='mask', \
-mask='id__valid', item=None)
+mask='id__valid', item=None, lengths=None)
 >>> column_schema("lang", pa.dictionary(pa.int32(), pa.string()), nullable=True).item
 'str'
 >>> unify_types("x", [("a.parquet", pa.string()), ("b.parquet", pa.large_string())])
@@ -42,7 +42,8 @@ class ColumnSchema:
     ``'list'`` (a Python list with one value per row; ``item`` says what a value is: ``'str'``, ``'bytes'``,
     ``'python'``, the value ``pyarrow``'s ``to_pylist()`` gives, or ``'numpy'``, a decoded Unischema cell).
     ``nulls`` is how a null is shown: ``'never'`` (the column holds none), ``'nan'``, ``'mask'`` (False in the
-    tensor named ``mask``; the value there is 0) or ``'None'``.
+    tensor named ``mask``; the value there is 0) or ``'None'``. A list column delivered as a tensor
+    (``list_shapes.py``) has the list levels in ``shape``; padded, ``lengths`` names its tensor of items per row.
     """
 
     name: str
@@ -54,6 +55,7 @@ class ColumnSchema:
     nulls: str
     mask: str | None = None
     item: str | None = None
+    lengths: str | None = None  # padded lists: the int64 tensor of each row's number of items (list_shapes.py)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,10 @@ class BatchSchema:
 
 def mask_column(of: str) -> ColumnSchema:
     return ColumnSchema(of + MASK_SUFFIX, "bool", TENSOR, "bool", (), False, "never")
+
+
+def lengths_column(name: str) -> ColumnSchema:
+    return ColumnSchema(name, "int64", TENSOR, "int64", (), False, "never")
 
 
 def extra_column(name: str, dtype: str) -> ColumnSchema:
@@ -257,11 +263,15 @@ def batch_schema(columns: Sequence[ColumnSchema], extras: Sequence[ColumnSchema]
         out.append(column)
         if column.mask is not None:
             out.append(mask_column(column.name))
+        if column.lengths is not None:
+            out.append(lengths_column(column.lengths))
     names = [c.name for c in out]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
-        raise InvalidValueError(f"the dataset has a column named {clash[0]!r}, which is also the validity mask the "
-                                f"loader delivers for column {clash[0][:-len(MASK_SUFFIX)]!r}; rename it, or pass "
+        owner = next(c for c in out if clash[0] in (c.mask, c.lengths))
+        what = "validity mask" if clash[0] == owner.mask else "lengths"
+        raise InvalidValueError(f"the dataset has a column named {clash[0]!r}, which is also the {what} the "
+                                f"loader delivers for column {owner.name!r}; rename it, or pass "
                                 "schema_fields= without one of them")
     return BatchSchema(tuple(out) + tuple(extras))
 

@@ -26,6 +26,8 @@ from ..unischema.storage import load_unischema
 from . import fragments as fr
 from .batching import WindowBatcher, start_point
 from .dataset_schema import partition_columns, read_stored_columns
+from .list_scan import scan_lists
+from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -56,9 +58,10 @@ class Columns:
         return batch_schema([c for c in self.schemas if c.name not in set(drop)], extras)
 
 
-def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
+def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PYTHON_LISTS) -> Columns:
     """The requested columns in dataset order (the Unischema's order, or partition folders then the footer's),
-    with one delivered type and representation each, from every planned file's footer (read here, once)."""
+    with one delivered type and representation each, from every planned file's footer (read here, once); list
+    columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed)."""
     paths = [f.path for f in plan.catalog.files]
     read = sorted({g.path for g in plan.catalog.row_groups}) or paths[:1]
     try:
@@ -76,6 +79,14 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
                                     "flags")
         hive = partition_columns(paths, names)
         stored_columns = read_stored_columns(plan.dataset_url, read, [n for n in names if n not in hive])
+        plain = [n for n in names if n not in hive and not (fields and n in fields)]
+        unknown = sorted(lists.named() - set(plain))
+        if unknown:
+            raise InvalidValueError(f"list_format/list_shapes name {unknown[0]!r}, which is not a list column read "
+                                    f"from the files; the columns read are {names}")
+        scanned = {n: stored_columns.schema.field(n).type for n in plain
+                   if needs_scan(n, stored_columns.schema.field(n).type, lists)}
+        stats = scan_lists(plan, scanned) if scanned else {}
     except (OSError, pa.ArrowException) as exc:
         raise fr.unreadable_dataset_error(plan, exc) from exc
     fields = {n: fields[n] for n in names} if fields else None
@@ -87,8 +98,9 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
             schemas.append(unischema_column(fields[name], stored_columns.schema.field(name).type,
                                             stored_columns.nullable[name], fr.is_scalar(fields[name])))
         else:
-            schemas.append(column_schema(name, stored_columns.schema.field(name).type,
-                                         nullable=stored_columns.nullable[name]))
+            arrow_type, nullable = stored_columns.schema.field(name).type, stored_columns.nullable[name]
+            schemas.append(list_column(name, arrow_type, nullable=nullable, options=lists, stats=stats.get(name))
+                           or column_schema(name, arrow_type, nullable=nullable))
     used = tuple((k, kind) for k, (kind, _) in hive.items())
     # a hive partition column holds one value per file: stored clustered wherever it takes several values
     clustered = {**stored_columns.clustered, **{k: 0.0 for k in hive if len(_distinct_partition(paths, k)) > 1}}
@@ -130,14 +142,16 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None
 
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
               shuffle_window: int, key: Sequence[int], batches_done: int = 0,
-              cost: CostOptions | None = None, drop: Sequence[str] = ()) -> Iterator[dict]:
+              cost: CostOptions | None = None, drop: Sequence[str] = (),
+              cost_lengths: str | None = None) -> Iterator[dict]:
     """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
     ``core/cost/options.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
-    ``batch_size=None`` (token budgets) makes every batch its own run.
+    ``batch_size=None`` (token budgets) makes every batch its own run. ``cost_lengths``: the lengths column of a
+    padded list cost column (``size()`` is its lengths, not the padded width).
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
@@ -167,7 +181,8 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
             if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
-                raw = evaluate(spec, columns[cost.column])
+                raw = columns[cost_lengths] if cost_lengths is not None and spec.function in ("size", "cardinality") \
+                    else evaluate(spec, columns[cost.column])
                 valid = columns.get(cost.column + MASK_SUFFIX)
                 if valid is not None and not valid.all():  # a null cost: refused by check_costs, not taken as 0
                     raw = raw.astype(object)

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, RowShapeError
 from ..unischema.decode import decode_value, is_scalar
 from . import convert
+from .fragments import locate
 from .schema import LIST, MASK_SUFFIX, TENSOR, ColumnSchema
 
 RULE = "transform_spec.func must return the same rows, in the same order, as the DataFrame it was given"
@@ -171,8 +172,9 @@ class Transform:
     outputs: tuple[ColumnSchema, ...]
     fields: dict | None = None
 
-    def apply(self, table: pa.Table) -> dict:
-        """The table's rows decoded into a DataFrame, through ``func`` (rows checked), as delivered columns."""
+    def apply(self, table: pa.Table, fragments: Sequence = ()) -> dict:
+        """The table's rows decoded into a DataFrame, through ``func`` (rows checked), as delivered columns
+        (``fragments``: where the rows come from, to name a row that does not fit the schema)."""
         frame = input_frame(table, self.fields)
         returned = frame
         if self.spec.func is not None:
@@ -189,7 +191,10 @@ class Transform:
             field = (self.fields or {}).get(column.name)
             if column.name not in edited and column.name in types and (field is None or is_scalar(field)):
                 array = pa.array(values, type=types[column.name], from_pandas=True)  # back to the stored type
-                out.update(convert.to_values(array, column))
+                try:
+                    out.update(convert.to_values(array, column))
+                except RowShapeError as exc:
+                    raise RowShapeError(f"{exc} ({locate(fragments, exc.row)})", exc.row) from None
             else:
                 out.update(from_cells(column, list(values)))
         return out

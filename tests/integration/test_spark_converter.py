@@ -1,7 +1,7 @@
 """petastorm_balanced.spark.make_spark_converter on a real SparkSession: the delivered values are the DataFrame's,
 every rank takes the same steps with no row twice, the same DataFrame reuses its copy and plan (in this process,
-another process and under torchrun), anything else gets a new folder, and what cannot be a fixed-shape tensor is
-refused."""
+another process and under torchrun), anything else gets a new folder, and array columns are delivered by the
+loader's list_format."""
 import functools
 import json
 import os
@@ -164,16 +164,33 @@ def test_vectors_become_fixed_shape_tensors_and_dtype_keeps_its_name(spark, tmp_
     assert str(pads.dataset(untouched.dataset_url[len("file://"):]).schema.field("y").type) == "double"
 
 
-@pytest.mark.parametrize("column, problem", [
-    ("sequence(0L, id)", "lengths 1 to 10"),
-    ("IF(id = 3, NULL, array(id, id))", "1 null arrays"),
-    ("array(id, IF(id = 3, NULL, id))", "1 with a null element"),
-])
-def test_arrays_that_are_not_fixed_shape_are_refused_and_nothing_is_left(spark, tmp_path, column, problem):
-    df = spark.range(10).selectExpr("id", f"{column} AS a")
-    with pytest.raises(InvalidValueError, match=rf"column 'a' .*{problem}.*fixed-shape"):
-        make_spark_converter(df, parent_cache_dir_url=str(tmp_path))
-    assert list(tmp_path.iterdir()) == []
+def test_arrays_of_any_length_and_nulls_are_delivered_by_list_format(spark, tmp_path):
+    """Arrays stay Parquet lists: equal lengths are (batch, k) tensors, varying ones padded (with lengths) or
+    lists, null arrays masked, a null element of an integer array kept as lists by 'auto' and refused by
+    'tensor', every value the DataFrame's."""
+    df = spark.range(12).selectExpr("id", "array(id, -id) AS fixed", "sequence(0L, id % 4) AS ragged",
+                                    "IF(id = 3, NULL, array(id, id)) AS nulls",
+                                    "array(id, IF(id = 3, NULL, id)) AS holes")
+    converter = make_spark_converter(df, parent_cache_dir_url=str(tmp_path), batch_size=4)
+    expected = {r["id"]: r for r in df.collect()}
+    with converter.make_torch_dataloader(0, 1, list_format={"ragged": "padded"}) as loader:
+        schema = loader.schema
+        assert (schema["fixed"].shape, schema["ragged"].shape, schema["nulls"].mask, schema["holes"].kind) == \
+            ((2,), (4,), "nulls__valid", "list")
+        seen = 0
+        for batch in loader:
+            for i, row in enumerate(batch["id"].tolist()):
+                want = expected[row]
+                assert batch["fixed"][i].tolist() == list(want["fixed"])
+                length = batch["ragged__lengths"][i]
+                assert batch["ragged"][i, :length].tolist() == list(want["ragged"])
+                assert batch["nulls__valid"][i] == (want["nulls"] is not None)
+                assert batch["nulls"][i].tolist() == (list(want["nulls"]) if want["nulls"] else [0, 0])
+                assert batch["holes"][i] == list(want["holes"])
+                seen += 1
+        assert seen == 12
+    with pytest.raises(InvalidValueError, match="column 'holes' holds null items"):
+        converter.make_dataset(0, 1, list_format={"holes": "tensor"})
 
 
 def test_bad_arguments_are_refused(spark, tmp_path):

@@ -66,8 +66,8 @@ class BundleReader:
 
     def read(self, bundle: list[Fragment]) -> dict:
         if self._transform is not None:
-            return self._transform.apply(self.table(bundle))
-        return fr.to_columns(self.table(bundle), self._fields, self._schemas)
+            return self._transform.apply(self.table(bundle), bundle)
+        return fr.to_columns(self.table(bundle), self._fields, self._schemas, bundle)
 
     def table(self, bundle: list[Fragment], indices=None) -> pa.Table:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""

@@ -159,7 +159,7 @@ class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
         table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
                                   zip(piece_indexes, fragments, strict=True)])
         if task.mode == "columns" and task.transform is not None:  # the loader's transform, here in the worker
-            self.publish_func((sequence, task.transform.apply(table)))
+            self.publish_func((sequence, task.transform.apply(table, fragments)))
             return
         if task.mode == "batches" and self._transform_spec:
             if not getattr(self._transform_spec, "rows_checked", False):  # same rows, same order (transform.RULE)
@@ -181,9 +181,9 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
         table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
                                   zip(piece_indexes, fragments, strict=True)])
         if task.mode == "columns" and task.transform is not None:
-            payload: dict[str, Any] | list[dict] = task.transform.apply(table)
+            payload: dict[str, Any] | list[dict] = task.transform.apply(table, fragments)
         elif task.mode == "columns":
-            payload = fr.to_columns(table, self._schema.fields, task.schemas)
+            payload = fr.to_columns(table, self._schema.fields, task.schemas, fragments)
         else:
             payload = [decode_row(row, self._schema) for row in table.to_pylist()]
             if self._transform_spec:
@@ -433,7 +433,7 @@ def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: d
         try:
             for sequence, payload in reader:
                 yield reader.bundles[sequence], payload if isinstance(payload, dict) else \
-                    fr.to_columns(payload, None, columns.schemas)
+                    fr.to_columns(payload, None, columns.schemas, reader.bundles[sequence])
             finished = True
         finally:
             if not finished or slot is None:
