@@ -370,7 +370,7 @@ def test_iceberg_append_updates_and_a_delete_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------------ Spark (G8)
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["year = 2021", "lang = 'en' and value > 0.5", None],
+@pytest.mark.parametrize("where", ["year >= 2021", "lang = 'en' and value > 0.5", None],
                          ids=["partition-where", "row-where", "no-where"])
 def test_spark_update_equals_both_engines_from_scratch(spark, new_partition, where):
     ds = new_partition

@@ -75,8 +75,9 @@ def main(argv=None) -> int:
     per_rank = (f"{plan.steps_per_epoch()} steps of {plan.batch_size} rows per rank" if plan.batch_size else
                 f"{plan.steps_per_epoch(batch_size=1)} rows per rank (no batch size planned)")
     updated = f" (updated {args.update})" if args.update else ""
-    print(f"{PROG}: wrote {args.output}{updated}: {plan.total_rows} matching rows in {len(plan.catalog.row_groups)} row "
-          f"groups, world_size={plan.world_size}, {per_rank}, checksum {plan.checksum}")
+    print(f"{PROG}: wrote {args.output}{updated}: {plan.total_rows} matching rows in "
+          f"{len(plan.catalog.row_groups)} row groups, world_size={plan.world_size}, {per_rank}, "
+          f"checksum {plan.checksum}")
     return 0
 
 
