@@ -87,7 +87,7 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
         updates.check_parameters(old, url=url, table=table, world_size=world_size, batch_size=batch_size,
                                  policy=policy, seed=seed, predicate=described,
                                  cost=None if cost_spec is None else cost_spec.text)
-        only = updates.added_paths(old, url, snapshot)
+        only, every_path = updates.added_paths(old, url, snapshot)
         log.info("updating a plan of %d files: %d files added", len(old.catalog.files), len(only))
     if old is not None and not only:
         catalog = old.catalog  # nothing added: the same catalog (a table version may still be newer)
@@ -97,7 +97,6 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
     if old is not None and only:
         from ..core.catalog import merge_catalogs
         from . import update as updates
-        every_path = _listed_paths(url, table)
         updates.check_added(old, catalog, every_path, reads_partitions=where is not None or predicate is not None
                             or cost_spec is not None)
         catalog = merge_catalogs(old.catalog, catalog)
@@ -136,12 +135,6 @@ def _catalog(url, *, engine, where, predicate, spark, progress, table, snapshot,
                              table=table, deletes=bool(deleted), partial=only is not None)
         timings["cost"] = time.perf_counter() - started
     return catalog
-
-
-def _listed_paths(url, table) -> list[str]:
-    from ..io.dataset import list_data_files, relative_path
-    _, root, entries = list_data_files(url, table=table)
-    return [relative_path(e.path, root) for e in entries]
 
 
 def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=None, deletes=False, partial=False):

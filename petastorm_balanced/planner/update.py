@@ -72,9 +72,10 @@ def _filter(info: PredicateInfo) -> str:
         f"{info.kind} {info.fingerprint[:12]} ({info.text[:80]})"
 
 
-def added_paths(old: ShardPlan, url: str, snapshot: TableSnapshot | None) -> list[str]:
-    """The relative paths of the files listed now that the old plan lacks, sorted; ``PlanUpdateError`` for the
-    first planned file removed, resized or modified (or, in an Iceberg table, with rows deleted since)."""
+def added_paths(old: ShardPlan, url: str, snapshot: TableSnapshot | None) -> tuple[list[str], list[str]]:
+    """(the relative paths of the files listed now that the old plan lacks, every listed path), both sorted;
+    ``PlanUpdateError`` for the first planned file removed, resized or modified (or, in an Iceberg table, with rows
+    deleted since)."""
     table = None if snapshot is None else snapshot.ref
     where = url if table is None else table.describe()
     _, root, entries = list_data_files(url, table=table)
@@ -97,7 +98,7 @@ def added_paths(old: ShardPlan, url: str, snapshot: TableSnapshot | None) -> lis
     if snapshot is not None and old.table is not None and old.table.format == tables.ICEBERG:
         _check_no_new_deletes(old, snapshot)
     known = {f.path for f in old.catalog.files}
-    return sorted(p for p in now if p not in known)
+    return sorted(p for p in now if p not in known), sorted(now)
 
 
 def _check_no_new_deletes(old: ShardPlan, snapshot: TableSnapshot) -> None:
