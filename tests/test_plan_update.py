@@ -369,9 +369,11 @@ def test_iceberg_append_updates_and_a_delete_is_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ Spark (G8)
 
-@pytest.mark.slow
-@pytest.mark.parametrize("where", ["year >= 2021", "lang = 'en' and value > 0.5", None],
-                         ids=["partition-where", "row-where", "no-where"])
+SPARK = [pytest.mark.slow, pytest.mark.timeout(900)]  # three Spark plans each: minutes on a loaded machine
+
+
+@pytest.mark.parametrize("where", [pytest.param("year >= 2021", id="partition-where", marks=SPARK),
+                                   pytest.param(None, id="no-where", marks=SPARK)])
 def test_spark_update_equals_both_engines_from_scratch(spark, new_partition, where):
     ds = new_partition
     cost = "length(text)" if where is None else None
@@ -386,9 +388,11 @@ def test_spark_update_equals_both_engines_from_scratch(spark, new_partition, whe
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_spark_update_with_a_sql_cost_and_where(spark, new_partition):
     ds = new_partition
-    args = dict(batch_size=BATCH, engine="spark", spark=spark, where="value > 0", cost="label * 2 + 1")
+    args = dict(batch_size=BATCH, engine="spark", spark=spark, where="lang = 'en' and value > 0.5",
+                cost="label * 2 + 1")  # a where row by row, and a cost only Spark evaluates
     old = plan_shards(ds.url, WORLD, **args)
     ds.grow()
     new = plan_shards(ds.url, WORLD, update=old, **args)
@@ -398,6 +402,7 @@ def test_spark_update_with_a_sql_cost_and_where(spark, new_partition):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_spark_job_update(spark, new_partition, tmp_path, capsys):
     from petastorm_balanced.tools import spark_job
     ds = new_partition
