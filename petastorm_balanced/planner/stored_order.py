@@ -39,7 +39,7 @@ def warn_stored_order(plan: ShardPlan) -> dict[str, float]:
     found = stored_order(plan)
     if found:
         names = ", ".join(f"{name!r} ({spread:.0%} of its range per row group)" for name, spread in found.items())
-        rows = plan.rows_per_rank(plan.world_size, plan.batch_size)
+        rows = plan.rows_per_rank(plan.world_size, plan.batch_size or 1)  # a batch-less plan: rows
         first = next(iter(found))
         warnings.warn(ShuffleQualityWarning(
             f"rows are stored sorted or clustered by {names}: a loader's batches are as random as a uniform "

@@ -222,16 +222,19 @@ class Position:
         state = loader_state.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
         expected = {**self.settings.identity(), **(extra or {})}
         loader_state.require(state, (self.EPOCH, self.BATCHES, *expected))
+        # a state of a plan this one updates (``ShardPlan.extends``): from a pass's start only, where the window
+        # that shuffled the old plan's epoch no longer decides anything
+        updated = state[self.PLAN_CHECKSUM] != expected[self.PLAN_CHECKSUM] and \
+            state[self.PLAN_CHECKSUM] in self.settings.plan.extends
+        if updated:
+            self._check_pass_start(state)
         for key, value in expected.items():
-            if key == self.WORLD_SIZE:
-                continue  # another world size is an elastic resume, checked below
+            if key == self.WORLD_SIZE or (updated and key in (self.PLAN_CHECKSUM, self.SHUFFLE_WINDOW)):
+                continue  # another world size: an elastic resume, checked below (and see above)
             if key == self.SHUFFLE_WINDOW and state[key] != value and self.settings.options.shuffle_window is None:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} rows but this loader's shuffle_budget gives "
                                         f"windows of {value} rows; pass shuffle_window={state[key]!r} to resume "
                                         "that position exactly (its windows decide which rows come next)")
-            if key == self.PLAN_CHECKSUM and state[key] != value and state[key] in self.settings.plan.extends:
-                self._check_pass_start(state)  # a state of a plan this one updates: from a pass's start only
-                continue
             if state[key] != value:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                         "position only resumes a loader with the same plan and settings")
