@@ -10,7 +10,8 @@ files arrive in a new ``day=`` folder. Two ways to get the grown dataset's plan,
 Both write the same plan (same checksum, checked every round). Two engines: the local engine with a Petastorm
 predicate, and the Spark engine with a ``where`` (``local[*]`` here). Rounds are interleaved (update, scratch,
 update, ...) after a warm-up of each, so a busy machine slows both alike; the figure is the ratio of medians.
-Goal: time proportional to the files added (1/21 of the files: the larger Spark update under 0.15x).
+Goal: time proportional to the files added (1/21 of the files: the larger Spark update under 0.15x). Figures and
+the sizes that fit about 3-6 minutes on a loaded 2-core machine: docs/cli.md, "plan --update".
 
     . scripts/env.sh && python benchmarks/bench_update.py [--sizes 200,800] [--rows-per-file 2000] [--repeat 3]
 """
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -111,6 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bench_update"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message="rows are stored sorted")  # ids in file order: true, not our subject
     engines = args.engines.split(",")
     spark = None
     if "spark" in engines:
