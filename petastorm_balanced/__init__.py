@@ -10,6 +10,7 @@ from .errors import (
     InvalidWhereError,
     PlanError,
     PlanIntegrityError,
+    PlanUpdateError,
     PlanVersionError,
     StalePlanError,
     UnsafeDatasetError,
@@ -33,8 +34,8 @@ _LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "r
 # A literal list (sorted), so that linters and type checkers see the re-exports.
 __all__ = [
     "BalancedDataLoader", "BalancedIterableDataset", "BalancedLoader", "Fragment", "InvalidWhereError", "PlanError",
-    "PlanIntegrityError", "PlanVersionError", "ShardPlan", "StalePlanError", "TransformSpec", "UnsafeDatasetError",
-    "World",
+    "PlanIntegrityError", "PlanUpdateError", "PlanVersionError", "ShardPlan", "StalePlanError", "TransformSpec",
+    "UnsafeDatasetError", "World",
     "load_plan", "make_loader", "make_reader", "plan_shards",
 ]
 

@@ -42,6 +42,12 @@ class StalePlanError(PlanError):
     """The dataset or predicate changed since the plan was made; re-run planning."""
 
 
+class PlanUpdateError(PlanError):
+    """A plan cannot be updated in place of planning again: the dataset changed other than by added files (a file
+    changed, removed or rewritten; a Delta remove; an Iceberg delete), or the planning parameters differ from the
+    old plan's. The message names the first such file or parameter; plan from scratch instead."""
+
+
 class PlanIntegrityError(PlanError):
     """A plan file is missing, truncated, or does not match its recorded checksum."""
 

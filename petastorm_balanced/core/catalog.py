@@ -246,3 +246,45 @@ def match_from_mask(path: str, row_group: int, mask: np.ndarray) -> RowGroupMatc
     if count == 0:
         return None
     return RowGroupMatch(path, row_group, len(mask), count, selection.encode_mask(mask))
+
+
+def merge_catalogs(old: Catalog, added: Catalog) -> Catalog:
+    """One catalog of the files of ``old`` and the files of ``added`` (no path in both), sorted by key as a catalog
+    of all of them is: what a plan update writes, equal to the catalog planning them together builds.
+
+    Kind, partition columns and cost must agree (``planner/update.py`` refuses an update where they do not).
+
+    >>> a = full_catalog([FileInfo("b.parquet", 10, (3,))])
+    >>> b = full_catalog([FileInfo("a.parquet", 10, (2, 4))])
+    >>> merged = merge_catalogs(a, b)
+    >>> [f.path for f in merged.files], [(m.path, m.row_group) for m in merged.row_groups]
+    (['a.parquet', 'b.parquet'], [('a.parquet', 0), ('a.parquet', 1), ('b.parquet', 0)])
+    >>> merged == full_catalog([FileInfo("a.parquet", 10, (2, 4)), FileInfo("b.parquet", 10, (3,))])
+    True
+    """
+    both = {f.path for f in old.files} & {f.path for f in added.files}
+    if both:
+        raise InvalidValueError(f"{sorted(both)[0]!r} is in both catalogs; only files that are new can be added")
+    for name in ("kind", "partition_columns", "cost"):
+        if getattr(old, name) != getattr(added, name):
+            raise InvalidValueError(f"catalogs with different {name} ({getattr(old, name)!r}, "
+                                    f"{getattr(added, name)!r}) cannot be merged")
+    a, b = old.row_groups, added.row_groups
+    paths = sorted(set(a.paths) | set(b.paths))
+    where = {p: i for i, p in enumerate(paths)}
+    remap = [np.array([where[p] for p in rows.paths], dtype=np.int64) for rows in (a, b)]
+    path_index = np.concatenate([m[rows.path_index] if len(rows) else np.zeros(0, np.int64)
+                                 for m, rows in zip(remap, (a, b), strict=True)])
+    row_group = np.concatenate([a.row_group, b.row_group])
+    order = np.lexsort((row_group, path_index))  # (path, row_group) ascending: the catalog's key order
+
+    def column(name):  # a side without row groups may lack the cost columns
+        parts = [getattr(r, name) for r in (a, b)]
+        return np.concatenate([np.zeros(0, np.int64) if p is None else p for p in parts])[order]
+
+    costs = () if old.cost is None else (column("cost_sum"), column("cost_max"))
+    selection = pa.concat_arrays([a.selection, b.selection]).take(pa.array(order))
+    rows = RowGroups(paths, path_index[order], row_group[order], column("total_rows"), column("matching_rows"),
+                     selection, *costs)
+    files = tuple(sorted(old.files + added.files, key=lambda f: f.path))
+    return Catalog(files, rows, old.kind, old.partition_columns, old.cost)

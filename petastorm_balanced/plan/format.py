@@ -59,6 +59,8 @@ class ShardPlan(Protocol):
     def total_rows(self) -> int: ...
     @property
     def table(self) -> TableRef | None: ...
+    @property
+    def extends(self) -> tuple[str, ...]: ...
     def pieces(self, *, batch_size: int | None = None) -> balance.Pieces: ...
 
 
@@ -213,6 +215,7 @@ def plan_document(plan: ShardPlan, digests: dict | None = None) -> dict:
         "dataset_files": [[f.path, f.size, list(f.row_group_rows), f.footer, f.mtime_ns] for f in plan.catalog.files],
         "totals": totals(plan),
         "files": digests or {},
+        **({"extends": list(plan.extends)} if plan.extends else {}),
     }
 
 

@@ -134,9 +134,13 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
                                    f"{ORDER_NAME} v{ORDER_VERSION}; re-plan")
     catalog = Catalog(files, catalog_row_groups(tables[CATALOG]), dataset["kind"],
                       tuple(dataset["partition_columns"]), None if cost is None else cost["text"])
+    extends = document.get("extends", [])  # present in updated plans only
+    if not isinstance(extends, list) or not all(isinstance(c, str) and len(c) == 64 for c in extends):
+        raise PlanIntegrityError(f"{url}/plan.json has an 'extends' that is not a list of plan checksums; re-run "
+                                 "planning")
     plan = ShardPlan(dataset["url"], catalog, params["world_size"], params["batch_size"], params["policy"],
                      params["seed"], PredicateInfo(**predicate), dataset["fingerprint"],
-                     TableRef.from_json(dataset["table"]) if "table" in dataset else None)
+                     TableRef.from_json(dataset["table"]) if "table" in dataset else None, tuple(extends))
     # The checksum (Arrow kernels, sha256) runs beside the fingerprint and the balancing (NumPy sorts): both release
     # the GIL for most of their time, and every rank waits for both (a million row groups: load_plan 1.9 s with
     # them in a row, 1.3 s side by side; benchmarks/bench_scale.py).

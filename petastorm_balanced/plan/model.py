@@ -64,6 +64,10 @@ class ShardPlan:
     predicate: PredicateInfo = PredicateInfo()
     dataset_fingerprint: str = ""
     table: TableRef | None = None  # the Delta/Iceberg snapshot planned (io/tables.py); None: a Parquet folder
+    # The checksums of the plans this one updates (``plan_shards(update=)``), oldest first: their catalogs are parts
+    # of this one, so a loader state saved on them resumes here at an epoch boundary. Not part of the content (the
+    # checksum equals planning from scratch), so not compared either.
+    extends: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         balance.check_params(world_size=self.world_size, seed=self.seed,

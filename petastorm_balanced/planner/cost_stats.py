@@ -28,6 +28,8 @@ def with_costs(catalog: Catalog, spec: CostSpec, stats: Stats) -> Catalog:
         raise RuntimeError(f"no cost statistics for {missing[0]}; the dataset changed while planning: re-run")
     groups = RowGroups.from_matches(replace(r, cost_sum=stats[(r.path, r.row_group)][0],
                                             cost_max=stats[(r.path, r.row_group)][1]) for r in catalog.row_groups)
+    if not len(groups):  # no row group (an update's added files that match nothing): empty cost columns
+        groups = RowGroups((), [], [], [], [], [], [], [])
     return Catalog(catalog.files, groups, catalog.kind, catalog.partition_columns, spec.text)
 
 

@@ -31,7 +31,7 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
                 engine: str = "spark", spark: Any = None, output_url: str | PathLike[str] | None = None,
                 progress: Callable[[int], object] | None = None, cost: str | None = None,
                 table_version: int | None = None, snapshot_id: int | None = None,
-                table_format: str | None = None) -> ShardPlan:
+                table_format: str | None = None, update: Any = None) -> ShardPlan:
     """Scan ``dataset_url``, keep the rows that match ``where`` (Spark SQL) or ``predicate`` (Petastorm), and
     balance them over ``world_size`` ranks; saves the plan when ``output_url`` is given.
 
@@ -44,6 +44,12 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
     Iceberg table (its ``.../metadata/*.metadata.json`` URL, or a pyiceberg ``Table``) at its current snapshot or
     ``snapshot_id``: exactly that snapshot's files, recorded in the plan (docs/tables.md). ``table_format='parquet'``
     reads a table folder's raw Parquet files instead, files the table removed included.
+
+    ``update`` (a ``ShardPlan`` or a plan URL made with the same parameters): when the dataset only gained files
+    since that plan (a new partition, a Delta commit or Iceberg snapshot that only appended), only the added files'
+    footers are read and only their rows filtered and costed; the plan is the one planning from scratch would write
+    (same checksum), and it records the old plan's checksum, so a loader state saved on the old plan resumes on it
+    at an epoch boundary. Anything but added files is refused with ``PlanUpdateError`` (``planner/update.py``).
     """
     balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
                                                                 {"batch_size": batch_size}))
@@ -71,28 +77,33 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
     if cost_spec is not None and engine == "local" and not cost_spec.loader_evaluable:
         raise InvalidValueError(f"cost={cost!r} is a Spark SQL expression and needs engine='spark'; with "
                                 f"engine='local' pass a numeric column or one of {', '.join(FUNCTIONS)} of a column")
-    if engine == "local":
-        if where is not None:
-            raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a "
-                                    "Petastorm predicate= instead")
-        from .engines.local import build_catalog as local_catalog
-        started = time.perf_counter()
-        catalog = local_catalog(url, predicate=predicate, progress=progress, table=table)
-        timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
+    if engine == "local" and where is not None:
+        raise InvalidValueError("where= is Spark SQL and needs engine='spark'; with engine='local' pass a "
+                                "Petastorm predicate= instead")
+    old, only = None, None
+    if update is not None:
+        from . import update as updates
+        old = updates.old_plan(update)
+        updates.check_parameters(old, url=url, table=table, world_size=world_size, batch_size=batch_size,
+                                 policy=policy, seed=seed, predicate=described,
+                                 cost=None if cost_spec is None else cost_spec.text)
+        only, every_path = updates.added_paths(old, url, snapshot)
+        log.info("updating a plan of %d files: %d files added", len(old.catalog.files), len(only))
+    if old is not None and not only:
+        catalog = old.catalog  # nothing added: the same catalog (a table version may still be newer)
     else:
-        from .engines.spark import build_catalog as spark_catalog
-        catalog = spark_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table)
-    if snapshot is not None and snapshot.deleted_rows():
-        catalog = without_rows(catalog, snapshot.deleted_rows())  # position deletes: both engines, one rule
-    if cost_spec is not None:
-        started = time.perf_counter()
-        deletes = snapshot is not None and bool(snapshot.deleted_rows())
-        catalog = _add_costs(url, catalog, cost_spec, engine=engine, where=where, predicate=predicate, spark=spark,
-                             table=table, deletes=deletes)
-        timings["cost"] = time.perf_counter() - started
+        catalog = _catalog(url, engine=engine, where=where, predicate=predicate, spark=spark, progress=progress,
+                           table=table, snapshot=snapshot, cost_spec=cost_spec, timings=timings, only=only)
+    if old is not None and only:
+        from ..core.catalog import merge_catalogs
+        from . import update as updates
+        updates.check_added(old, catalog, every_path, reads_partitions=where is not None or predicate is not None
+                            or cost_spec is not None)
+        catalog = merge_catalogs(old.catalog, catalog)
     started = time.perf_counter()
     plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,
-                     predicate=described, table=table)
+                     predicate=described, table=table,
+                     extends=() if old is None else (*old.extends, old.checksum))
     timings["balance"] = time.perf_counter() - started
     if output_url is not None:
         started = time.perf_counter()
@@ -103,21 +114,49 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
     return plan
 
 
-def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=None, deletes=False):
+def _catalog(url, *, engine, where, predicate, spark, progress, table, snapshot, cost_spec, timings, only):
+    """The catalog of the dataset, or with ``only`` (an update) of those files alone: rows filtered, deletes
+    applied, costs added."""
+    if engine == "local":
+        from .engines.local import build_catalog as local_catalog
+        started = time.perf_counter()
+        catalog = local_catalog(url, predicate=predicate, progress=progress, table=table, only=only)
+        timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
+    else:
+        from .engines.spark import build_catalog as spark_catalog
+        catalog = spark_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table,
+                                only=only)
+    deleted = {} if snapshot is None else snapshot.deleted_rows()
+    if deleted:
+        catalog = without_rows(catalog, deleted)  # position deletes: both engines, one rule
+    if cost_spec is not None:
+        started = time.perf_counter()
+        catalog = _add_costs(url, catalog, cost_spec, engine=engine, where=where, predicate=predicate, spark=spark,
+                             table=table, deletes=bool(deleted), partial=only is not None)
+        timings["cost"] = time.perf_counter() - started
+    return catalog
+
+
+def _add_costs(url, catalog, spec, *, engine, where, predicate, spark, table=None, deletes=False, partial=False):
     """The catalog with cost statistics: Spark SQL evaluates the cost unless a Petastorm predicate chose the rows
     (Spark cannot name those) or a table's position deletes removed some (Spark reads them), then this process reads
-    the cost column for the catalog's rows."""
+    the cost column for the catalog's rows. ``partial``: the catalog holds some of the dataset's files (an update),
+    which Spark then reads by name."""
     from .cost_stats import local_cost_stats, with_costs
     if deletes and not spec.loader_evaluable:
         raise InvalidValueError(f"cost={spec.text!r} is a Spark SQL expression, and {table.describe()} has position "
                                 "deletes that Spark would count; pass a numeric column or a function of one")
+    if not len(catalog.row_groups):  # an update whose added files match no row: nothing to cost
+        return with_costs(catalog, spec, {})
     if engine == "local" or predicate is not None or deletes:
         return with_costs(catalog, spec, local_cost_stats(url, catalog, spec))
-    from ..io.dataset import list_data_files
+    from ..io.dataset import list_data_files, relative_path
     from .engines.spark import get_session
     from .engines.spark_cost import spark_cost_stats
-    _, root, _ = list_data_files(url, table=table)
-    stats = spark_cost_stats(get_session(spark), url, root, catalog.files, spec, where, table=table)
+    _, root, entries = list_data_files(url, table=table)
+    every_path = [relative_path(e.path, root) for e in entries] if partial else None
+    stats = spark_cost_stats(get_session(spark), url, root, catalog.files, spec, where, table=table,
+                             every_path=every_path)
     return with_costs(catalog, spec, stats)
 
 
@@ -130,11 +169,12 @@ def time_summary(timings: dict) -> str:
 
 
 def make_plan(url: str, catalog: Catalog, *, world_size: int, batch_size: int | None, policy: str, seed: int,
-              predicate: PredicateInfo, table: TableRef | None = None) -> ShardPlan:
-    """The plan for a catalog, refusing parameters that would give zero steps."""
+              predicate: PredicateInfo, table: TableRef | None = None, extends: tuple[str, ...] = ()) -> ShardPlan:
+    """The plan for a catalog, refusing parameters that would give zero steps; ``extends``: the checksums of the
+    plans it updates (``ShardPlan.extends``)."""
     if catalog.total_rows == 0:
         what = f"the predicate {predicate.text!r}" if predicate.kind != "none" else "the dataset"
         raise InvalidValueError(f"{what} matches no row of {url}; nothing to balance")
     balance.check_fills_a_step(catalog.total_rows, world_size, batch_size or 1)
     return ShardPlan(url, catalog, world_size, batch_size, policy, seed, predicate,
-                     dataset_fingerprint(catalog.files), table)
+                     dataset_fingerprint(catalog.files), table, extends)

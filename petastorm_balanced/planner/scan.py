@@ -5,6 +5,7 @@ because each one is a small, latency-bound read, which is what dominates on obje
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -32,10 +33,16 @@ class DatasetListing:
     kind: str  # 'petastorm' or 'plain'
     partition_columns: tuple[str, ...]
     schema: pa.Schema | None = None
+    paths: tuple[str, ...] = ()  # every listed file's path, those not read included (``scan(only=...)``)
 
 
-def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None) -> DatasetListing:
+def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None,
+         only: Collection[str] | None = None) -> DatasetListing:
     """List the dataset and read every footer: row counts per row group, sizes, kind, partition columns.
+
+    ``only`` (relative paths; a plan update's added files): read just those footers and list just those files;
+    the partition columns (and ``paths``, whose partition types predicates see) still come from every listed file,
+    as a scan of the whole dataset gives them.
 
     Footers are read in chunks of files per thread task: on a local disk a footer costs ~0.1 ms of CPU, so one
     future per file spent as much time in thread hand-offs as in parsing; chunks keep enough tasks in flight for
@@ -43,6 +50,13 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None) 
     """
     url = fsutil.normalize_url(url)
     filesystem, root, entries = list_data_files(url, table=table)  # table: a Delta/Iceberg snapshot (io/tables.py)
+    paths = tuple(relative_path(e.path, root) for e in entries)
+    if only is not None:
+        wanted = set(only)
+        entries = [e for e, p in zip(entries, paths, strict=True) if p in wanted]
+        if len(entries) != len(wanted):
+            raise StalePlanError(f"{sorted(wanted - set(paths))[0]!r} is no longer in {url}: the dataset changed "
+                                 "while planning; re-run planning")
 
     def read(entry):
         path = relative_path(entry.path, root)
@@ -84,9 +98,9 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None) 
                 progress(len(items))
     files = tuple(r[0] for r in results)
     _check_same_columns(url, files, [r[1] for r in results], set(schema.names))
-    columns = sorted({k for f in files for k in partition_values(f.path)})
+    columns = sorted({k for p in paths for k in partition_values(p)})
     return DatasetListing(url, files, "petastorm" if has_unischema(url) else "plain", tuple(columns),
-                          schema)
+                          schema, paths)
 
 
 def _check_same_columns(url, files, names_per_file, names):

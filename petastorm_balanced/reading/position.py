@@ -225,9 +225,15 @@ class Position:
         state = loader_state.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
         expected = {**self.settings.identity(), **(extra or {})}
         loader_state.require(state, (self.EPOCH, self.BATCHES, *expected))
+        # a state of a plan this one updates (``ShardPlan.extends``): from a pass's start only, where the window
+        # that shuffled the old plan's epoch no longer decides anything
+        updated = state[self.PLAN_CHECKSUM] != expected[self.PLAN_CHECKSUM] and \
+            state[self.PLAN_CHECKSUM] in self.settings.plan.extends
+        if updated:
+            self._check_pass_start(state)
         for key, value in expected.items():
-            if key == self.WORLD_SIZE:
-                continue  # another world size is an elastic resume, checked below
+            if key == self.WORLD_SIZE or (updated and key in (self.PLAN_CHECKSUM, self.SHUFFLE_WINDOW)):
+                continue  # another world size: an elastic resume, checked below (and see above)
             if key == self.SHUFFLE_WINDOW and state[key] != value and self.settings.options.shuffle_window is None:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} rows but this loader's shuffle_budget gives "
                                         f"windows of {value} rows; pass shuffle_window={state[key]!r} to resume "
@@ -237,6 +243,21 @@ class Position:
                                         "position only resumes a loader with the same plan and settings")
         self.epoch, self.batches, self.stages = layout.loaded(self.settings, state, workers)
         self._owner, self.resumed = None, True
+
+    def _check_pass_start(self, state: dict) -> None:
+        """A state saved on a plan that ``self.settings.plan`` updates (``ShardPlan.extends``) resumes only at the
+        start of a pass, where the added rows join; mid-epoch the old epoch's rows per rank were dealt from the old
+        catalog, which no longer exists, so continuing it here could repeat or skip rows."""
+        epoch, batches = state[self.EPOCH], state[self.BATCHES]
+        parts = state.get(self.PARTITION_EPOCH, 1)
+        mid = (batches != 0 or state.get(self.STAGES) or state.get(loader_state.WORKER_BATCHES, 0)
+               or (isinstance(epoch, int) and isinstance(parts, int) and parts > 0 and epoch % parts))
+        if mid:
+            raise InvalidValueError(
+                f"state (epoch {epoch!r}, batch {batches!r}) was saved mid-epoch on the plan this plan updates "
+                f"(checksum {str(state[self.PLAN_CHECKSUM])[:12]}); the updated plan's rows join at an epoch "
+                "boundary (with partition_epoch, at the start of a pass) only: finish the epoch on the old plan and "
+                "save the state there, or resume on the old plan")
 
 
 class Run:

@@ -49,7 +49,8 @@ def cmd_plan(args) -> int:
     with Progress("reading footers") as bar, _spark(args) as spark:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine=args.engine, spark=spark,
-                           output_url=args.output, progress=bar, cost=args.cost, **table_arguments(args))
+                           output_url=args.output, progress=bar, cost=args.cost, update=args.update,
+                           **table_arguments(args))
     from .report import compare_report
     r = compare_report(plan)
     if plan.batch_size is None:
@@ -59,7 +60,8 @@ def cmd_plan(args) -> int:
         shape = (f"batch_size {plan.batch_size}: {r['steps_per_epoch']} steps per rank, dropped {r['dropped_rows']}"
                  f", padded {r['padded_rows']}; Petastorm would give {r['petastorm']['min_steps']}.."
                  f"{r['petastorm']['max_steps']} steps")
-    print(f"planned {r['matching_rows']} matching rows of {r['scanned_rows']} ({r['row_groups']} row groups) for "
+    how = "planned" if args.update is None else f"updated {fsutil.normalize_url(args.update)}:"
+    print(f"{how} {r['matching_rows']} matching rows of {r['scanned_rows']} ({r['row_groups']} row groups) for "
           f"world_size {plan.world_size}, {shape} -> {fsutil.normalize_url(args.output)} "
           f"(checksum {plan.checksum[:12]})")
     return OK
@@ -285,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="Petastorm's cur_shard/shard_count per-rank counts beside a balanced plan")
     p.add_argument("dataset_url", metavar="DATASET_URL")
-    add_planning_arguments(p, default_engine=None)
+    add_planning_arguments(p, default_engine=None, update=False)
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.set_defaults(run=cmd_compare)
 
@@ -302,9 +304,10 @@ def _pass_args(p) -> None:
                    "check (verify) the rest of its epoch in --world-size ranks, as an elastic resume serves it")
 
 
-def add_planning_arguments(p, default_engine=None, *, engine_options: bool = True) -> None:
+def add_planning_arguments(p, default_engine=None, *, engine_options: bool = True,
+                           update: bool = True) -> None:
     """The planning arguments, shared by ``plan``, ``compare`` and the spark-submit job (which has no
-    ``--engine``/``--master``: spark-submit decides both)."""
+    ``--engine``/``--master``: spark-submit decides both); ``update``: with ``--update`` (not ``compare``)."""
     p.add_argument("--world-size", type=_positive, required=True, metavar="W", help="number of ranks to balance over")
     p.add_argument("--where", metavar="SQL", help="Spark SQL boolean filter on the rows (needs the Spark engine); "
                    "rows where it is NULL do not match")
@@ -320,6 +323,10 @@ def add_planning_arguments(p, default_engine=None, *, engine_options: bool = Tru
                    help="Iceberg table (DATASET_URL: its metadata JSON): plan snapshot ID (default: the current)")
     p.add_argument("--table-format", choices=("delta", "iceberg", "parquet"),
                    help="default: detected; 'parquet' reads a Delta folder's raw Parquet files, removed ones included")
+    if update:
+        p.add_argument("--update", metavar="OLD_PLAN_URL",
+                       help="a plan of this dataset made with the same arguments: read only the files added since "
+                       "(same result as planning from scratch); anything but added files is refused")
     if engine_options:
         p.add_argument("--engine", choices=("spark", "local"), default=default_engine,
                        help="default: spark" if default_engine else "default: spark with --where, else local")

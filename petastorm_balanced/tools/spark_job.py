@@ -2,7 +2,7 @@
 
     spark-submit "$(petastorm-balanced spark-job-path)" DATASET_URL --world-size W --output PLAN_URL \\
         [--where SQL] [--batch-size B] [--policy drop|pad] [--seed S] [--cost EXPR] \\
-        [--table-version N | --snapshot-id ID]
+        [--table-version N | --snapshot-id ID] [--update OLD_PLAN_URL]
 
 ``petastorm-balanced spark-job-path`` prints this file's path (``spark_jobs/plan_shards.py`` in a checkout is a thin
 wrapper around it). The work happens in ``petastorm_balanced.planner.engines.spark`` (footers and filters in Spark
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     try:
         plan = plan_shards(args.dataset_url, args.world_size, where=args.where, batch_size=args.batch_size,
                            policy=args.policy, seed=args.seed, engine="spark", spark=spark, output_url=args.output,
-                           cost=args.cost, **table_arguments(args))
+                           cost=args.cost, update=args.update, **table_arguments(args))
     except InvalidWhereError as exc:
         print(f"{PROG}: error: --where {exc.expression!r} {exc.problem}: {exc.reason}", file=sys.stderr)
         return 2
@@ -74,8 +74,10 @@ def main(argv=None) -> int:
             spark.stop()
     per_rank = (f"{plan.steps_per_epoch()} steps of {plan.batch_size} rows per rank" if plan.batch_size else
                 f"{plan.steps_per_epoch(batch_size=1)} rows per rank (no batch size planned)")
-    print(f"{PROG}: wrote {args.output}: {plan.total_rows} matching rows in {len(plan.catalog.row_groups)} row "
-          f"groups, world_size={plan.world_size}, {per_rank}, checksum {plan.checksum}")
+    updated = f" (updated {args.update})" if args.update else ""
+    print(f"{PROG}: wrote {args.output}{updated}: {plan.total_rows} matching rows in "
+          f"{len(plan.catalog.row_groups)} row groups, world_size={plan.world_size}, {per_rank}, "
+          f"checksum {plan.checksum}")
     return 0
 
 

@@ -15,15 +15,18 @@ from ..filters import check_fields, row_group_mask
 from ..scan import scan
 
 
-def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None, table=None) -> Catalog:
-    listing = scan(url, progress=progress, table=table)
+def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None, table=None,
+                  only=None) -> Catalog:
+    """The catalog of ``url``; with ``only`` (relative paths, a plan update's added files) of those files alone,
+    evaluated as in a catalog of the whole dataset (partition columns and types from every listed file)."""
+    listing = scan(url, progress=progress, table=table, only=only)
     if predicate is None:
         return full_catalog(listing.files, listing.kind, listing.partition_columns)
     stored = [] if listing.schema is None else list(listing.schema.names)  # None: no file to read a schema from
     fields = check_fields(predicate, stored + list(listing.partition_columns), url)
     unischema = load_unischema(url) if listing.kind == "petastorm" else None
     filesystem, root = dataset_root(url)
-    types = partition_types([f.path for f in listing.files])  # one type per hive column for the whole dataset
+    types = partition_types(listing.paths)  # one type per hive column for the whole dataset
 
     def evaluate(file):
         with filesystem.open_input_file(fsutil.join(root, file.path)) as handle:

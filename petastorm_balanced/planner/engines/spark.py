@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote, urlparse
 
@@ -119,8 +119,13 @@ def default_parallelism(spark) -> int | None:
 
 
 def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=None,
-                  footers_in_tasks: bool | None = None, timings: dict | None = None, table=None) -> Catalog:
+                  footers_in_tasks: bool | None = None, timings: dict | None = None, table=None,
+                  only: Collection[str] | None = None) -> Catalog:
     """The catalog of ``url`` (a normalized dataset URL) filtered by ``where`` or ``predicate``.
+
+    ``only`` (relative paths; a plan update's added files): footers are read, and ``where`` or ``predicate``
+    evaluated, for those files alone, which Spark reads by name; partition columns and their types come from every
+    listed file, so each file's rows get the answer a catalog of the whole dataset gives them.
 
     A session (``get_session(spark)``) is taken only when Spark has work: a filter, or footers in tasks.
 
@@ -142,6 +147,14 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
     relpaths = [relative_path(e.path, root) for e in entries]
     sizes = {p: e.size for p, e in zip(relpaths, entries, strict=True)}
     mtimes = {p: listed_mtime(e) for p, e in zip(relpaths, entries, strict=True)}
+    every_path = tuple(relpaths)  # partition columns and types: the whole dataset's
+    if only is not None:
+        missing = sorted(set(only) - set(sizes))
+        if missing:
+            raise InvalidValueError(f"{missing[0]!r} is no longer in {url}: the dataset changed while planning; "
+                                    "re-run planning")
+        wanted = set(only)
+        relpaths = [p for p in relpaths if p in wanted]
     in_tasks = footers_in_tasks
     if in_tasks is None:
         in_tasks = len(relpaths) > DRIVER_FOOTERS_MAX and not fsutil.is_local(url)
@@ -166,7 +179,7 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
         results = read_footers(url, root, relpaths)
     files = _file_infos(url, results, sizes, mtimes)
     kind = "petastorm" if has_unischema(url) else "plain"
-    partition_columns = tuple(sorted({k for f in files for k in partition_values(f.path)}))
+    partition_columns = tuple(sorted({k for p in every_path for k in partition_values(p)}))
     timings["footers"] = time.perf_counter() - listed - timings["session"]
     log.info("%d files, %d row groups, %d rows (footers read in %.1f s)", len(files),
              sum(len(f.row_group_rows) for f in files), sum(f.num_rows for f in files), timings["footers"])
@@ -176,12 +189,13 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
     if where is not None:
         one_schema = len({r[4] for r in results}) == 1 and table is None and not partition_columns
         matches = _where_matches(spark, url, root, files, where, partition_columns, timings, table=table,
-                                 schema_from=files[0].path if one_schema and files else None)
+                                 schema_from=files[0].path if one_schema and files else None,
+                                 every_path=every_path if only is not None else None)
         what = f"where {where!r}"
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
         fields = check_fields(predicate, columns, url)
-        matches = _predicate_matches(spark, url, root, files, predicate, fields, kind)
+        matches = _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path)
         what = f"predicate on {fields}"
     catalog = Catalog(tuple(files), RowGroups.from_matches(sorted(matches, key=lambda m: (m.path, m.row_group))),
                       kind, partition_columns)
@@ -292,11 +306,13 @@ def quiet_pyspark_error_logs():
 
 def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where: str,
                    partition_columns: Sequence[str], timings: dict, table=None,
-                   schema_from: str | None = None) -> list[RowGroupMatch]:
+                   schema_from: str | None = None, every_path: Sequence[str] | None = None) -> list[RowGroupMatch]:
+    """``every_path``: given when ``files`` are some of the dataset's (an update), which Spark then reads by name
+    with the partition types of every path."""
     started = time.perf_counter()
     schema = _footer_schema(spark, url, root, schema_from) if schema_from is not None else None
-    frame = read_for_where(spark, url, partition_types([f.path for f in files]),
-                            files if table is not None else None, schema=schema)
+    frame = read_for_where(spark, url, partition_types(every_path or [f.path for f in files]),
+                            files if table is not None or every_path is not None else None, schema=schema)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
@@ -537,14 +553,14 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
 
 # ---------------------------------------------------------------------------------------------- Petastorm predicate
 
-def _predicate_matches(spark, url, root, files, predicate, fields, kind) -> list[RowGroupMatch]:
+def _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path) -> list[RowGroupMatch]:
     ship_package(spark)
     sc = spark.sparkContext
     work = [(f.path, f.row_group_rows) for f in files if f.num_rows > 0]
     if not work:
         return []
     slices = max(1, min(len(work), sc.defaultParallelism * 4))
-    types = partition_types([f.path for f in files])  # the whole dataset's, as the local engine passes them
+    types = partition_types(every_path)  # the whole dataset's, as the local engine passes them
     out = sc.parallelize(work, slices).mapPartitions(_predicate_task(url, root, predicate, fields, kind,
                                                                      types)).collect()
     errors = [r for r in out if r[0] is None]

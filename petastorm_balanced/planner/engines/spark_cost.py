@@ -34,11 +34,12 @@ _PARTIAL_SCHEMA = "path string, row_group int, cost_sum long, cost_max long, bad
 
 
 def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec: CostSpec,
-                     where: str | None = None, table=None) -> Stats:
+                     where: str | None = None, table=None, every_path: Sequence[str] | None = None) -> Stats:
     """``(sum, max)`` of the cost of the rows ``where`` keeps, per row group; a NULL, negative or fractional cost
-    is a ``ValueError`` naming file and row group."""
-    frame = read_for_where(spark, url, partition_types([f.path for f in files]),  # typed as the loader delivers
-                            files if table is not None else None)  # a table: its snapshot's files
+    is a ``ValueError`` naming file and row group. ``every_path``: given when ``files`` are some of the dataset's
+    (an update), which Spark then reads by name with the partition types of every path."""
+    frame = read_for_where(spark, url, partition_types(every_path or [f.path for f in files]),  # as the loader types
+                            files if table is not None or every_path is not None else None)  # a table: its files
     columns = frame.columns
     lookup = {f.path: f.row_group_rows for f in files if f.num_rows > 0}
     # Spark Connect has no broadcast: the lookup (row group sizes per file) travels inside the function instead.
