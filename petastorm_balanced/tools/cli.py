@@ -23,6 +23,10 @@ PROG = "petastorm-balanced"
 OK, CHECK_FAILED, BAD_INPUT = 0, 1, 2
 
 
+def _note(message, category, *_args, **_kwargs) -> None:
+    print(f"{PROG}: note: {message}", file=sys.stderr)
+
+
 class InputError(Exception):
     """Bad input found by the CLI itself (exit 2)."""
 
@@ -32,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     # Petastorm 0.12.1 drives pyarrow's legacy API; its deprecation warnings are noise a CLI user cannot act on.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.showwarning = _note  # our own warnings (sorted storage) as one line, without the source line
     try:
         return args.run(args)
     except (InputError, PlanError, BadInputError, OSError) as exc:  # our checks' errors, and files that are not there
