@@ -15,6 +15,7 @@ from ..core.cost import REDUCES, CostOptions, parse_cost
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..plan.model import ShardPlan
+from .tensors import TORCH, check_batch_format
 
 SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
 
@@ -40,6 +41,7 @@ class LoaderOptions:
     cost_reduce: str = "sum"
     max_batch_cost: int | None = None
     transform_spec: Any = None
+    batch_format: str = TORCH  # "torch" or "numpy" (tensors.py)
 
     def __post_init__(self) -> None:
         if self.reshuffle not in ("epoch", "fixed"):
@@ -49,6 +51,7 @@ class LoaderOptions:
             raise InvalidTypeError(f"shuffle={self.shuffle!r} must be True or False")
         check_int("shuffle_window", self.shuffle_window, minimum=1, hint=" (rows per shuffle window)")
         object.__setattr__(self, "padding_mask", bool(self.padding_mask))
+        check_batch_format(self.batch_format)
 
 
 # Petastorm arguments the plan owns, and what to do instead.
