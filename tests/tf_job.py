@@ -77,3 +77,5 @@ except KeyboardInterrupt:
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump({"status": status, "steps_per_epoch": len(ds.position), "ids": seen}, f)
 print("worker", rank, status, len(seen), flush=True)
+sys.stderr.flush()
+os._exit(0)  # MultiWorkerMirroredStrategy's chief can wait for its peers at interpreter exit; everything is written
