@@ -83,13 +83,13 @@ def distribute_tf_dataset(strategy: Any, *, plan: ShardPlan | str, batch_size: i
     callbacks=[ds.position.keras_callback(), ...])``. ``ds.position`` is the ``DatasetPosition``.
     """
     tf = _tf()
-    if strategy.num_replicas_in_sync != getattr(strategy.extended, "_num_workers", strategy.num_replicas_in_sync):
-        raise InvalidValueError(f"the strategy has {strategy.num_replicas_in_sync} replicas on "
-                                f"{strategy.extended._num_workers} workers: distribute_tf_dataset serves one replica "
-                                "per worker (each worker's batches are one replica's); run one worker per device")
     made: list[DatasetPosition] = []
 
     def dataset_fn(context):
+        if context.num_replicas_in_sync != context.num_input_pipelines:
+            raise InvalidValueError(f"the strategy has {context.num_replicas_in_sync} replicas on "
+                                    f"{context.num_input_pipelines} workers: distribute_tf_dataset serves one replica "
+                                    "per worker (each worker's batches are one replica's); run one worker per device")
         loader = _loader(context.input_pipeline_id, context.num_input_pipelines, plan, batch_size,
                          make_loader_kwargs)
         position = DatasetPosition.of(loader)
@@ -203,7 +203,7 @@ class DatasetPosition:
         """Training consumed ``batches`` more batches of the current run (the Keras callback calls this)."""
         if self._counted_run != self._run:
             self._counted_run, self._consumed = self._run, 0
-        self._consumed = (self._consumed or 0) + batches
+        self._consumed = (self._consumed or 0) + int(batches)  # Keras' step numbers may be numpy ints
         if self._consumed > self._delivered:
             raise InvalidValueError(f"training consumed {self._consumed} batches but the dataset delivered only "
                                     f"{self._delivered}: a distribution strategy re-batched it (each replica got part "
@@ -217,14 +217,15 @@ class DatasetPosition:
             return state  # nothing counted: what was handed to TensorFlow
         epoch, batch = self._start
         left = self._consumed
-        steps = self.loader._position.settings.steps_of
+        def steps(epoch: int, stages: tuple) -> int:
+            return int(self.loader._position.settings.steps_of(epoch, stages))
         if state["elastic"]["stages"] and (epoch, batch + left) != (state["epoch"], state["batches"]):
             raise InvalidValueError("a position inside an elastic resume (a state saved at another world size) can "
                                     "only be saved where the loader is; checkpoint after the resumed epoch ends")
         while batch + left >= steps(epoch, ()):
             left -= steps(epoch, ()) - batch
             epoch, batch = epoch + 1, 0
-        return {**state, "epoch": epoch, "batches": batch + left}
+        return {**state, "epoch": int(epoch), "batches": int(batch + left)}
 
     def load_state_dict(self, state: dict) -> None:
         self.loader.load_state_dict(state)
