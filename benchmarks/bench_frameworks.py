@@ -43,7 +43,10 @@ def epoch_runner(path: str, plan, columns, batch: int):
         dataset = make_tf_dataset(0, 2, **kwargs)
         return lambda: sum(1 for b in dataset if b["id"][0] is not None)
     if path == "jax":
+        import jax
+
         from petastorm_balanced.jax import make_jax_iterator
+        jax.config.update("jax_enable_x64", True)  # id and value are 64-bit
         batches = make_jax_iterator(0, 2, **kwargs)
 
         def run():

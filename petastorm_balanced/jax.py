@@ -20,6 +20,7 @@ import numpy as np
 from .errors import InvalidValueError, MissingDependencyError
 from .plan.model import ShardPlan
 from .reading.loader import BalancedLoader, make_loader
+from .reading.schema import TENSOR
 
 OWNED = {
     "batch_format": "JAX takes numpy batches (batch_format='numpy' is set here)",
@@ -46,12 +47,19 @@ def make_jax_iterator(rank: int | None = None, world: int | None = None, *, plan
     initialized (``World.detect()``). Without ``sharding`` each array is put on JAX's default device; with one, it
     is a global array of ``(batch_size x world, ...)`` rows laid out by ``sharding`` (which must span the
     processes of this world). Columns that ``loader.schema`` gives as lists (text) stay this process's lists.
+    64-bit columns (int64, float64, timestamps) need ``jax_enable_x64``: without it JAX would narrow their values
+    to 32 bits, so they are refused with the fix.
     """
     jax = _jax()
     for name, why in OWNED.items():
         if name in make_loader_kwargs:
             raise InvalidValueError(f"{name}={make_loader_kwargs[name]!r} is not accepted here: {why}")
     loader = make_loader(rank, world, plan=plan, batch_size=batch_size, batch_format="numpy", **make_loader_kwargs)
+    wide = [c.name for c in loader.schema if c.kind == TENSOR and np.dtype(c.dtype).itemsize == 8]
+    if wide and not jax.config.jax_enable_x64:
+        raise InvalidValueError(f"columns {wide} are 64-bit, which JAX would silently narrow to 32 bits "
+                                "(jax_enable_x64 is off); call jax.config.update('jax_enable_x64', True) first, or "
+                                "leave them out (schema_fields=[...])")
     if sharding is not None:
         if not isinstance(sharding, jax.sharding.Sharding):
             raise InvalidValueError(f"sharding={sharding!r} must be a jax.sharding.Sharding (e.g. NamedSharding(mesh, "

@@ -15,6 +15,8 @@ rank, port, plan_url, out_dir, stop_after = int(sys.argv[1]), int(sys.argv[2]), 
 state_in = sys.argv[6] if len(sys.argv) > 6 else None
 
 import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)  # ids are int64: JAX would narrow them otherwise
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 

@@ -37,7 +37,23 @@ def oracle(plan, rank, epochs, **kwargs):
     return [b["id"].tolist() for _ in range(epochs) for b in loader]
 
 
-def test_single_process_arrays_and_state(plan):
+@pytest.fixture
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def test_64_bit_columns_need_x64(plan):
+    from petastorm_balanced.jax import make_jax_iterator
+    plan, _ = plan
+    with pytest.raises(InvalidValueError, match=r"columns \['id', 'value'\] are 64-bit, which JAX would silently"):
+        make_jax_iterator(0, 2, plan=plan, schema_fields=["id", "value", "label"])
+    batch = next(iter(make_jax_iterator(0, 2, plan=plan, schema_fields=["label"])))
+    assert batch["label"].dtype == np.int32
+
+
+def test_single_process_arrays_and_state(plan, x64):
     from petastorm_balanced.jax import make_jax_iterator
     plan, _ = plan
     it = make_jax_iterator(1, 2, plan=plan, shuffle_window=32)
@@ -56,7 +72,7 @@ def test_single_process_arrays_and_state(plan):
     assert got == expected  # the rest of epoch 0, then epoch 1
 
 
-def test_a_sharding_over_other_processes_is_refused(plan):
+def test_a_sharding_over_other_processes_is_refused(plan, x64):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from petastorm_balanced.jax import make_jax_iterator
