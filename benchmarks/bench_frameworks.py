@@ -2,8 +2,9 @@
 
 Not a test: run it standalone on the modern stack (TensorFlow and JAX installed). One rank of a 2-rank plan over a
 generated dataset, numeric columns (``id``, ``value``, ``label``) by default; each round times one epoch through
-each path, in turn (numpy, torch, tf, jax), after one warm-up epoch each; the report is the median epoch time of
-each path and its ratio to numpy's in the same round (median of the ratios), so machine load cancels out.
+each path, in turn (a rotated order of numpy, torch, tf, jax), after one warm-up epoch each; the report is the
+median epoch time of each path and its ratio to numpy's in the same round (median of the ratios), so machine load
+cancels out.
 
 - numpy: ``make_loader(..., batch_format="numpy")``, every batch touched (``batch["id"][0]``);
 - torch: ``make_loader(...)`` (the default), for scale;
@@ -77,8 +78,10 @@ def main(argv=None) -> int:
     for path, run in runners.items():  # warm-up: imports, first traces, the reader's pool
         assert run() == steps, path
     times: dict[str, list[float]] = {p: [] for p in paths}
-    for _ in range(args.rounds):
-        for path, run in runners.items():
+    for round_ in range(args.rounds):
+        order = paths[round_ % len(paths):] + paths[:round_ % len(paths)]  # each path leads a round in turn: a
+        for path in order:  # path run right after TensorFlow's or JAX's epoch pays for their garbage (measured)
+            run = runners[path]
             started = time.perf_counter()
             assert run() == steps, path
             times[path].append(time.perf_counter() - started)
