@@ -132,6 +132,7 @@ NO_TORCH = textwrap.dedent("""
     import petastorm_balanced
     from petastorm_balanced import datagen, make_loader, plan_shards
     from petastorm_balanced.errors import MissingDependencyError
+    import petastorm_balanced.jax, petastorm_balanced.tf  # their modules import neither their framework nor torch
 
     info = datagen.make_plain_dataset(sys.argv[1], num_files=2, total_rows=300, seed=3)
     plan = plan_shards(info.url, 2, batch_size=8, engine="local")
