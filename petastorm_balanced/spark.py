@@ -132,6 +132,19 @@ class BalancedConverter:
         finally:
             loader.close()
 
+    @contextlib.contextmanager
+    def make_tf_dataset(self, rank: int | None = None, world: int | None = None,
+                        **make_loader_kwargs: Any) -> Iterator[Any]:
+        """``petastorm_balanced.tf.make_tf_dataset`` over this rank's rows, its loader closed on exit (``with ... as
+        dataset``), as Petastorm's converter; ``batch_size`` defaults as in ``make_torch_dataloader``."""
+        from .tf import make_tf_dataset
+        make_loader_kwargs.setdefault("batch_size", self.plan.batch_size or DEFAULT_BATCH_SIZE)
+        dataset = make_tf_dataset(rank, world, plan=self.plan, **make_loader_kwargs)
+        try:
+            yield dataset
+        finally:
+            dataset.position.loader.close()
+
     def make_dataset(self, rank: int | None = None, world: int | None = None,
                      **kwargs: Any) -> BalancedIterableDataset:
         """A ``BalancedIterableDataset`` (for ``torch.utils.data.DataLoader(num_workers=K)``) over this rank's rows;

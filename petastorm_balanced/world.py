@@ -5,6 +5,7 @@ every rank read the same data.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -48,12 +49,15 @@ class World:
     def detect(cls, environ: Mapping[str, str] | None = None) -> World:
         """Rank and world size from the job's launcher, trusted in this order (the first one present decides):
 
-        1. an initialized ``torch.distributed`` process group (only when ``environ`` is not given);
+        1. an initialized ``torch.distributed`` process group, else an initialized ``jax.distributed``
+           (``jax.process_index()``/``jax.process_count()``) (only when ``environ`` is not given);
         2. torchrun: ``RANK``/``WORLD_SIZE`` (also when torchrun itself was started by srun);
         3. Horovod: ``HOROVOD_RANK``/``HOROVOD_SIZE``;
         4. Open MPI: ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``;
         5. MPICH/PMI: ``PMI_RANK``/``PMI_SIZE``;
-        6. SLURM: ``SLURM_PROCID``/``SLURM_NTASKS`` (``srun python train.py``; ``SLURM_LOCALID`` is checked too).
+        6. SLURM: ``SLURM_PROCID``/``SLURM_NTASKS`` (``srun python train.py``; ``SLURM_LOCALID`` is checked too);
+        7. TensorFlow: ``TF_CONFIG`` (``MultiWorkerMirroredStrategy``): the chief is rank 0, then the workers in
+           order; a task that does not train (``evaluator``, ``ps``) is an error.
 
         A launcher with one of its pair missing, or a value that is not an integer or out of range, is an error, never
         a silent rank 0. Raises ``RuntimeError`` when nothing names the world: pass ``rank``/``world`` explicitly.
@@ -63,6 +67,9 @@ class World:
             dist = _initialized_torch_distributed()
             if dist is not None:
                 return cls(dist.get_rank(), dist.get_world_size())
+            jax = _initialized_jax_distributed()
+            if jax is not None:
+                return cls(jax.process_index(), jax.process_count())
         for rank_var, size_var, launcher in _ENV_PAIRS:
             if rank_var in environ or size_var in environ:
                 if rank_var not in environ or size_var not in environ:
@@ -72,9 +79,11 @@ class World:
                 if rank_var == "SLURM_PROCID" and _SLURM_LOCAL in environ:
                     _parse_env_int(environ, _SLURM_LOCAL)
                 return cls(_parse_env_int(environ, rank_var), _parse_env_int(environ, size_var))
-        raise RuntimeError("cannot detect rank and world size: torch.distributed is not initialized and none of "
-                           + ", ".join(f"{r}/{s}" for r, s, _ in _ENV_PAIRS)
-                           + " is set; pass rank= and world= explicitly. " + FRAMEWORK_HINT)
+        if _TF_CONFIG in environ:
+            return cls(*_tf_config_world(environ[_TF_CONFIG]))
+        raise RuntimeError("cannot detect rank and world size: neither torch.distributed nor jax.distributed is "
+                           "initialized and none of " + ", ".join(f"{r}/{s}" for r, s, _ in _ENV_PAIRS)
+                           + f", {_TF_CONFIG} is set; pass rank= and world= explicitly. " + FRAMEWORK_HINT)
 
 
 def resolve_world(rank: int | None, world: int | None) -> World:
@@ -100,6 +109,41 @@ def _parse_env_int(environ, name) -> int:
         return int(text.strip())
     except ValueError:
         raise RuntimeError(f"environment variable {name}={text!r} is not an integer") from None
+
+
+_TF_CONFIG = "TF_CONFIG"
+_TF_TRAINING_TASKS = ("chief", "worker")  # MultiWorkerMirroredStrategy's collective: the chief first
+
+
+def _tf_config_world(text: str) -> tuple[int, int]:
+    """(rank, world size) of this task in a ``TF_CONFIG`` of ``MultiWorkerMirroredStrategy``."""
+    try:
+        config = json.loads(text)
+        cluster, task = config["cluster"], config["task"]
+        kind, index = task["type"], task["index"]
+        sizes = {name: len(cluster.get(name) or ()) for name in _TF_TRAINING_TASKS}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RuntimeError(f"{_TF_CONFIG}={text!r} is not a TensorFlow cluster spec with 'cluster' and 'task' "
+                           f"{{'type', 'index'}} ({exc!r}); fix it, or pass rank= and world=") from None
+    if kind not in _TF_TRAINING_TASKS:
+        raise RuntimeError(f"{_TF_CONFIG} names task type {kind!r}, which reads no training data here (the ranks are "
+                           f"the {' and '.join(_TF_TRAINING_TASKS)} tasks of MultiWorkerMirroredStrategy); pass "
+                           "rank= and world= for another role")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < sizes[kind]:
+        raise RuntimeError(f"{_TF_CONFIG} task index {index!r} is not one of the {sizes[kind]} {kind!r} tasks of its "
+                           "cluster")
+    rank = index if kind == "chief" else sizes["chief"] + index
+    return rank, sizes["chief"] + sizes["worker"]
+
+
+def _initialized_jax_distributed():
+    if "jax" not in sys.modules:  # never import jax just to ask
+        return None
+    import jax
+    is_initialized = getattr(jax.distributed, "is_initialized", None)
+    if is_initialized is not None and is_initialized():
+        return jax
+    return None
 
 
 def _initialized_torch_distributed():

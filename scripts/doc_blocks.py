@@ -6,6 +6,8 @@
 Fence syntax (the one every doc follows):
   ```python / ```bash / ```sh / ```console   run, in order, one process per block, from a scratch folder per file
   ```python norun: REASON                    not run; the reason is required (``norun`` alone is an error)
+  ```python needs: MODULE [MODULE ...]       run where every MODULE imports in the venv, else reported as skipped
+                                             (TensorFlow and JAX examples: the modern stack runs them)
   ```text, ```json, a bare ``` ...           never run (program output, file contents)
 A ``console`` block runs its ``$ `` lines only. Blocks of one file share that file's scratch folder (a plan
 written by one block is read by the next) but no Python state; files run side by side (``--jobs``). Before a
@@ -65,6 +67,7 @@ class Block:
     lang: str  # python, bash, console, or the info string's first word for blocks never run
     norun: str | None
     code: str
+    needs: tuple[str, ...] = ()  # modules the block needs; without them it is skipped (and reported)
 
     @property
     def where(self) -> str:
@@ -91,6 +94,11 @@ def parse(path: str, text: str) -> list[Block]:
             norun = rest[len("norun"):].lstrip(":").strip()
             if not norun:
                 raise FenceError(f"{path}:{start + 1}: `norun` needs a reason: ```{word} norun: WHY")
+        needs: tuple[str, ...] = ()
+        if rest.startswith("needs"):
+            needs = tuple(rest[len("needs"):].lstrip(":").replace(",", " ").split())
+            if not needs:
+                raise FenceError(f"{path}:{start + 1}: `needs` names modules: ```{word} needs: MODULE ...")
         body, i = [], i + 1
         while i < len(lines):
             close = FENCE.match(lines[i])
@@ -102,7 +110,8 @@ def parse(path: str, text: str) -> list[Block]:
         else:
             raise FenceError(f"{path}:{start + 1}: the block opened here is never closed")
         i += 1
-        blocks.append(Block(path, start + 1, RUNNABLE.get(word, word or "bare"), norun, "\n".join(body) + "\n"))
+        blocks.append(Block(path, start + 1, RUNNABLE.get(word, word or "bare"), norun, "\n".join(body) + "\n",
+                            needs))
     return blocks
 
 
@@ -173,6 +182,10 @@ def block_env(bindir: str, wheel: str | None) -> dict:
     return env
 
 
+def importable(python: str, module: str, env: dict) -> bool:
+    return subprocess.run([python, "-c", f"import {module}"], env=env, capture_output=True).returncode == 0
+
+
 def tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -204,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     python = os.path.join(args.bin, "python")
     env = block_env(args.bin, args.wheel)
+    missing = {m for b in blocks if b.runnable for m in b.needs if not importable(python, m, env)}
+    unmet = [b for b in blocks if b.runnable and missing.intersection(b.needs)]
+    for b in unmet:
+        print(f"doc_blocks: {b.where:28} {b.lang:8} skipped: needs {', '.join(sorted(missing & set(b.needs)))}")
+    blocks = [b for b in blocks if b not in unmet]
     scratch = Path(tempfile.mkdtemp(prefix="pb-doc-blocks-"))
     started, failures, ran = time.perf_counter(), [], 0
     try:
@@ -242,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     failures.sort(key=lambda b: (b.path, b.line))
     skipped = [b for b in blocks if b.norun is not None]
-    print(f"doc_blocks: {ran} blocks run, {len(failures)} failed, {len(skipped)} marked norun, "
+    print(f"doc_blocks: {ran} blocks run, {len(failures)} failed, {len(skipped)} marked norun, {len(unmet)} "
+          "skipped for a missing module, "
           f"{time.perf_counter() - started:.0f} s")
     for b in failures:
         print(f"doc_blocks: FAILED {b.where}", file=sys.stderr)

@@ -16,13 +16,21 @@ command -v "$PY" >/dev/null || PY=python3
 if [ ! -x "$venv/bin/python" ]; then
   "$PY" -m venv "$venv"
 fi
+files=()
+[ -f requirements/frameworks.txt ] && files+=(requirements/frameworks.txt)
+# TensorFlow and JAX on the modern stack only (jax 0.10 needs numpy 2); resolved with the stack's pins and test.txt
+# so that numpy, pyarrow, protobuf and torch do not move.
+[ "$stack" = modern ] && [ -f requirements/tf_jax.txt ] && files+=(requirements/tf_jax.txt)
 extras=()
-[ -f requirements/frameworks.txt ] && extras+=(-r requirements/frameworks.txt)
-stamp=$venv/.pins-$(cat "$pins" requirements/test.txt setup.cfg "${extras[@]:1}" scripts/setup.sh | sha256sum | cut -c1-16)
+for f in "${files[@]}"; do extras+=(-r "$f"); done
+stamp=$venv/.pins-$(cat "$pins" requirements/test.txt setup.cfg "${files[@]}" scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "setup: installing the $stack stack into $venv (first time: a few minutes)"
   "$venv/bin/python" -m pip install -q --upgrade pip wheel setuptools
   "$venv/bin/python" -m pip install -q -r "$pins" -r requirements/test.txt "${extras[@]}" -c "$pins"
+  if [ "$stack" = modern ]; then  # Keras 2 for MultiWorkerMirroredStrategy; it declares `tensorflow`, the GPU build
+    "$venv/bin/python" -m pip install -q --no-deps tf-keras==2.21.0
+  fi
   "$venv/bin/python" -m pip install -q --no-deps -e .
   rm -f "$venv"/.pins-*
   touch "$stamp"

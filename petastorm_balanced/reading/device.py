@@ -26,10 +26,7 @@ from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 
-try:
-    import torch
-except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]  # no torch on this stack: the functions that need it refuse
+torch: Any = None  # imported by check_feed when a batch is to be fed: a loader that feeds nothing never imports it
 
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -60,9 +57,7 @@ def check_feed(pin_memory: Any = False, device: Any = None) -> Feed:
         raise InvalidTypeError(f"pin_memory must be a bool, got {pin_memory!r} ({type(pin_memory).__name__})")
     if not pin_memory and device is None:
         return NO_FEED
-    if torch is None:
-        raise MissingDependencyError(f"pin_memory={pin_memory!r}, device={device!r} need torch; install it "
-                                     "(pip install 'petastorm-balanced[torch]')")
+    _import_torch(pin_memory, device)
     resolved = None if device is None else _check_device(device)
     on_cuda = resolved is not None and resolved.type == "cuda"
     if pin_memory and not (on_cuda or (resolved is None and torch.cuda.is_available())):
@@ -70,6 +65,17 @@ def check_feed(pin_memory: Any = False, device: Any = None) -> Feed:
         raise InvalidValueError(f"pin_memory=True is for copies to a CUDA device, but {where}; pass "
                                 "pin_memory=torch.cuda.is_available() (or False)")
     return Feed(pin_memory=pin_memory, device=resolved)
+
+
+def _import_torch(pin_memory: bool, device: Any) -> None:
+    global torch
+    if torch is None:
+        try:
+            import torch as module
+        except ImportError:
+            raise MissingDependencyError(f"pin_memory={pin_memory!r}, device={device!r} need torch; install it "
+                                         "(pip install 'petastorm-balanced[torch]')") from None
+        torch = module
 
 
 def _check_device(device: Any):

@@ -35,7 +35,12 @@ from .fragments import as_list
 from .mixture import MixturePosition, MixtureSettings, check_single_plan, mixture_slot
 from .options import SHUFFLE_BUDGET, LoaderOptions, resolve_backend
 from .position import EpochSampler, PlannedView, Position, Run, Settings
-from .tensors import require_torch, to_torch, torch, torch_batches
+from .tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - exercised only without torch
+    torch = None  # type: ignore[assignment]  # no torch here: the classes refuse (require_torch)
 
 if TYPE_CHECKING:  # the classes as torch defines them (the runtime bases are object where torch is missing)
     from os import PathLike
@@ -59,6 +64,9 @@ class BalancedIterableDataset(PlannedView, _Base):
     ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window of up to
     ``shuffle_budget`` bytes: with K workers a rank holds up to K budgets. ``transform_spec`` (``TransformSpec``) runs
     in the DataLoader worker processes (its ``func`` must pickle for spawned workers: a module-level function).
+    ``batch_format="numpy"`` yields numpy batches (``make_loader``'s), iterated directly or through
+    ``ds.dataloader(num_workers=K)``: several reading processes for JAX or TensorFlow input pipelines (a plain
+    ``DataLoader`` would turn the arrays into tensors with its default ``collate_fn``).
     """
 
     # state_dict keys
@@ -74,14 +82,16 @@ class BalancedIterableDataset(PlannedView, _Base):
                  shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
                  padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
                  cost_reduce: str = "sum", transform_spec: Any = None, weights: Sequence[float] | None = None,
-                 epoch_steps: int | None = None, list_format: Any = "auto", list_shapes: Any = None) -> None:
+                 epoch_steps: int | None = None, list_format: Any = "auto", list_shapes: Any = None,
+                 batch_format: str = TORCH) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
                                 shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
                                 schema_fields=schema_fields, padding_mask=padding_mask,
                                 partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
-                                transform_spec=transform_spec, list_format=list_format, list_shapes=list_shapes)
+                                transform_spec=transform_spec, list_format=list_format, list_shapes=list_shapes,
+                                batch_format=batch_format)
         self._mixture = isinstance(plan, (list, tuple))  # plan=[...]: a mixture (reading/mixture.py)
         if isinstance(plan, (list, tuple)):
             settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
@@ -164,7 +174,7 @@ class BalancedIterableDataset(PlannedView, _Base):
                         for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
                 batches = split_batches(keep, batch_size)
             else:
-                batches = torch_batches(batch_run, batch_size, settings.padding_mask)
+                batches = format_batches(settings.options.batch_format)(batch_run, batch_size, settings.padding_mask)
             for batch in batches:
                 if run is None:
                     progress[2] += 1
@@ -324,8 +334,9 @@ class _Counted:
     def __next__(self):
         if self._batches is None:
             batches, self._run = self._loader._start()
-            if self._loader._tensors_here:
-                batches = (to_torch(batch, True) for batch in batches)
+            if self._loader._tensors_here:  # the workers' numpy batches in the dataset's format
+                convert = to_torch if self._loader.dataset._settings.options.batch_format == TORCH else to_numpy
+                batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
         batch = next(self._batches)
         if self._run is not None:

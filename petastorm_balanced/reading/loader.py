@@ -1,4 +1,4 @@
-"""``make_loader`` / ``BalancedLoader``: equal steps on every rank, as batches of torch tensors.
+"""``make_loader`` / ``BalancedLoader``: equal steps on every rank, as batches of torch tensors (or numpy arrays).
 
 Every rank yields exactly ``len(loader) == plan.steps_per_epoch(world, batch_size)`` batches of exactly
 ``batch_size`` rows (G1). The rows are the plan's assignment for the epoch (a fresh one per epoch, G5), read in
@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
+from ..errors import InvalidValueError
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
 from . import stream
@@ -30,7 +31,7 @@ from .options import (
     resolve_plan,
 )
 from .position import EpochSampler, PlannedView, Position, Settings
-from .tensors import require_torch, torch_batches
+from .tensors import TORCH, format_batches
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
 LOADER_REFUSED = {
@@ -46,9 +47,10 @@ class BalancedLoader(PlannedView):
     before its first batch consumes nothing, and one abandoned mid-epoch is continued by the next ``iter()``.
 
     Batches are dicts of column name to tensor (strings as lists of str), plus a boolean ``_padding`` tensor with
-    ``padding_mask=True``. ``state_dict()`` is the same on every rank (all ranks take the same steps), so a
-    checkpoint written by rank 0 resumes every rank. Made by ``make_loader``, which checks its arguments once into
-    a ``LoaderOptions`` (``options.py``) and hands that down whole.
+    ``padding_mask=True``; with ``batch_format="numpy"`` numpy arrays instead of tensors (same keys, dtypes,
+    shapes and lists: ``loader.schema``), and torch is never imported. ``state_dict()`` is the same on every rank
+    (all ranks take the same steps), so a checkpoint written by rank 0 resumes every rank. Made by ``make_loader``,
+    which checks its arguments once into a ``LoaderOptions`` (``options.py``) and hands that down whole.
     """
 
     # state_dict keys
@@ -57,8 +59,9 @@ class BalancedLoader(PlannedView):
     def __init__(self, plan: ShardPlan | str, world: World, options: LoaderOptions | None = None, *,
                  epoch: int = 0, reader_options: dict | None = None, backend: str = "auto",
                  feeding: Feed = NO_FEED):
-        require_torch()
-        self._settings = Settings(plan, world, options or LoaderOptions())
+        options = options or LoaderOptions()
+        self._cut = format_batches(options.batch_format)  # refuses "torch" without torch, before any reading
+        self._settings = Settings(plan, world, options)
         self._position = Position(self._settings, epoch)
         self.backend = resolve_backend(backend, self._settings.plan.table)
         self._reader_options = dict(reader_options or {})
@@ -88,7 +91,7 @@ class BalancedLoader(PlannedView):
         def tensors():
             for batch_run in runs:  # a token budget's batches come one per run
                 size = settings.batch_size or len(batch_run[stream.PADDING])
-                yield from torch_batches(batch_run, size, settings.padding_mask)
+                yield from self._cut(batch_run, size, settings.padding_mask)
 
         fed = feed(tensors(), self._feed)  # one batch may be held ahead: it counts only once delivered here
         try:
@@ -144,7 +147,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 weights: Sequence[float] | None = None, epoch_steps: int | None = None,
-                list_format: Any = "auto", list_shapes: Any = None, **petastorm_kwargs: Any) -> Loader:
+                list_format: Any = "auto", list_shapes: Any = None, batch_format: str = TORCH,
+                **petastorm_kwargs: Any) -> Loader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
@@ -182,6 +186,11 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     ``state_dict()`` are those without them (the batch held ahead is not consumed); ``device="cpu"`` is exact and
     copies nothing.
 
+    ``batch_format="numpy"``: dicts of numpy arrays instead of tensors (text and other list columns as lists, nulls
+    as ``loader.schema`` says, as with torch), so nothing imports torch: the batches TensorFlow (``petastorm_balanced
+    .tf``), JAX (``petastorm_balanced.jax``) or plain numpy code take. The arrays may be read-only views of the
+    reading buffers (copy before writing into them); ``pin_memory`` and ``device`` are for torch batches only.
+
     ``transform_spec`` (a ``TransformSpec``, ours or Petastorm's; ``reading/transform.py``): ``func`` gets each
     bundle's rows as a pandas DataFrame (Unischema cells decoded) in the reading threads or Petastorm's workers, and
     must return the same rows in the same order (checked: a typed error at that batch); ``edit_fields``,
@@ -203,7 +212,11 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                             schema_fields=schema_fields, padding_mask=padding_mask,
                             partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
                             max_batch_cost=max_batch_cost, transform_spec=transform_spec, list_format=list_format,
-                            list_shapes=list_shapes)
+                            list_shapes=list_shapes, batch_format=batch_format)
+    if batch_format != TORCH and (pin_memory or device is not None):
+        raise InvalidValueError(f"pin_memory={pin_memory!r}, device={device!r} feed torch tensors; with "
+                                f"batch_format={batch_format!r} leave them out and move the arrays yourself "
+                                "(jax.device_put, tf.data), or use batch_format='torch'")
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
     if isinstance(plan, (list, tuple)):

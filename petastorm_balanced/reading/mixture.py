@@ -55,7 +55,7 @@ from .state import (
     WEIGHTS,
     WORLD_SIZE,
 )
-from .tensors import require_torch, to_torch, torch_batches
+from .tensors import TORCH, format_batches, to_numpy, to_torch
 
 RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
 
@@ -292,7 +292,7 @@ class MixtureLoader(PlannedView):
     _position: MixturePosition  # type: ignore[assignment]
 
     def __init__(self, settings: MixtureSettings, epoch: int = 0, feeding: Feed = NO_FEED):
-        require_torch()
+        self._cut = format_batches(settings.options.batch_format)  # imports torch for torch batches
         self._settings = settings
         self._position = MixturePosition(settings, epoch)
         self.backend = settings.backend
@@ -321,7 +321,7 @@ class MixtureLoader(PlannedView):
 
         def tensors():
             for numpy_run in runs:
-                yield from torch_batches(numpy_run, settings.batch_size, settings.padding_mask)
+                yield from self._cut(numpy_run, settings.batch_size, settings.padding_mask)
 
         fed = feed(tensors(), self._feed)
         try:
@@ -390,8 +390,10 @@ def worker_batches(settings: MixtureSettings, point: Point, count: int, num_work
                 if numpy_out:  # Arrow slices pickle their parent buffers: text and lists go as objects
                     yield {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
                            for k, v in one.items()}
-                else:
+                elif settings.options.batch_format == TORCH:
                     yield to_torch(one, settings.padding_mask)
+                else:
+                    yield to_numpy(one, settings.padding_mask)
             index += 1
 
 

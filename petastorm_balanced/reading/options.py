@@ -19,6 +19,7 @@ from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..plan.model import ShardPlan
 from .list_shapes import ListOptions
+from .tensors import TORCH, check_batch_format
 
 SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
 
@@ -47,6 +48,7 @@ class LoaderOptions:
     transform_spec: Any = None
     list_format: Any = "auto"
     list_shapes: Any = None
+    batch_format: str = TORCH  # "torch" or "numpy" (tensors.py)
 
     def __post_init__(self) -> None:
         if self.reshuffle not in ("epoch", "fixed"):
@@ -59,6 +61,7 @@ class LoaderOptions:
                       "many as shuffle_budget holds)")
         object.__setattr__(self, "shuffle_budget", parse_bytes("shuffle_budget", self.shuffle_budget))
         object.__setattr__(self, "padding_mask", bool(self.padding_mask))
+        check_batch_format(self.batch_format)
         self.lists  # noqa: B018  (checked here, where the user gave them)
 
     @property

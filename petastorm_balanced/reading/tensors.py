@@ -1,22 +1,44 @@
-"""Numpy runs of batches to torch: one conversion per run, then views per batch. torch is imported here only."""
+"""Numpy runs of batches to the delivered batch format: one conversion per run, then views per batch.
+
+``batch_format="torch"`` (the default) gives tensors, ``"numpy"`` numpy arrays; both cut the same way and follow the
+same ``loader.schema`` (text and other list columns as Python lists). torch is imported here (and in ``device.py``)
+only, and only when a torch batch is asked for: the numpy format never imports it.
+"""
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import MissingDependencyError
+from ..errors import InvalidValueError, MissingDependencyError
 from . import stream
 from .fragments import as_list, is_text
 
-try:
-    import torch
-except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]  # no torch on this stack: require_torch refuses
+TORCH, NUMPY = "torch", "numpy"
+BATCH_FORMATS = (TORCH, NUMPY)
+
+torch: Any = None  # the torch module once require_torch() imported it
 
 
 def require_torch():
+    """Import torch (once), or refuse naming what to install and the torch-free alternative."""
+    global torch
     if torch is None:
-        raise MissingDependencyError("make_loader needs torch; install it (pip install 'petastorm-balanced[torch]')")
+        try:
+            import torch as module
+        except ImportError:
+            raise MissingDependencyError("torch batches need torch; install it (pip install "
+                                         "'petastorm-balanced[torch]'), or pass batch_format='numpy'") from None
+        torch = module
+    return torch
+
+
+def check_batch_format(batch_format) -> str:
+    if batch_format not in BATCH_FORMATS:
+        raise InvalidValueError(f"batch_format={batch_format!r} is not one of {BATCH_FORMATS}: 'torch' gives "
+                                "tensors, 'numpy' numpy arrays (no torch needed); text is a list of str in both")
+    return batch_format
 
 
 def to_torch(batch: dict, padding_mask: bool) -> dict:
@@ -24,11 +46,30 @@ def to_torch(batch: dict, padding_mask: bool) -> dict:
     return next(torch_batches(batch, _rows(batch), padding_mask))
 
 
+def to_numpy(batch: dict, padding_mask: bool) -> dict:
+    """Numeric columns as numpy arrays, strings and other objects as lists (``to_torch`` without torch)."""
+    return next(numpy_batches(batch, _rows(batch), padding_mask))
+
+
+def numpy_batches(run: dict, batch_size: int, padding_mask: bool):
+    """``torch_batches`` with numpy arrays (views of the run's arrays, which may be read-only) for tensors."""
+    return torch_batches(run, batch_size, padding_mask, NUMPY)
+
+
+def format_batches(batch_format: str):
+    """The cutter of ``batch_format``: ``(run, batch_size, padding_mask) -> iterator of batches``."""
+    if batch_format == TORCH:
+        require_torch()
+        return torch_batches
+    return numpy_batches
+
+
 GROUP = 32  # batches cut at a time: their parts stay few (fewer than a young GC generation holds), see below
 
 
-def torch_batches(run: dict, batch_size: int, padding_mask: bool):
-    """Cut a run of whole batches into dicts of tensors (views of one tensor per column) and lists.
+def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: str = TORCH):
+    """Cut a run of whole batches into dicts of tensors (views of one tensor per column) and lists; numpy arrays
+    instead of tensors with ``batch_format="numpy"``.
 
     How each column is cut is decided once per run (``_cutter``); batches are then made ``GROUP`` at a time, one
     ``zip`` over the columns' parts, with no per-batch loop over columns. Cutting a whole window at once (a
@@ -36,12 +77,14 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool):
     garbage collector promoted and then scanned again and again (a third of an epoch, measured); ``GROUP``
     batches' parts die young. The batches of a run share its memory.
     """
+    if batch_format == TORCH:
+        require_torch()
     names, cutters = [], []
     for name, values in run.items():
         if name == stream.PADDING and not padding_mask:
             continue
         names.append(name)
-        cutters.append(_cutter(values, batch_size))
+        cutters.append(_cutter(values, batch_size, batch_format))
     count = _rows(run) // batch_size
     for first in range(0, count, GROUP):
         n = min(GROUP, count - first)
@@ -49,7 +92,7 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool):
             yield dict(zip(names, row, strict=True))
 
 
-def _cutter(values, batch_size: int):
+def _cutter(values, batch_size: int, batch_format: str = TORCH):
     """``cut(first, n)``: the parts of batches ``first`` to ``first + n - 1`` of one column of a run."""
     if isinstance(values, pa.Array) and not is_text(values.type):
         # list columns: Python lists built per batch, so they die young instead of filling the run with thousands
@@ -68,6 +111,12 @@ def _cutter(values, batch_size: int):
         return cut_items
     if values.dtype.kind in "mM":
         values = values.view(np.int64)
+    if batch_format == NUMPY:  # (batches, batch_size, ...): a batch is one view
+        arrays = values.reshape(len(values) // batch_size, batch_size, *values.shape[1:])
+
+        def cut_array(first, n):
+            return list(arrays[first:first + n])
+        return cut_array
     if not values.flags.writeable:
         values = values.copy()  # Arrow buffers are read-only; tensors must be writable
     # (batches, batch_size, ...): a group's batches are then one unbind, about a quarter cheaper than split
