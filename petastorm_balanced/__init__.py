@@ -12,6 +12,7 @@ from .errors import (
     PlanIntegrityError,
     PlanVersionError,
     StalePlanError,
+    StorageUnavailableError,
     UnsafeDatasetError,
 )
 from .plan.load import load_plan
@@ -33,8 +34,8 @@ _LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "r
 # A literal list (sorted), so that linters and type checkers see the re-exports.
 __all__ = [
     "BalancedDataLoader", "BalancedIterableDataset", "BalancedLoader", "Fragment", "InvalidWhereError", "PlanError",
-    "PlanIntegrityError", "PlanVersionError", "ShardPlan", "StalePlanError", "TransformSpec", "UnsafeDatasetError",
-    "World",
+    "PlanIntegrityError", "PlanVersionError", "ShardPlan", "StalePlanError", "StorageUnavailableError",
+    "TransformSpec", "UnsafeDatasetError", "World",
     "load_plan", "make_loader", "make_reader", "plan_shards",
 ]
 

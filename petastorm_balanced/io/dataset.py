@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..errors import InvalidValueError
+from ..errors import InvalidValueError, StorageUnavailableError
 from ..unischema.pickling import loads
 from . import fs as fsutil
-from . import tables
+from . import retry, tables
 from .partitions import partition_values  # noqa: F401 - re-exported: hive values, decoded (partitions.py)
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
@@ -46,7 +46,7 @@ def list_data_files(url: str, *, table: tables.TableRef | None = None
     if listed is not None:
         return listed
     filesystem, root = fsutil.resolve(url)
-    info = filesystem.get_file_info(root)
+    info = stat(filesystem, root, url)
     if info.type == pafs.FileType.NotFound:
         raise InvalidValueError(f"dataset_url={url!r} does not exist; check the path or URL")
     if info.type == pafs.FileType.File:
@@ -54,7 +54,8 @@ def list_data_files(url: str, *, table: tables.TableRef | None = None
     if isinstance(filesystem, pafs.LocalFileSystem):
         files = _local_files(url, root)
     else:
-        entries = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+        entries = remote_call(lambda: filesystem.get_file_info(pafs.FileSelector(root, recursive=True)), url,
+                              "listing")
         files = [e for e in entries if e.type == pafs.FileType.File
                  and all(is_data_name(part) for part in relative_path(e.path, root).split("/"))]
     if not files:
@@ -65,11 +66,46 @@ def list_data_files(url: str, *, table: tables.TableRef | None = None
 
 def dataset_root(url: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the folder a plan's catalog paths are relative to: the dataset folder, or the folder of a
-    single-file dataset (as ``list_data_files`` lists it)."""
+    single-file dataset (as ``list_data_files`` lists it).
+
+    Remembered per location for the process (the last ``_ROOTS_KEPT``): whether a location is a file or a folder
+    is fixed for a dataset, and the stat it takes is a round trip on an object store, which every loader, epoch
+    and schema pass asked for again. A dataset replaced by a file of the same name (or the reverse) is then read
+    from the old root and refused by the plan's checks (a file missing or changed, G15)."""
     filesystem, root = fsutil.resolve(url)
-    if filesystem.get_file_info(root).type == pafs.FileType.File:
-        return filesystem, root.rsplit("/", 1)[0]
-    return filesystem, root
+    if isinstance(filesystem, pafs.LocalFileSystem):  # a local stat costs microseconds: always fresh
+        is_file = filesystem.get_file_info(root).type == pafs.FileType.File
+        return filesystem, root.rsplit("/", 1)[0] if is_file else root
+    key = (fsutil.normalize_url(url), os.environ.get("AWS_ENDPOINT_URL"))
+    known = _ROOTS.get(key)
+    if known is None:
+        is_file = stat(filesystem, root, url).type == pafs.FileType.File
+        known = _ROOTS[key] = root.rsplit("/", 1)[0] if is_file else root
+        while len(_ROOTS) > _ROOTS_KEPT:
+            _ROOTS.pop(next(iter(_ROOTS)))
+    return filesystem, known
+
+
+_ROOTS: dict[tuple[str, str | None], str] = {}
+_ROOTS_KEPT = 256
+
+
+def stat(filesystem: pafs.FileSystem, path: str, url: str) -> pafs.FileInfo:
+    """``filesystem.get_file_info(path)`` under the retry policy; a failure names ``url``."""
+    return remote_call(lambda: filesystem.get_file_info(path), url, "looking up")
+
+
+def remote_call(function, url: str, what: str):
+    """``function()`` under the retry policy (``retry.call``); an error that is not the storage's passing fault
+    (access denied, a bad bucket) is raised as an ``OSError`` naming ``what`` was done to ``url``, caused by it."""
+    try:
+        return retry.call(function, url=url, what=what)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if isinstance(exc, StorageUnavailableError):
+            raise
+        raise OSError(f"{what} {url} failed ({type(exc).__name__}: {' '.join(str(exc).split())})") from exc
 
 
 def _local_files(url: str, root: str) -> list[pafs.FileInfo]:
@@ -143,11 +179,13 @@ def load_unischema(url: str):
 def _unischema_bytes(url: str) -> bytes | None:
     filesystem, root = fsutil.resolve(url)
     meta_path = root + "/_common_metadata"
-    if filesystem.get_file_info(meta_path).type != pafs.FileType.File:
+    if stat(filesystem, meta_path, url).type != pafs.FileType.File:
         return None
-    with filesystem.open_input_file(meta_path) as handle:
-        metadata = pq.read_metadata(handle).metadata or {}
-    return metadata.get(UNISCHEMA_KEY)
+
+    def read():
+        with filesystem.open_input_file(meta_path) as handle:
+            return pq.read_metadata(handle).metadata or {}
+    return remote_call(read, f"{url}/_common_metadata", "reading").get(UNISCHEMA_KEY)
 
 
 def unreadable_file(url: str, paths) -> tuple[str, Exception] | None:
@@ -156,11 +194,15 @@ def unreadable_file(url: str, paths) -> tuple[str, Exception] | None:
     Used after a read failed with an error that does not say which file (pyarrow's footer errors do not), to name it.
     """
     filesystem, root = fsutil.resolve(url)
+
+    def parse(location):
+        with filesystem.open_input_file(location) as handle:
+            pq.ParquetFile(handle).metadata  # noqa: B018 - parsing the footer is the check
     for path in paths:
+        location = f"{root}/{path}"
         try:
-            with filesystem.open_input_file(f"{root}/{path}") as handle:
-                pq.ParquetFile(handle).metadata  # noqa: B018 - parsing the footer is the check
-        except (pa.ArrowException, OSError) as exc:
+            retry.call(lambda: parse(location), url=location)  # noqa: B023 - called at once
+        except (pa.ArrowException, OSError) as exc:  # a StorageUnavailableError too: the caller says which
             return path, exc
     return None
 

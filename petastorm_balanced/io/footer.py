@@ -113,29 +113,42 @@ class CheckedFooters:
     read-only and shared by the threads; the dict is filled under the GIL, and two threads opening one file at
     once merely both check it. The next epoch's reader reads and checks every footer again, and parses only the
     footers whose bytes changed (``READ_FOOTERS``).
+
+    On a remote filesystem (``shared=True``) the open file itself is kept too and shared by the threads (an
+    object store file is positional reads only, safe from several threads), so a file costs one open (a HEAD)
+    and one footer read per reader, not one per thread; ``pre_buffer`` makes each row group's column chunks one
+    coalesced read, issued at once, instead of one request per column chunk in series.
     """
 
-    def __init__(self, filesystem, check):
+    def __init__(self, filesystem, check, *, pre_buffer: bool = False, shared: bool = False):
         self._filesystem, self._check = filesystem, check
         self._footers: dict[str, Footer] = {}
+        self._pre_buffer, self._shared = pre_buffer, shared
+        self._handles: dict[str, object] = {}  # name -> open file, shared by the threads (shared=True)
 
     def open(self, name: str, location: str) -> pq.ParquetFile:
         """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked."""
         known = self._footers.get(name)
         if known is not None:
+            shared = self._handles.get(name)
+            if shared is not None:
+                return pq.ParquetFile(shared, metadata=known.metadata, pre_buffer=self._pre_buffer)
             handle = self._filesystem.open_input_file(location)
             try:
                 if handle.size() == known.file_size:
-                    return pq.ParquetFile(handle, metadata=known.metadata)
+                    return pq.ParquetFile(handle, metadata=known.metadata, pre_buffer=self._pre_buffer)
             except BaseException:
                 handle.close()
                 raise
             handle.close()
-        parquet, footer = open_parquet(self._filesystem, location, READ_FOOTERS)
+        handle = self._filesystem.open_input_file(location)
         try:
+            footer = read_footer(handle, READ_FOOTERS)
             self._check(name, footer)
         except BaseException:
-            parquet.close()
+            handle.close()
             raise
         self._footers[name] = footer
-        return parquet
+        if self._shared:
+            self._handles[name] = handle
+        return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)

@@ -17,11 +17,12 @@ import pyarrow.parquet as pq
 
 from ..io import footer as footer_io
 from ..io import fs as fsutil
+from ..io import retry
 from ..io.dataset import dataset_root
 from ..io.partitions import arrow_type, partition_types, partition_values
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
-FOOTER_THREADS = 8
+FOOTER_THREADS = 32  # footers read side by side: each waits a round trip on an object store
 
 
 @dataclass(frozen=True)
@@ -35,15 +36,25 @@ class StoredColumns:
 def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[str] | None = None,
                         threads: int = FOOTER_THREADS) -> StoredColumns:
     """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
+    return stored_columns(read_footers(dataset_url, paths, threads), names)
+
+
+def read_footers(dataset_url: str, paths: Sequence[str], threads: int = FOOTER_THREADS
+                 ) -> list[tuple[str, pq.FileMetaData]]:
+    """``(path, footer)`` of each of ``paths``, read side by side in ``threads`` (each a round trip or two on an
+    object store), each under the retry policy."""
     filesystem, root = dataset_root(dataset_url)
 
-    def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
+    def read(path):
         with filesystem.open_input_file(fsutil.join(root, path)) as handle:
             return footer_io.read_footer(handle, footer_io.READ_FOOTERS).metadata
 
+    def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
+        return retry.call(lambda: read(path), url=f"{dataset_url}/{path}")
+
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
         metas = list(pool.map(footer, paths))
-    return stored_columns(list(zip(paths, metas, strict=True)), names)
+    return list(zip(paths, metas, strict=True))
 
 
 def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
@@ -127,4 +138,5 @@ def partition_columns(paths: Sequence[str], names: Sequence[str]) -> dict[str, t
             for name, kind in kinds.items() if name in names}
 
 
-__all__ = ["StoredColumns", "delivered_type", "partition_columns", "read_stored_columns", "stored_columns"]
+__all__ = ["StoredColumns", "delivered_type", "partition_columns", "read_footers", "read_stored_columns",
+           "stored_columns"]

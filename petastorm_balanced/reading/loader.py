@@ -22,6 +22,7 @@ from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .options import (
     SHUFFLE_WINDOW,
     LoaderOptions,
+    arrow_retry_policy,
     check_arrow_kwargs,
     check_petastorm_kwargs,
     check_pool_options,
@@ -187,7 +188,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     check_pool_options(reader_pool_type, workers_count, chosen)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
-        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
+        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
+                          "retry_policy": arrow_retry_policy(petastorm_kwargs)}
     else:
         reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
     return BalancedLoader(plan, resolve_world(rank, world), options, epoch=epoch, reader_options=reader_options,

@@ -12,16 +12,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..core.cost import COST_COLUMN, CostOptions, CostSpec, check_costs, evaluate
 from ..errors import InvalidValueError
-from ..io import fs as fsutil
-from ..io.dataset import dataset_root, load_unischema, partition_values
+from ..io.dataset import load_unischema, partition_values
 from ..plan.model import Fragment, ShardPlan
 from . import fragments as fr
 from .batching import WindowBatcher, start_point, window_rows
-from .dataset_schema import partition_columns, read_stored_columns
+from .dataset_schema import partition_columns, read_footers, stored_columns
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -56,20 +54,20 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
     paths = [f.path for f in plan.catalog.files]
     read = sorted({g.path for g in plan.catalog.row_groups}) or paths[:1]
     try:
+        footers = read_footers(plan.dataset_url, read)  # each footer once, side by side
         if plan.catalog.kind == "petastorm":
             unischema = load_unischema(plan.dataset_url)
             names, fields = list(unischema.fields), dict(unischema.fields)
         else:
-            filesystem, root = dataset_root(plan.dataset_url)
-            with filesystem.open_input_file(fsutil.join(root, read[0])) as handle:
-                stored = pq.ParquetFile(handle).schema_arrow.names
-            names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
+            stored_names = footers[0][1].schema.to_arrow_schema().names
+            names = [n for n in partition_values(read[0]) if n not in stored_names] + list(stored_names)
+            fields = None
         names = fr.select_columns(names, schema_fields)
         if PADDING in names:
             raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
                                     "flags")
         hive = partition_columns(paths, names)
-        stored_columns = read_stored_columns(plan.dataset_url, read, [n for n in names if n not in hive])
+        stored = stored_columns(footers, [n for n in names if n not in hive])
     except (OSError, pa.ArrowException) as exc:
         raise fr.unreadable_dataset_error(plan, exc) from exc
     fields = {n: fields[n] for n in names} if fields else None
@@ -78,13 +76,13 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
         if name in hive:
             schemas.append(hive[name][1])
         elif fields is not None and name in fields:
-            schemas.append(unischema_column(fields[name], stored_columns.schema.field(name).type,
-                                            stored_columns.nullable[name], fr.is_scalar(fields[name])))
+            schemas.append(unischema_column(fields[name], stored.schema.field(name).type,
+                                            stored.nullable[name], fr.is_scalar(fields[name])))
         else:
-            schemas.append(column_schema(name, stored_columns.schema.field(name).type,
-                                         nullable=stored_columns.nullable[name]))
+            schemas.append(column_schema(name, stored.schema.field(name).type,
+                                         nullable=stored.nullable[name]))
     used = tuple((k, kind) for k, (kind, _) in hive.items())
-    return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas))
+    return Columns(tuple(names), used, fields, stored.schema, tuple(schemas))
 
 
 def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None) -> tuple[Columns, tuple]:
