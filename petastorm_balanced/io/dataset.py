@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..errors import InvalidValueError, StorageUnavailableError
+from ..errors import InvalidValueError
 from ..unischema.pickling import loads
 from . import fs as fsutil
 from . import retry, tables
@@ -54,8 +54,8 @@ def list_data_files(url: str, *, table: tables.TableRef | None = None
     if isinstance(filesystem, pafs.LocalFileSystem):
         files = _local_files(url, root)
     else:
-        entries = remote_call(lambda: filesystem.get_file_info(pafs.FileSelector(root, recursive=True)), url,
-                              "listing")
+        entries = retry.call_naming(lambda: filesystem.get_file_info(pafs.FileSelector(root, recursive=True)),
+                                    url=url, what="listing")
         files = [e for e in entries if e.type == pafs.FileType.File
                  and all(is_data_name(part) for part in relative_path(e.path, root).split("/"))]
     if not files:
@@ -92,20 +92,7 @@ _ROOTS_KEPT = 256
 
 def stat(filesystem: pafs.FileSystem, path: str, url: str) -> pafs.FileInfo:
     """``filesystem.get_file_info(path)`` under the retry policy; a failure names ``url``."""
-    return remote_call(lambda: filesystem.get_file_info(path), url, "looking up")
-
-
-def remote_call(function, url: str, what: str):
-    """``function()`` under the retry policy (``retry.call``); an error that is not the storage's passing fault
-    (access denied, a bad bucket) is raised as an ``OSError`` naming ``what`` was done to ``url``, caused by it."""
-    try:
-        return retry.call(function, url=url, what=what)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if isinstance(exc, StorageUnavailableError):
-            raise
-        raise OSError(f"{what} {url} failed ({type(exc).__name__}: {' '.join(str(exc).split())})") from exc
+    return retry.call_naming(lambda: filesystem.get_file_info(path), url=url, what="looking up")
 
 
 def _local_files(url: str, root: str) -> list[pafs.FileInfo]:
@@ -185,7 +172,7 @@ def _unischema_bytes(url: str) -> bytes | None:
     def read():
         with filesystem.open_input_file(meta_path) as handle:
             return pq.read_metadata(handle).metadata or {}
-    return remote_call(read, f"{url}/_common_metadata", "reading").get(UNISCHEMA_KEY)
+    return retry.call_naming(read, url=f"{url}/_common_metadata", what="reading").get(UNISCHEMA_KEY)
 
 
 def unreadable_file(url: str, paths) -> tuple[str, Exception] | None:

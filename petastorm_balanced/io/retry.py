@@ -138,3 +138,15 @@ def call(function: Callable[[], T], *, url: str, what: str = "reading", policy: 
         if attempt + 1 < policy.attempts:
             sleep(policy.wait_s(attempt))
     raise StorageUnavailableError(url, policy.attempts, last, what) from last
+
+
+def call_naming(function: Callable[[], T], *, url: str, what: str, policy: RetryPolicy | None = None) -> T:
+    """``call``, and an error that is not a passing fault (access denied, no such bucket) raised as an ``OSError``
+    naming ``what`` was done to ``url`` (pyarrow's own names a bucket and key, or nothing), caused by it; a
+    ``FileNotFoundError`` is raised as it is (callers ask whether a path exists)."""
+    try:
+        return call(function, url=url, what=what, policy=policy)
+    except (FileNotFoundError, StorageUnavailableError):
+        raise
+    except OSError as exc:
+        raise OSError(f"{what} {url} failed ({type(exc).__name__}: {' '.join(str(exc).split())})") from exc
