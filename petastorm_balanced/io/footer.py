@@ -64,6 +64,33 @@ class ParsedFooters:
 READ_FOOTERS = ParsedFooters(32 << 20)
 
 
+class FreshFooters:
+    """Remote files just opened and their footers just read (a loader's schema pass), handed once to the first
+    reader that opens the file (``take``), so the loader's first epoch checks those very bytes (G15) instead of
+    opening and reading every file again: one open and one footer read per file per epoch, where it was two.
+
+    Why handed over once: the check is per epoch, so a later epoch's reader reads every footer anew. At most
+    ``max_items`` are held (the oldest dropped: a loader made and never iterated holds nothing for long)."""
+
+    def __init__(self, max_items: int = 4096):
+        self._max = max_items
+        self._items: OrderedDict[tuple[int, str], tuple[object, Footer]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, filesystem, location: str, handle, footer: Footer) -> None:
+        with self._lock:
+            self._items[(id(filesystem), location)] = (handle, footer)
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+
+    def take(self, filesystem, location: str) -> tuple | None:
+        with self._lock:
+            return self._items.pop((id(filesystem), location), None)
+
+
+FRESH_FOOTERS = FreshFooters()
+
+
 def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     """The footer of an open random-access file (a ``pyarrow`` ``NativeFile``), parsed, or taken from ``parsed``
     when it holds these very bytes; pyarrow's error types for a file that is not Parquet (``ArrowInvalid``) or
@@ -116,7 +143,8 @@ class CheckedFooters:
 
     On a remote filesystem (``shared=True``) the open file itself is kept too and shared by the threads (an
     object store file is positional reads only, safe from several threads), so a file costs one open (a HEAD)
-    and one footer read per reader, not one per thread; ``pre_buffer`` makes each row group's column chunks one
+    and one footer read per reader, not one per thread, and none when the loader's schema pass just read it
+    (``FRESH_FOOTERS``); ``pre_buffer`` makes each row group's column chunks one
     coalesced read, issued at once, instead of one request per column chunk in series.
     """
 
@@ -141,9 +169,14 @@ class CheckedFooters:
                 handle.close()
                 raise
             handle.close()
-        handle = self._filesystem.open_input_file(location)
+        fresh = FRESH_FOOTERS.take(self._filesystem, location) if self._shared else None
+        if fresh is not None:
+            handle, footer = fresh
+        else:
+            handle = self._filesystem.open_input_file(location)
         try:
-            footer = read_footer(handle, READ_FOOTERS)
+            if fresh is None:
+                footer = read_footer(handle, READ_FOOTERS)
             self._check(name, footer)
         except BaseException:
             handle.close()

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..io import footer as footer_io
@@ -22,7 +23,8 @@ from ..io.dataset import dataset_root
 from ..io.partitions import arrow_type, partition_types, partition_values
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
-FOOTER_THREADS = 32  # footers read side by side: each waits a round trip on an object store
+FOOTER_THREADS = 8  # footers read side by side on a local disk (CPU-bound: more threads only hand off)
+REMOTE_FOOTER_THREADS = 32  # and on an object store, where each read waits a round trip
 
 
 @dataclass(frozen=True)
@@ -34,20 +36,33 @@ class StoredColumns:
 
 
 def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[str] | None = None,
-                        threads: int = FOOTER_THREADS) -> StoredColumns:
+                        threads: int | None = None) -> StoredColumns:
     """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
     return stored_columns(read_footers(dataset_url, paths, threads), names)
 
 
-def read_footers(dataset_url: str, paths: Sequence[str], threads: int = FOOTER_THREADS
+def read_footers(dataset_url: str, paths: Sequence[str], threads: int | None = None
                  ) -> list[tuple[str, pq.FileMetaData]]:
-    """``(path, footer)`` of each of ``paths``, read side by side in ``threads`` (each a round trip or two on an
-    object store), each under the retry policy."""
+    """``(path, footer)`` of each of ``paths``, read side by side in ``threads`` (default: ``FOOTER_THREADS``
+    locally, ``REMOTE_FOOTER_THREADS`` on an object store, where each is a round trip or two), each under the
+    retry policy."""
     filesystem, root = dataset_root(dataset_url)
+    remote = not isinstance(filesystem, pafs.LocalFileSystem)
+    threads = threads or (REMOTE_FOOTER_THREADS if remote else FOOTER_THREADS)
 
     def read(path):
-        with filesystem.open_input_file(fsutil.join(root, path)) as handle:
-            return footer_io.read_footer(handle, footer_io.READ_FOOTERS).metadata
+        location = fsutil.join(root, path)
+        handle = filesystem.open_input_file(location)
+        try:
+            footer = footer_io.read_footer(handle, footer_io.READ_FOOTERS)
+        except BaseException:
+            handle.close()
+            raise
+        if remote:  # the first epoch's reader checks this very read (G15) instead of reading it again
+            footer_io.FRESH_FOOTERS.put(filesystem, location, handle, footer)
+        else:
+            handle.close()
+        return footer.metadata
 
     def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
         return retry.call(lambda: read(path), url=f"{dataset_url}/{path}")

@@ -16,6 +16,7 @@ bundles whatever the threads' speeds, and the order never depends on timing.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -39,6 +40,24 @@ from .. import fragments as fr
 REMOTE_READS = 32
 
 
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def remote_pool() -> ThreadPoolExecutor:
+    """The process's ``REMOTE_READS`` threads for remote fragment reads, started once (not per epoch: starting 32
+    threads took a tenth of a second), per process id (a forked DataLoader worker has no threads of its parent);
+    pyarrow's I/O pool, where ``pre_buffer`` reads run, is raised to as many."""
+    pid = os.getpid()
+    with _POOLS_LOCK:
+        pool = _POOLS.get(pid)
+        if pool is None:
+            if pa.io_thread_count() < REMOTE_READS:
+                pa.set_io_thread_count(REMOTE_READS)
+            pool = _POOLS[pid] = ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="pb-io")
+        return pool
+
+
 class BundleReader:
     """Reads bundles of fragments as column dicts; each thread keeps its own few open files (a ``ParquetFile`` is
     not safe to share between threads), all opened through one ``CheckedFooters`` (each footer read and checked
@@ -59,19 +78,13 @@ class BundleReader:
         self._local = threading.local()
         self._retry = retry_policy or retry.default_policy()
         self._remote = not isinstance(filesystem, pafs.LocalFileSystem)
-        self._io: ThreadPoolExecutor | None = None
-        if self._remote:
-            if pa.io_thread_count() < REMOTE_READS:  # pre_buffer's reads run on pyarrow's I/O pool
-                pa.set_io_thread_count(REMOTE_READS)
-            self._io = ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="pb-io")
+        self._io = remote_pool() if self._remote else None
         # every footer read, hashed and compared with the planned one (G15) before a row of its file is used, once
         # per reader (per epoch): the threads' later opens of the file reuse it
         self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self._remote, shared=self._remote)
 
     def close(self) -> None:
-        """Stops the remote read threads (reads in flight finish in the background)."""
-        if self._io is not None:
-            self._io.shutdown(wait=False, cancel_futures=True)
+        """Nothing to stop: the remote read threads are the process's (``remote_pool``)."""
 
     def _check(self, path: str, footer) -> None:
         check_file(self._plan, self._planned[path], footer=footer.digest)
