@@ -32,8 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.environ.get("PB_BENCH_PACKAGE_ROOT", ROOT))  # another checkout's package: before/after
 
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -41,11 +41,18 @@ from fault_proxy import FaultProxy  # noqa: E402
 from s3_server import CREDENTIALS, S3Prefix, stop_server  # noqa: E402
 from seaweedfs_server import start_seaweedfs  # noqa: E402
 
-from petastorm_balanced import StorageUnavailableError, make_loader, plan_shards  # noqa: E402
+from petastorm_balanced import make_loader, plan_shards  # noqa: E402
 from petastorm_balanced.io import fs as fsutil  # noqa: E402
-from petastorm_balanced.io import retry  # noqa: E402
-from petastorm_balanced.reading.backends.arrow import REMOTE_READS  # noqa: E402
 
+try:  # run against an older checkout too (PYTHONPATH=that checkout), for before/after figures
+    from petastorm_balanced import StorageUnavailableError
+    from petastorm_balanced.io.retry import default_policy
+    from petastorm_balanced.reading.backends.arrow import REMOTE_READS
+except ImportError:
+    StorageUnavailableError, REMOTE_READS = None, 32  # type: ignore[assignment,misc]
+    default_policy = None  # type: ignore[assignment]
+
+OUTAGE_ERROR = StorageUnavailableError or OSError  # what a persistent outage must raise
 BATCH, WORKERS = 256, 4
 COLUMNS = {"3 columns": ["id", "label", "value"], "all columns": None}
 FAULTS = {"resets 2%": {"reset": 0.02}, "cut bodies 2%": {"cut": 0.02}, "503 SlowDown 5%": {"slowdown": 0.05},
@@ -109,7 +116,7 @@ def main(argv=None) -> int:
     proxy = FaultProxy(host, int(port))
     os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
     out: dict = {"setup": {"rows": 250000, "files": 24, "batch": BATCH, "workers_count": WORKERS,
-                           "rounds": args.rounds, "retry": repr(retry.default_policy())}}
+                           "rounds": args.rounds, "retry": repr(default_policy()) if default_policy else "pyarrow's"}}
     try:
         url = S3Prefix(server, f"s3://{server.bucket}/bench").upload(data, "ds")
         local_plan = plan_shards(data, 1, batch_size=BATCH, engine="local")
@@ -196,8 +203,8 @@ def faults(proxy: FaultProxy, plan, expected: np.ndarray) -> dict:
     try:
         epoch(plan, None)
         results["persistent outage"] = "NO ERROR (wrong)"
-    except StorageUnavailableError as exc:
-        results["persistent outage"] = (f"StorageUnavailableError after {time.perf_counter() - start:.1f} s: "
+    except OUTAGE_ERROR as exc:
+        results["persistent outage"] = (f"{type(exc).__name__} after {time.perf_counter() - start:.1f} s: "
                                         f"{str(exc)[:240]}")
     except Exception as exc:  # noqa: BLE001
         results["persistent outage"] = f"other error (wrong): {type(exc).__name__}: {str(exc)[:300]}"
