@@ -72,3 +72,21 @@ def test_a_persistent_outage_fails_truthfully(remote, on_remote, monkeypatch, wh
     assert "corrupt" not in text and "rename" not in text, text
     assert elapsed < 60, elapsed
     chain(caught.value)
+
+
+def test_a_plan_read_during_an_outage_is_not_called_incomplete(remote, on_remote, monkeypatch):
+    from petastorm_balanced import load_plan
+    monkeypatch.setenv(retry.ENV, "attempts=2,base_s=0.05,max_s=0.1,request_attempts=1")
+    plan_url = remote.prefix.join("plan")
+    plan_shards(on_remote, 1, batch_size=BATCH, engine="local", output_url=plan_url)
+    remote.proxy.configure(outage=True)
+    with pytest.raises(StorageUnavailableError) as caught:
+        load_plan(plan_url)
+    assert plan_url in str(caught.value) and "re-run planning" not in str(caught.value)
+    chain(caught.value)
+    monkeypatch.setenv(retry.ENV, "attempts=8,base_s=0.02,max_s=0.1,request_attempts=1")
+    remote.proxy.configure(slowdown=0.3, seed=3)  # throttled, then through: the same plan
+    loaded = load_plan(plan_url)
+    assert remote.proxy.counts["fault:slowdown"] > 0
+    remote.proxy.configure()
+    assert loaded.checksum == load_plan(plan_url).checksum
