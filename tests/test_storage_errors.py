@@ -157,6 +157,10 @@ def test_storage_options_retry_attempts_reach_the_arrow_reader(dataset, monkeypa
     ("Couldn't deserialize thrift: TProtocolException: Invalid data", False),
     ("Parquet magic bytes not found in footer", False),
     ("AWS Error ACCESS_DENIED during GetObject operation: Access Denied", False),
+    ("AWS Error SERVICE_UNAVAILABLE during GetObject operation", True), ("[Errno 110] Connection timed out", True),
+    ("reading 'part-500.parquet' failed: Couldn't deserialize thrift", False),
+    ("reading 'timeout/part-0.parquet': Unexpected end of file", False),
+    ("Unexpected end of stream: Page was smaller (10) than expected (20)", False),
 ])
 def test_is_transient(text, transient):
     assert retry.is_transient(OSError(text)) is transient

@@ -38,11 +38,11 @@ T = TypeVar("T")
 # What pyarrow's AWS SDK errors, curl, s3fs/botocore and the OS say for a fault that may pass: no connection, a
 # reset or cut transfer, a timeout, throttling, a 5xx. Never a 403/404 or a Parquet decoding error.
 _TRANSIENT = re.compile(
-    r"NETWORK_CONNECTION|SLOW_DOWN|SlowDown|SERVICE_UNAVAILABLE|ServiceUnavailable|THROTTL|Throttl|"
+    r"NETWORK_CONNECTION|SLOW_DOWN|SlowDown|SERVICE_UNAVAILABLE|ServiceUnavailable|THROTTL|Throttling|"
     r"INTERNAL_FAILURE|InternalError|REQUEST_TIMEOUT|RequestTimeout|REQUEST_LIMIT_EXCEEDED|"
-    r"HTTP (?:status|response code):? 5\d\d|\b50[0234]\b|curlCode|[Cc]onnection (?:reset|refused|aborted|closed)|"
-    r"[Tt]imed? ?out|Broken pipe|partial file|Unexpected end of stream|IncompleteRead|EndpointConnectionError|"
-    r"Couldn't connect|Could not connect|Empty reply")
+    r"(?:HTTP|[Ss]tatus|[Cc]ode)[^0-9\n]{0,20}5\d\d\b|curlCode|[Cc]onnection (?:reset|refused|aborted|closed)|"
+    r"[Tt]imed out|Timeout was reached|Broken pipe|partial file|IncompleteRead|"
+    r"EndpointConnectionError|Couldn't connect|Could not connect|Empty reply")
 
 
 @dataclass(frozen=True)
