@@ -41,6 +41,7 @@ class FaultProxy:
         self.reset = self.cut = self.slowdown = 0.0
         self.outage = False
         self.counts: Counter = Counter()
+        self.log: list = []  # (method, target) of each request since configure
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         proxy = self
@@ -67,6 +68,7 @@ class FaultProxy:
             if seed is not None:
                 self._rng = random.Random(seed)
             self.counts = Counter()
+            self.log = []
 
     def close(self) -> None:
         self._server.shutdown()
@@ -98,6 +100,7 @@ class FaultProxy:
                 with self._lock:
                     self.counts[method] += 1
                     self.counts[kind] += 1
+                    self.log.append((method, target.split("?")[0][-40:]))
                     delay = self.delay_s
                 if delay:
                     time.sleep(delay)

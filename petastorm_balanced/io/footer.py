@@ -153,9 +153,19 @@ class CheckedFooters:
         self._footers: dict[str, Footer] = {}
         self._pre_buffer, self._shared = pre_buffer, shared
         self._handles: dict[str, object] = {}  # name -> open file, shared by the threads (shared=True)
+        self._locks: dict[str, threading.Lock] = {}  # shared=True: one thread opens a file, the others wait for it
+        self._locks_lock = threading.Lock()
 
     def open(self, name: str, location: str) -> pq.ParquetFile:
         """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked."""
+        if not self._shared:
+            return self._open(name, location)
+        with self._locks_lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:  # many threads read one file's row groups at once: one open and one footer read, not one each
+            return self._open(name, location)
+
+    def _open(self, name: str, location: str) -> pq.ParquetFile:
         known = self._footers.get(name)
         if known is not None:
             shared = self._handles.get(name)
