@@ -165,3 +165,15 @@ def test_storage_options_retry_attempts_reach_the_arrow_reader(dataset, monkeypa
 def test_is_transient(text, transient):
     assert retry.is_transient(OSError(text)) is transient
     assert not retry.is_transient(FileNotFoundError(text))
+
+
+def test_s3_locations_share_one_client_per_endpoint_and_refuse_unknown_query_keys(monkeypatch):
+    from petastorm_balanced.io import fs as fsutil
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    by_env, path = fsutil.resolve("s3://bucket/a/b")
+    assert path == "bucket/a/b" and fsutil.resolve("s3://bucket/c")[0] is by_env  # one client, one pool
+    by_query, _ = fsutil.resolve("s3://bucket/a?endpoint_override=127.0.0.1:9&scheme=http")
+    assert by_query is by_env  # the same endpoint however it was given: the same client and retry strategy
+    with pytest.raises(InvalidValueError, match="'color'"):
+        fsutil.resolve("s3://bucket/a?color=blue")
