@@ -37,7 +37,7 @@ sys.path.insert(0, os.environ.get("PB_BENCH_PACKAGE_ROOT", ROOT))  # another che
 
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from fault_proxy import FaultProxy  # noqa: E402
+from fault_proxy import ProxyProcess  # noqa: E402
 from s3_server import CREDENTIALS, S3Prefix, stop_server  # noqa: E402
 from seaweedfs_server import start_seaweedfs  # noqa: E402
 
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     os.environ.update(CREDENTIALS)
     server = start_seaweedfs(os.path.join(args.workdir, f"seaweedfs-{os.getpid()}"))
     host, port = server.host_port.split(":")
-    proxy = FaultProxy(host, int(port))
+    proxy = ProxyProcess(host, int(port))
     os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
     out: dict = {"setup": {"rows": 250000, "files": 24, "batch": BATCH, "workers_count": WORKERS,
                            "rounds": args.rounds, "retry": repr(default_policy()) if default_policy else "pyarrow's"}}
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def faults(proxy: FaultProxy, plan, expected: np.ndarray) -> dict:
+def faults(proxy: ProxyProcess, plan, expected: np.ndarray) -> dict:
     """Each fault's outcome: exact (ids equal to the local epoch's), or the error; then a persistent outage."""
     results = {}
     for name, setting in FAULTS.items():

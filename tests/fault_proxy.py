@@ -16,6 +16,7 @@ attributes, changed between runs (``configure``); faults are drawn from one seed
 """
 from __future__ import annotations
 
+import json
 import random
 import socket
 import socketserver
@@ -29,6 +30,7 @@ SLOWDOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</C
             b"request rate.</Message></Error>")
 UNAVAILABLE = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>ServiceUnavailable</Code><Message>Service "
                b"is unable to handle request.</Message></Error>")
+CONTROL = "/__fault_proxy__/"
 HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
 
 
@@ -74,6 +76,13 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
+    def _control(self, target: str, body: bytes) -> bytes:
+        if target == CONTROL + "configure":
+            self.configure(**json.loads(body))
+        with self._lock:
+            return json.dumps(dict(self.counts)).encode()
+
+
     def _draw(self) -> str:
         with self._lock:
             if self.outage:
@@ -96,6 +105,10 @@ class FaultProxy:
                 if request is None:
                     return
                 method, target, headers, body = request
+                if target.startswith(CONTROL):  # ProxyProcess's settings and counts, never forwarded
+                    _send(client, 200, "OK", [("Content-Type", "application/json")], self._control(target, body),
+                          method)
+                    continue
                 kind = _kind(method, target, headers)
                 with self._lock:
                     self.counts[method] += 1
@@ -138,6 +151,38 @@ class FaultProxy:
                 client.close()
             except OSError:
                 pass
+
+
+
+class ProxyProcess:
+    """A ``FaultProxy`` in its own process (``python tests/fault_proxy.py HOST PORT``), with the same
+    ``endpoint``, ``configure`` and ``counts``: a benchmark's proxy must not share the loader's GIL, or the
+    proxy's Python work slows the very loader it measures (and raw pyarrow less)."""
+
+    def __init__(self, upstream_host: str, upstream_port: int, *, seed: int = 0):
+        import subprocess
+        import sys
+        self._process = subprocess.Popen([sys.executable, __file__, upstream_host, str(upstream_port), str(seed)],
+                                         stdout=subprocess.PIPE, text=True)
+        self.endpoint = self._process.stdout.readline().strip()  # type: ignore[union-attr]
+
+    def _call(self, name: str, settings: dict | None = None) -> dict:
+        import urllib.request
+        request = urllib.request.Request(self.endpoint + CONTROL + name, data=json.dumps(settings or {}).encode(),
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def configure(self, **settings) -> None:
+        self._call("configure", settings)
+
+    @property
+    def counts(self) -> Counter:
+        return Counter(self._call("counts"))
+
+    def close(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=10)
 
 
 def _kind(method: str, target: str, headers) -> str:
@@ -196,3 +241,10 @@ def _read_request(reader, client=None):
         headers = [(k, v) for k, v in headers if k.lower() != "transfer-encoding"] + [("Content-Length",
                                                                                          str(len(body)))]
     return method, target, headers, body
+
+
+if __name__ == "__main__":  # ProxyProcess: serve until terminated, the endpoint on the first line of stdout
+    import sys
+    proxy = FaultProxy(sys.argv[1], int(sys.argv[2]), seed=int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    print(proxy.endpoint, flush=True)
+    threading.Event().wait()
