@@ -1,9 +1,9 @@
 """``where`` planning against Spark's own ``count(where)`` on a real standalone cluster (master + 2 workers).
 
 Not a test: run it standalone. It starts a Spark standalone master and ``--workers`` workers on 127.0.0.1 (each
-its own JVM, from pyspark's bin/, free ports; ``tests/standalone_cluster.py``), then for each ``--rows`` size runs
-``bench_spark_plan.py --master spark://127.0.0.1:PORT --parts where`` in a fresh driver process: the same interleaved
-measurement as on ``local[*]`` (count, plan, plan as words, ... after one warm-up; median and best of
+its own JVM, from pyspark's bin/, free ports; ``tests/support/standalone_cluster.py``), then for each ``--rows`` size
+runs ``bench_spark_plan.py --master spark://127.0.0.1:PORT --parts where`` in a fresh driver process: the same
+interleaved measurement as on ``local[*]`` (count, plan, plan as words, ... after one warm-up; median and best of
 ``--repeat``), but with the executors in the workers' JVMs, so every task result and the rows planning brings to
 the driver cross processes. Goal: planning <= 1.5x ``count(where)`` at every size. The cluster is stopped at the
 end whatever happens.
@@ -23,9 +23,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from standalone_cluster import StandaloneCluster, cluster_env  # noqa: E402
+from tests.support.standalone_cluster import StandaloneCluster, cluster_env  # noqa: E402
 
 GOAL = 1.5
 

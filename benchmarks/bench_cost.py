@@ -1,4 +1,4 @@
-"""Cost balance (issue 14): how close the ranks' batch costs are in each step, measured on real loaders.
+"""Cost balance: how close the ranks' batch costs are in each step, measured on real loaders.
 
 Not a test: run it standalone (``python benchmarks/bench_cost.py``). Every figure compares loaders over the same
 plan and rows in one process:
@@ -30,7 +30,7 @@ warnings.simplefilter("ignore")
 
 WORLD, BATCH = 8, 16
 GOALS = {"sum": 1.05, "max": 1.10}
-THROUGHPUT_GOAL = 0.9  # cost balance's rows per CPU-second against rows balance's (issue 27; was 0.8)
+THROUGHPUT_GOAL = 0.9  # cost balance's rows per CPU-second against rows balance's
 
 
 def write_dataset(path, rows, *, sources=False, files=16, row_group=5000, seed=0, text=False):
@@ -65,7 +65,7 @@ def epoch_costs(plan, balance, reduce, plain_order=False, **kwargs):
     if plain_order:
         from unittest import mock
 
-        from petastorm_balanced.core.cost import ROW_GROUP_ORDERS
+        from petastorm_balanced.core.cost.order import ROW_GROUP_ORDERS
         patch = mock.patch.dict(ROW_GROUP_ORDERS._choices, {"cost": ROW_GROUP_ORDERS["rows"]})
     for rank in range(WORLD):
         if plain_order:

@@ -10,7 +10,7 @@ same process, on the same rows, with the same worker count.
   BatchedDataLoader takes part (it cannot batch strings). On a stack without Petastorm only the Arrow backend and
   raw pyarrow run.
 - rows per CPU-second (``process_time``: every thread of the process) of the same runs, and their ratios against
-  raw pyarrow (issue 27's goal: >= 0.9x for numeric, shuffled, all columns and the conformance types: strings,
+  raw pyarrow (the goal: >= 0.9x for numeric, shuffled, all columns and the conformance types: strings,
   lists, nullable columns with their ``__valid`` masks), plus raw pyarrow without its own decode threads, and raw
   pyarrow reading in as many threads as the loader (what parallel reading itself costs per CPU-second). Twice:
   ``make_loader`` and one epoch per round (its setup, footers read for the batch schema, counted each time), and
@@ -40,7 +40,7 @@ NUMERIC = ["id", "value", "label"]
 # the conformance columns but the list column: Python lists (the delivered type of a list column) are GC-tracked
 # objects, one per row, where raw pyarrow's to_numpy gives numpy arrays the collector never scans
 NOT_LISTS = ["id", "name", "count", "score", "flag"]
-CPU_GOAL = 0.9  # issue 27: the Arrow backend's rows per CPU-second against raw pyarrow's
+CPU_GOAL = 0.9  # the Arrow backend's rows per CPU-second against raw pyarrow's
 
 
 def dataset(path, rows, seed=7, kind="plain"):
@@ -152,7 +152,7 @@ def epochs_of(plan, workers, batch, shuffle, window, columns=NUMERIC, backend="a
 
 
 def conformance_dataset(path, rows, seed=11):
-    """The conformance suite's column types (issue 19) at benchmark size: strings, variable-length lists, a
+    """The conformance suite's column types at benchmark size: strings, variable-length lists, a
     nullable int (delivered with its ``__valid`` mask), a nullable float (NaN), a nullable bool (mask); row
     groups of 256 to 4096 rows over several files."""
     import pyarrow as pa

@@ -32,14 +32,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.environ.get("PB_BENCH_PACKAGE_ROOT", ROOT))  # another checkout's package: before/after
+sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from fault_proxy import ProxyProcess  # noqa: E402
-from s3_server import CREDENTIALS, S3Prefix, stop_server  # noqa: E402
-from seaweedfs_server import start_seaweedfs  # noqa: E402
+
+from tests.support.fault_proxy import ProxyProcess  # noqa: E402
+from tests.support.s3_server import CREDENTIALS, S3Prefix, stop_server  # noqa: E402
+from tests.support.seaweedfs_server import start_seaweedfs  # noqa: E402
+
+if os.environ.get("PB_BENCH_PACKAGE_ROOT"):  # another checkout's package, for before/after figures
+    sys.path.insert(0, os.environ["PB_BENCH_PACKAGE_ROOT"])
+    for loaded in [m for m in sys.modules if m == "petastorm_balanced" or m.startswith("petastorm_balanced.")]:
+        del sys.modules[loaded]
 
 from petastorm_balanced import make_loader, plan_shards  # noqa: E402
 from petastorm_balanced.io import fs as fsutil  # noqa: E402

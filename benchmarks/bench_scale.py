@@ -6,7 +6,7 @@ leave them, the rest match whole), balanced for ``--world-size`` ranks and saved
 plays one rank: ``load_plan`` (every integrity check on, the dataset listing off since the files do not exist),
 the first ``assignment(rank, epoch=0, num_workers)``, and the assignments of the next epochs.
 
-Goals (issue 15): plan <= 40 bytes per row group; rank start (load + first assignment) <= 2 s; memory added to
+Goals: plan <= 40 bytes per row group; rank start (load + first assignment) <= 2 s; memory added to
 the rank <= 300 MB (resident set after start minus before); each epoch's assignment <= 1 s.
 
     . scripts/env.sh && python benchmarks/bench_scale.py [--row-groups 1000000] [--files 50000] [--json]

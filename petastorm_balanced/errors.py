@@ -81,3 +81,8 @@ class InvalidWhereError(InvalidValueError):
         if self.on_data:
             return "fails on the rows of the dataset (columns " + ", ".join(self.columns) + ")"
         return "is not a valid Spark SQL boolean expression over the columns " + ", ".join(self.columns)
+
+
+class ShuffleQualityWarning(UserWarning):
+    """The rows are stored sorted or clustered by a column and a rank's rows need more than one shuffle window, so
+    batches mix only the row groups of their window and are further from i.i.d. than a uniform permutation's."""

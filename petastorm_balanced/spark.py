@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from os import PathLike
 
     from .reading.iterable import BalancedIterableDataset
-    from .reading.loader import BalancedLoader
+    from .reading.loader import Loader
 
 PARENT_CACHE_DIR_URL_CONF = "petastorm.spark.converter.parentCacheDirUrl"  # Petastorm's conf name, kept
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024  # Petastorm's default
@@ -118,7 +118,7 @@ class BalancedConverter:
 
     @contextlib.contextmanager
     def make_torch_dataloader(self, rank: int | None = None, world: int | None = None,
-                              **make_loader_kwargs: Any) -> Iterator[BalancedLoader]:
+                              **make_loader_kwargs: Any) -> Iterator[Loader]:
         """A ``BalancedLoader`` over this rank's rows, closed on exit (``with ... as loader``), as Petastorm's.
 
         ``batch_size`` defaults to the converter's, else 32 (Petastorm's default); ``rank``/``world`` default to
@@ -180,6 +180,42 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
     plan = _plan(dataset_url, spark, world_size=world_size, batch_size=batch_size, where=where, cost=cost,
                  policy=policy, seed=seed)
     return BalancedConverter(cache, key, plan)
+
+
+def make_shuffled_copy(dataset_url: str | PathLike[str], *, spark: Any = None, seed: int = 0,
+                       parent_cache_dir_url: str | PathLike[str] | None = None, world_size: int | None = None,
+                       batch_size: int | None = None, where: str | None = None, cost: str | None = None,
+                       policy: str = "drop") -> BalancedConverter:
+    """A copy of ``dataset_url`` with its rows in a seeded random order, written once by Spark and planned (G16).
+
+    For data stored sorted or clustered (by time, label, user) whose ranks' rows are larger than a loader's shuffle
+    budget: loaders shuffle within windows, and a window of sorted rows holds a few labels; in the copy every row
+    group is a random sample of the dataset, so any window gives i.i.d. batches. Rows are spread over as many files
+    as the input has by a 64-bit hash of all their values and ``seed`` and ordered by it inside each file: one
+    Spark shuffle, no sort of the whole dataset, and the same copy from the same content. The copy is the
+    converter's (``make_spark_converter``): written atomically under the cache folder, reused by every later call
+    on the same files (size, modification time) and ``seed``, values as Spark reads them with no cast
+    (``dtype=None``). ``where``, ``cost``, ``policy``, ``batch_size`` and ``world_size`` plan the copy as
+    ``plan_shards`` would plan the original.
+    """
+    F, _ = _pyspark()
+    from .planner.engines.spark import get_session, spark_url
+    from .unischema.storage import has_unischema
+    url = fsutil.normalize_url(dataset_url)
+    if has_unischema(url):
+        raise InvalidValueError(f"dataset_url={url!r} is a Petastorm (Unischema) dataset: a Spark copy would keep its "
+                                "codec cells as raw bytes without the Unischema; raise the loader's shuffle_budget "
+                                "instead, or rewrite it shuffled with petastorm_balanced.unischema.materialize_dataset")
+    df = get_session(spark).read.parquet(spark_url(url))
+    key = "__petastorm_balanced_shuffle__"
+    while key in df.columns:
+        key += "_"
+    hashed = df.withColumn(key, F.xxhash64(*[F.col(_quoted(c)) for c in df.columns], F.lit(int(seed))))
+    shuffled = (hashed.repartition(max(1, len(df.inputFiles())), F.col(key)).sortWithinPartitions(key)
+                .drop(key))
+    return make_spark_converter(shuffled, world_size=world_size, batch_size=batch_size,
+                                parent_cache_dir_url=parent_cache_dir_url, where=where, cost=cost, policy=policy,
+                                seed=seed, dtype=None)
 
 
 # ---------------------------------------------------------------------------------------------- inputs

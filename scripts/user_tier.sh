@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The "as a user" tier (issue 20): what a pip user gets must work as the README says.
+# The "as a user" tier: what a pip user gets must work as the README says.
 #   1. build the sdist and, from it, the wheel (python -m build) out of a clean copy of the clone
 #   2. install the wheel into a fresh venv: torch==2.13.0 first, then the wheel with the README's extras and no
 #      other constraint (pip resolves the extras' own bounds); `pip check`

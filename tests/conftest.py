@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, settings
 
 from petastorm_balanced import datagen
 
-pytest_plugins = ["tests.s3_server", "tests.connect_server"]  # real S3 (moto) and Spark Connect servers on 127.0.0.1,
-# each started once when a test asks
+# Real S3 (moto) and Spark Connect servers on 127.0.0.1, each started once when a test asks.
+pytest_plugins = ["tests.support.s3_server", "tests.support.connect_server"]
 
 settings.register_profile("ci", max_examples=300, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

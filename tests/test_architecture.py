@@ -1,4 +1,4 @@
-"""The package's shape (issue: one package a newcomer can read): no import cycles, nothing imports upward, pure
+"""The package's shape (one package a newcomer can read): no import cycles, nothing imports upward, pure
 modules stay pure, every module imports on its own in a fresh interpreter, the docstring examples run, and the
 Petastorm internals we depend on still exist."""
 import ast
@@ -12,22 +12,25 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from stacks import HAVE_PETASTORM, petastorm_only
 
 from petastorm_balanced.core.predicate_info import parse
+from tests.support.jobs import ROOT
+from tests.support.stacks import HAVE_PETASTORM, petastorm_only
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "petastorm_balanced")
 # Layers, bottom up: a module may import its own layer and the ones below, never one above (docs/architecture.md).
-# core: the pure arithmetic; io, unischema, world: the outside world; plan: the artefact; planner builds it and
-# reading serves it (neither imports the other); the top: public faces and tools.
+# core: the pure arithmetic; io, unischema, world: the outside world (unischema reads through io, never the
+# reverse); plan: the artefact; planner builds it and reading serves it (neither imports the other); the top:
+# public faces and tools.
 LAYERS = {"errors": 0, "_version": 0, "core": 1, "io": 2, "unischema": 2, "world": 2, "predicates": 2,
           "plan": 3, "planner": 4, "reading": 4, "tools": 5, "lightning": 5, "datagen": 5, "__main__": 5,
           "spark": 5, "__init__": 6}
-APART = [("planner", "reading"), ("reading", "planner")]  # siblings of one layer that never import each other
+# Siblings of one layer of which the first never imports the second:
+APART = [("planner", "reading"), ("reading", "planner"), ("io", "unischema")]
 # Every module of core/ is pure (no I/O, no torch, Spark or Petastorm), and these besides:
-PURE = sorted(f"core.{n[:-3]}" for n in os.listdir(os.path.join(PACKAGE, "core")) if n.endswith(".py")
-              and n != "__init__.py") + ["reading.batching", "tools.coverage"]
+PURE = sorted(os.path.relpath(os.path.join(folder, n), PACKAGE)[:-3].replace(os.sep, ".")
+              for folder, _, names in os.walk(os.path.join(PACKAGE, "core")) for n in names
+              if n.endswith(".py") and n != "__init__.py") + ["reading.batching", "tools.coverage"]
 NEEDS_PETASTORM = {"petastorm_balanced.reading.backends.petastorm", "petastorm_balanced.reading.backends.ordering",
                    "petastorm_balanced.io.remote"}
 

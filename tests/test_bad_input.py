@@ -28,10 +28,10 @@ from petastorm_balanced import (
     plan_shards,
 )
 from petastorm_balanced.predicates import in_lambda, in_set
+from tests.support.jobs import ROOT
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD, BATCH = 3, 16
 
 
@@ -285,8 +285,8 @@ DRIVER = textwrap.dedent("""
 def _run_cli_cases(cases, inputs, tmp_path):
     names = {**inputs.paths, "ds": inputs.ds, "out": str(tmp_path / "out")}
     argvs = [[a.format(**names) for a in argv] for _, argv, _ in cases]
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS="ignore")
-    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], cwd=REPO, env=env, capture_output=True,
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -325,11 +325,11 @@ def test_invalid_where_is_a_value_error_naming_it(spark, inputs, where):
 
 def test_cli_entry_point_bad_input(inputs, tmp_path):
     """The real ``python -m petastorm_balanced``: exit status and stderr as a shell sees them."""
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=ROOT)
     for argv, says in ((["plan", inputs.paths["missing"], "--world-size", "3", "--engine", "local", "--output",
                          str(tmp_path / "out")], "does not exist"),
                        (["inspect", inputs.paths["newer"]], "version 99")):
-        done = subprocess.run([sys.executable, "-m", "petastorm_balanced", *argv], cwd=REPO, env=env,
+        done = subprocess.run([sys.executable, "-m", "petastorm_balanced", *argv], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()

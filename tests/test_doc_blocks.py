@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.jobs import ROOT
+
 SCRIPT = os.path.join(ROOT, "scripts", "doc_blocks.py")
 spec = importlib.util.spec_from_file_location("doc_blocks", SCRIPT)
 doc_blocks = importlib.util.module_from_spec(spec)

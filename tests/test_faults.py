@@ -13,7 +13,6 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-from stacks import petastorm_only
 
 from petastorm_balanced import (
     BalancedIterableDataset,
@@ -24,10 +23,11 @@ from petastorm_balanced import (
     make_loader,
     plan_shards,
 )
+from tests.support.jobs import ROOT
+from tests.support.stacks import petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD, BATCH = 3, 16
 # The writer pauses right after the step named in argv[4]: a data file written (``_put`` returned), or for
 # ``plan.json.tmp`` the temporary written but not yet renamed into place (``os.replace`` about to run).
@@ -62,8 +62,8 @@ plan_shards(sys.argv[1], 3, batch_size=16, seed=int(sys.argv[3]), engine="local"
 
 def _kill_writer_after(step, dataset_url, plan_url, seed, extra_env=None):
     """Start a plan writer, wait until it reports it wrote ``step``, SIGKILL it. Returns the dead process."""
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS="ignore", **(extra_env or {}))
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, dataset_url, plan_url, str(seed), step], env=env, cwd=REPO,
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONWARNINGS="ignore", **(extra_env or {}))
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, dataset_url, plan_url, str(seed), step], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = []
     try:

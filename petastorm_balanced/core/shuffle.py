@@ -29,6 +29,27 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> i
     return max(1, -(-shuffle_window // batch_size)) * batch_size
 
 
+# A window is held up to three times at once: the chunks read for it, the window they are joined into, and its
+# permuted copy (the next window's chunks arrive while the last one's batches are handed out).
+WINDOW_COPIES = 3
+
+
+def budget_window(budget_bytes: int, row_bytes: float, batch_size: int) -> int:
+    """Rows per window that a shuffle budget of ``budget_bytes`` holds for rows of ``row_bytes`` decoded bytes:
+    whole batches, at least one.
+
+    Why a budget rather than a fixed row count: a batch can only mix rows that share its window, and data is
+    usually stored sorted (by time, label, user), so a window of a few row groups gives batches of a few labels.
+    The largest window memory allows is the best one; a slot whose rows fit in it delivers batches cut from one
+    uniform permutation of all its rows, whatever the stored order (G16).
+
+    >>> budget_window(256 * 2**20, 144.0, 256)
+    621312
+    """
+    rows = int(budget_bytes // (WINDOW_COPIES * max(float(row_bytes), 1.0)))
+    return max(1, rows // batch_size) * batch_size
+
+
 def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
     """A permutation of ``num_rows`` drawn from ``key``, the same on every NumPy version.
 

@@ -13,12 +13,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import InvalidValueError
-from ..unischema.pickling import loads
 from . import fs as fsutil
 from . import retry, tables
-from .partitions import partition_values  # noqa: F401 - re-exported: hive values, decoded (partitions.py)
-
-UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 
 
 def is_data_name(name: str) -> bool:
@@ -139,40 +135,6 @@ def _local_files(url: str, root: str) -> list[pafs.FileInfo]:
 
     walk(root, "", (real_root,))
     return out
-
-
-def has_unischema(url: str) -> bool:
-    """Whether the dataset is a Petastorm dataset (a Unischema in ``_common_metadata``); needs no Petastorm.
-
-    The Unischema is loaded through the allow-list (``load_unischema``), so planning refuses a hostile pickle
-    (``UnsafeDatasetError``) whether or not a predicate will decode rows.
-    """
-    return load_unischema(url) is not None
-
-
-def load_unischema(url: str):
-    """The Petastorm Unischema in ``_common_metadata`` (our classes: no Petastorm needed), or None for plain Parquet.
-
-    Loaded through the allow-list of ``unischema/pickling.py``: a pickle naming anything but schema, codec, numpy
-    and Spark SQL types raises ``UnsafeDatasetError`` and nothing in it runs. Every path that opens a Petastorm
-    dataset (planning, ``load_plan``, both backends) calls this before anything else reads the pickle.
-    """
-    payload = _unischema_bytes(url)
-    if payload is None:
-        return None
-    return loads(payload, where=url)
-
-
-def _unischema_bytes(url: str) -> bytes | None:
-    filesystem, root = fsutil.resolve(url)
-    meta_path = root + "/_common_metadata"
-    if stat(filesystem, meta_path, url).type != pafs.FileType.File:
-        return None
-
-    def read():
-        with filesystem.open_input_file(meta_path) as handle:
-            return pq.read_metadata(handle).metadata or {}
-    return retry.call_naming(read, url=f"{url}/_common_metadata", what="reading").get(UNISCHEMA_KEY)
 
 
 def unreadable_file(url: str, paths) -> tuple[str, Exception] | None:

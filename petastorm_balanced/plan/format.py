@@ -236,7 +236,7 @@ def totals(plan: ShardPlan, pieces: balance.Pieces | None = None) -> dict:
 def _cost_totals(plan: ShardPlan, pieces: balance.Pieces) -> dict:
     """Cost side of the totals: the whole cost, the largest row's, and each rank's estimated share (each piece
     counted at its row group's mean cost per row; exact for whole row groups)."""
-    from ..core.cost import rank_costs
+    from ..core.cost.order import rank_costs
     return {"total_cost": int(plan.catalog.cost_sums().sum()), "max_row_cost": plan.catalog.max_row_cost,
             "cost_per_rank": [int(round(c)) for c in rank_costs(plan.catalog, pieces)]}
 
@@ -317,7 +317,8 @@ def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:
 def _header(plan: ShardPlan, version: int = FORMAT_VERSION) -> dict:
     cost = {}
     if plan.catalog.cost is not None:
-        from ..core.cost import ORDER_NAME, ORDER_VERSION, parse_cost
+        from ..core.cost.order import ORDER_NAME, ORDER_VERSION
+        from ..core.cost.spec import parse_cost
         cost = {"cost": {"text": plan.catalog.cost, "kind": parse_cost(plan.catalog.cost).kind,
                          "order": ORDER_NAME, "order_version": ORDER_VERSION}}
     return {

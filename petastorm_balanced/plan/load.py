@@ -17,8 +17,8 @@ from ..core.catalog import Catalog, FileInfo
 from ..core.predicate_info import PredicateInfo, predicate_info
 from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
 from ..io import fs as fsutil
-from ..io.dataset import load_unischema
 from ..io.tables import TableRef
+from ..unischema.storage import load_unischema
 from .format import (
     ASSIGNMENT,
     CATALOG,
@@ -128,7 +128,7 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
         raise PlanIntegrityError(f"{url}/plan.json lists a row group size that is not an integer; re-run planning")
     cost = document.get("cost")  # absent from plans without a cost (and from plans older than costs)
     if cost is not None:
-        from ..core.cost import ORDER_NAME, ORDER_VERSION, ROW_GROUP_ORDERS
+        from ..core.cost.order import ORDER_NAME, ORDER_VERSION, ROW_GROUP_ORDERS
         if not ROW_GROUP_ORDERS.holds(cost["order"], cost["order_version"]):
             raise PlanVersionError(f"{url} orders cost by {cost['order']} v{cost['order_version']}; this package has "
                                    f"{ORDER_NAME} v{ORDER_VERSION}; re-plan")

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..core import balance, elastic, selection
 from ..core.catalog import Catalog
-from ..core.cost import ROW_GROUP_ORDERS, resolve_balance
+from ..core.cost.order import ROW_GROUP_ORDERS
+from ..core.cost.spec import resolve_balance
 from ..errors import InvalidValueError
 from ..io.tables import TableRef
 from ..world import check_rank_world
@@ -97,7 +98,7 @@ class ShardPlan:
         """``"cost"`` or ``"rows"``: the one ``"auto"`` rule, which every reader follows (``make_loader``,
         ``BalancedIterableDataset``, ``make_reader``, ``verify``): a plan with a cost balances cost, whatever the
         reader's other settings, so every reader of a plan delivers the same rows in the same cost-dealt order
-        (``core/cost.resolve_balance``)."""
+        (``core/cost/spec.resolve_balance``)."""
         return resolve_balance(balance_by, has_cost=self.cost is not None)
 
     def pieces(self, *, epoch: int = 0, world_size: int | None = None, num_workers: int = 1,
@@ -109,7 +110,7 @@ class ShardPlan:
         ``partition_epoch=P``: ``epoch`` is part ``epoch % P`` of pass ``epoch // P``. ``stages``: the worlds that
         served this pass before an elastic resume (``elastic.py``), with ``windows`` saying how their slots shuffled
         (so which rows they had not delivered yet). Cost balance deals the pass's row group order so every rank's
-        stretch carries average cost (``core/cost.ROW_GROUP_ORDERS``).
+        stretch carries average cost (``core/cost/order.ROW_GROUP_ORDERS``).
         """
         world = self.world_size if world_size is None else world_size
         balance_by = self.resolve_balance(balance_by)

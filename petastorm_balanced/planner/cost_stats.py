@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.catalog import Catalog, RowGroups
-from ..core.cost import CostSpec, check_costs, evaluate, row_group_stats
+from ..core.cost.spec import CostSpec, check_costs, evaluate, row_group_stats
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root

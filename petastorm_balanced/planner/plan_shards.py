@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import balance
 from ..core.catalog import Catalog
-from ..core.cost import FUNCTIONS, parse_cost
+from ..core.cost.spec import FUNCTIONS, parse_cost
 from ..core.deletes import without_rows
 from ..core.predicate_info import PredicateInfo, predicate_info
 from ..errors import InvalidValueError
@@ -17,6 +17,7 @@ from ..io import tables
 from ..io.tables import TableRef
 from ..plan.format import check_output, dataset_fingerprint
 from ..plan.model import ShardPlan
+from .stored_order import warn_stored_order
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -98,6 +99,7 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
         plan.save(output_url)
         timings["write"] = time.perf_counter() - started
     log.info("time: %s", time_summary(timings))
+    warn_stored_order(plan)
     return plan
 
 

@@ -15,8 +15,10 @@ from ..errors import InvalidValueError, StalePlanError, StorageUnavailableError
 from ..io import footer as io_footer
 from ..io import fs as fsutil
 from ..io import retry
-from ..io.dataset import has_unischema, list_data_files, partition_values, relative_path
+from ..io.dataset import list_data_files, relative_path
+from ..io.partitions import partition_values
 from ..plan.format import check_dataset
+from ..unischema.storage import has_unischema
 
 FOOTER_THREADS = 16
 FOOTER_CHUNK = 64  # files per thread task

@@ -31,16 +31,14 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..core import shuffle as _shuffle
+from ..core.shuffle import StartPoint, window_permutation
 from ..errors import InvalidValueError
 from .convert import concat_arrays
 
-# The window shuffle rule lives in the core (``core/shuffle.py``, which the elastic arithmetic reads backwards);
-# its names stay importable from here.
-window_rows, window_permutation, unread_rows = _shuffle.window_rows, _shuffle.window_permutation, _shuffle.unread_rows
-StartPoint = _shuffle.StartPoint
+# The window shuffle rule (``window_permutation``, ``window_rows``) lives in the core (``core/shuffle.py``), which the
+# elastic arithmetic reads backwards; the readers import it from there.
 
-Columns = dict[str, np.ndarray]
+ColumnArrays = dict[str, np.ndarray]  # one chunk's columns: name -> numpy array (or pyarrow array), rows on axis 0
 
 
 def start_point(fragment_rows: np.ndarray, *, batch_size: int, window_rows: int, batches_done: int,
@@ -82,14 +80,14 @@ class WindowBatcher:
         self._window = start.window
         self._row = start.row  # slot row where the window being filled starts
         self._skip = start.skip_rows
-        self._parts: list[Columns] = []
+        self._parts: list[ColumnArrays] = []
         self._buffered = 0
 
     @property
     def done(self) -> bool:
         return self._row >= self._total
 
-    def push(self, columns: Columns) -> Iterator[Columns]:
+    def push(self, columns: ColumnArrays) -> Iterator[ColumnArrays]:
         """Add the next chunk of rows (all columns the same length) and yield the runs of whole batches it
         completes, in order (cut them with ``split_batches``; one run per window when shuffling)."""
         rows = _num_rows(columns)
@@ -109,7 +107,7 @@ class WindowBatcher:
             raise RuntimeError(f"the reader ended {self._total - self._row - self._buffered} rows short of the "
                                f"slot's {self._total} planned rows; the dataset changed while reading?")
 
-    def _emit(self, size: int) -> Iterator[Columns]:
+    def _emit(self, size: int) -> Iterator[ColumnArrays]:
         window = self._take(size)
         lengths = None
         if self._key is not None:
@@ -131,7 +129,7 @@ class WindowBatcher:
         self._window += 1
         self._row += size
 
-    def _take(self, size: int) -> Columns:
+    def _take(self, size: int) -> ColumnArrays:
         """The first ``size`` buffered rows as one chunk; views when they sit in a single part."""
         taken, need = [], size
         while need:
@@ -161,13 +159,13 @@ def _gather(values, order: np.ndarray):
     return values.take(order) if isinstance(values, pa.Array) else values[order]
 
 
-def split_batches(run: Columns, batch_size: int) -> Iterator[Columns]:
+def split_batches(run: ColumnArrays, batch_size: int) -> Iterator[ColumnArrays]:
     """The batches of a run (views)."""
     for begin in range(0, _num_rows(run), batch_size):
         yield {name: values[begin:begin + batch_size] for name, values in run.items()}
 
 
-def _num_rows(columns: Columns) -> int:
+def _num_rows(columns: ColumnArrays) -> int:
     lengths = {len(values) for values in columns.values()}
     if len(lengths) != 1:
         raise InvalidValueError(f"columns of one chunk have different lengths {sorted(lengths)}")

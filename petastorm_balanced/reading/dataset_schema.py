@@ -8,6 +8,7 @@ Columns whose types cannot be unified are refused here, when the loader is made,
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,15 +17,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..core.quality import clustered_columns
 from ..io import footer as footer_io
 from ..io import fs as fsutil
 from ..io import retry
 from ..io.dataset import dataset_root
 from ..io.partitions import arrow_type, partition_types, partition_values
+from ..io.stats import value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
 FOOTER_THREADS = 8  # footers read side by side on a local disk (CPU-bound: more threads only hand off)
 REMOTE_FOOTER_THREADS = 32  # and on an object store, where each read waits a round trip
+ROW_BYTES_FILES = 16  # footers (the first in path order) that estimate variable-width columns' bytes per row
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,9 @@ class StoredColumns:
 
     schema: pa.Schema
     nullable: dict[str, bool]
+    row_bytes: float = 0.0  # estimated decoded bytes of one row of these columns (what a shuffle window holds)
+    # columns stored in order (``quality.clustered_columns``)
+    clustered: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[str] | None = None,
@@ -95,7 +102,48 @@ def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
         nullable_field = any(arrow.field(name).nullable for _, arrow, _ in distinct if name in arrow.names)
         fields.append(pa.field(name, unify_types(name, typed), nullable_field))
         nullable[name] = nullable_field and nullable.get(name, False)
-    return StoredColumns(pa.schema(fields), {n: nullable[n] for n in wanted})
+    schema = pa.schema(fields)
+    sample = [meta for _, meta in sorted(footers, key=lambda pair: pair[0])[:ROW_BYTES_FILES]]
+    return StoredColumns(schema, {n: nullable[n] for n in wanted}, row_bytes(schema, sample),
+                         clustered_columns(value_ranges(sample)))
+
+
+def row_bytes(schema: pa.Schema, footers: Sequence[pq.FileMetaData]) -> float:
+    """Estimated decoded bytes per row of ``schema``'s columns: fixed-width types by their width, the others by
+    their uncompressed Parquet size per row in ``footers`` (the first ``ROW_BYTES_FILES`` in path order: the same
+    on every rank, so every rank sizes its shuffle windows alike)."""
+    total, variable = 0.0, set()
+    for field in schema:
+        width = fixed_width(field.type)
+        if width is None:
+            variable.add(field.name)
+        else:
+            total += width
+    if not variable:
+        return total
+    size = rows = 0
+    for meta in footers:
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            rows += group.num_rows
+            for j in range(group.num_columns):
+                column = group.column(j)
+                if column.path_in_schema.split(".")[0] in variable:
+                    size += column.total_uncompressed_size
+    return total + size / max(rows, 1)
+
+
+def fixed_width(t: pa.DataType) -> float | None:
+    """Bytes per value of a fixed-width type as delivered (numpy), or None for variable-width types."""
+    if pa.types.is_boolean(t):
+        return 1.0
+    if pa.types.is_fixed_size_list(t):
+        inner = fixed_width(t.value_type)
+        return None if inner is None else inner * t.list_size
+    try:
+        return t.bit_width / 8
+    except ValueError:
+        return None
 
 
 def _arrow_key(meta) -> bytes:
@@ -153,5 +201,4 @@ def partition_columns(paths: Sequence[str], names: Sequence[str]) -> dict[str, t
             for name, kind in kinds.items() if name in names}
 
 
-__all__ = ["StoredColumns", "delivered_type", "partition_columns", "read_footers", "read_stored_columns",
-           "stored_columns"]
+__all__ = ["StoredColumns", "delivered_type", "partition_columns", "read_stored_columns", "stored_columns"]

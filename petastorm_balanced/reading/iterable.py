@@ -26,13 +26,14 @@ import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..world import resolve_world
-from . import state as keys
+from . import state as loader_state
 from . import stream
 from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .options import SHUFFLE_WINDOW, LoaderOptions, resolve_backend
+from .mixture import MixturePosition, MixtureSettings, check_single_plan, mixture_slot
+from .options import SHUFFLE_BUDGET, LoaderOptions, resolve_backend
 from .position import EpochSampler, PlannedView, Position, Run, Settings
 from .tensors import require_torch, to_torch, torch, torch_batches
 
@@ -55,30 +56,44 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
     Iterated directly (or with ``num_workers=0``) it is a single slot and gives the same batches as
-    ``make_loader(..., shuffle_window=...)`` with the same settings. ``transform_spec`` (``TransformSpec``) runs
+    ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window of up to
+    ``shuffle_budget`` bytes: with K workers a rank holds up to K budgets. ``transform_spec`` (``TransformSpec``) runs
     in the DataLoader worker processes (its ``func`` must pickle for spawned workers: a module-level function).
     """
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
-    NUM_WORKERS = keys.NUM_WORKERS
-    WORKER, WORKER_BATCHES = keys.WORKER, keys.WORKER_BATCHES  # in states saved inside a DataLoader worker
+    NUM_WORKERS = loader_state.NUM_WORKERS
+    # in states saved inside a DataLoader worker:
+    WORKER, WORKER_BATCHES = loader_state.WORKER, loader_state.WORKER_BATCHES
 
-    def __init__(self, plan: ShardPlan | str | PathLike[str], rank: int | None = None, world: int | None = None, *,
+    def __init__(self, plan: ShardPlan | str | PathLike[str] | Sequence[Any], rank: int | None = None,
+                 world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
-                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int = SHUFFLE_WINDOW,
-                 schema_fields: Sequence[Any] | None = None, padding_mask: bool = False, backend: str = "auto",
-                 partition_epoch: int = 1, balance: str = "auto", cost_reduce: str = "sum",
-                 transform_spec: Any = None) -> None:
+                 shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int | None = None,
+                 shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
+                 padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
+                 cost_reduce: str = "sum", transform_spec: Any = None, weights: Sequence[float] | None = None,
+                 epoch_steps: int | None = None) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                                shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                                shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
+                                schema_fields=schema_fields, padding_mask=padding_mask,
                                 partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
                                 transform_spec=transform_spec)
-        self._settings = Settings(plan, resolve_world(rank, world), options)
-        self.backend = resolve_backend(backend, self._settings.plan.table)
-        self._position = Position(self._settings, epoch)
+        self._mixture = isinstance(plan, (list, tuple))  # plan=[...]: a mixture (reading/mixture.py)
+        if isinstance(plan, (list, tuple)):
+            settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
+                                       epoch_steps=epoch_steps, backend=backend,
+                                       reader_options={"reader_pool_type": "dummy"})
+            self._settings, self.backend = settings, settings.backend  # type: ignore[assignment]
+            self._position = MixturePosition(settings, epoch)  # type: ignore[assignment]
+        else:
+            check_single_plan(weights, epoch_steps)
+            self._settings = Settings(plan, resolve_world(rank, world), options)
+            self.backend = resolve_backend(backend, self._settings.plan.table)
+            self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
         self._in_worker: list[int] | None = None  # inside a DataLoader worker: [epoch, start, batches delivered]
@@ -104,7 +119,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         if wrapper is not None:
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        return self._slot(num_workers, worker, self._numpy_out, info is not None)
+        slot = mixture_slot if self._mixture else type(self)._slot
+        return slot(self, num_workers, worker, self._numpy_out, info is not None)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
@@ -170,8 +186,11 @@ class BalancedIterableDataset(PlannedView, _Base):
         info = torch.utils.data.get_worker_info()
         if info is None:
             return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
+        if self._mixture:
+            raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
+                                    "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
         epoch, start, own = self._in_worker or (*self._position.current(), 0)
-        return keys.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
+        return loader_state.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
                           self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own})
 
     def load_state_dict(self, state: dict) -> None:
@@ -179,8 +198,8 @@ class BalancedIterableDataset(PlannedView, _Base):
         was saved with, the epoch continues elastically: the rows no slot had consumed, split over the new slots."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        state = keys.flat(state)  # every key at the top, unknown ones refused (reading/state.py)
-        keys.require(state, (self.NUM_WORKERS,))
+        state = loader_state.flat(state)  # every key at the top, unknown ones refused (reading/state.py)
+        loader_state.require(state, (self.NUM_WORKERS,))
         workers = state[self.NUM_WORKERS]
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidValueError(f"state[{self.NUM_WORKERS!r}]={workers!r} must be an int >= 1")

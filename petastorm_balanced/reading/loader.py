@@ -19,8 +19,9 @@ from ..world import World, resolve_world
 from . import stream
 from .backends import BACKENDS
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
+from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import (
-    SHUFFLE_WINDOW,
+    SHUFFLE_BUDGET,
     LoaderOptions,
     arrow_retry_policy,
     check_arrow_kwargs,
@@ -133,21 +134,31 @@ class BalancedLoader(PlannedView):
         self.close()
 
 
-def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str,
+Loader = BalancedLoader | MixtureLoader  # what make_loader returns: one plan's loader, or a mixture's
+
+
+def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str | Sequence[Any],
                 batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
                 workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,
-                padding_mask: bool = False,
-                shuffle_window: int = SHUFFLE_WINDOW, backend: str = "auto", partition_epoch: int = 1,
+                padding_mask: bool = False, shuffle_window: int | None = None,
+                shuffle_budget: int | str = SHUFFLE_BUDGET, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
-                **petastorm_kwargs: Any) -> BalancedLoader:
+                weights: Sequence[float] | None = None, epoch_steps: int | None = None,
+                **petastorm_kwargs: Any) -> Loader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
-    serves any ``world`` (G9). ``batch_size`` defaults to the plan's. ``shuffle_window`` rows (rounded up to
-    whole batches) are shuffled together; memory per rank is about ``shuffle_window`` rows plus ``workers_count +
-    4`` bundles (the Arrow backend's prefetch; a bundle is consecutive fragments of at least 8,192 rows, so a row
-    group larger than that is one bundle).
+    serves any ``world`` (G9). ``batch_size`` defaults to the plan's.
+
+    Shuffling (G16): the rank's rows are permuted in windows of as many rows as ``shuffle_budget`` bytes hold
+    (default 256 MiB of decoded rows of the columns read, ``loader.shuffle_window`` says how many rows that is).
+    A rank whose rows fit in one window gets batches cut from one uniform permutation of all its rows, whatever
+    order they are stored in; beyond that a batch mixes the row groups of its window (``petastorm-balanced inspect
+    --shuffle-quality`` tells how close to i.i.d. that is). ``shuffle_window=N`` sets the rows instead. Memory per
+    rank is about the budget plus ``workers_count + 4`` bundles (the Arrow backend's prefetch; a bundle is
+    consecutive fragments of at least 8,192 rows, so a row group larger than that is one bundle); the first batch
+    comes when the first window is read, and a resume reads at most one window again.
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
     (Petastorm's reader and pools; pyarrow < 15) or ``"auto"`` (Petastorm where it imports). Both give identical
@@ -176,20 +187,30 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     bundle's rows as a pandas DataFrame (Unischema cells decoded) in the reading threads or Petastorm's workers, and
     must return the same rows in the same order (checked: a typed error at that batch); ``edit_fields``,
     ``removed_fields`` and ``selected_fields`` shape ``loader.schema`` and the batches. Not with ``balance="cost"``.
+
+    A mixture (``reading/mixture.py``, G17): ``plan=[plan_a, plan_b, ...]`` with ``weights=[w_a, w_b, ...]``; every
+    batch holds each source's share of ``batch_size`` rows and a ``_source`` tensor; ``epoch_steps`` sets the epoch
+    length (default: until the scarcest source completes a pass).
     """
     options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                            shuffle_window=shuffle_window, schema_fields=schema_fields, padding_mask=padding_mask,
+                            shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
+                            schema_fields=schema_fields, padding_mask=padding_mask,
                             partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
                             max_batch_cost=max_batch_cost, transform_spec=transform_spec)
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
+    if isinstance(plan, (list, tuple)):
+        return make_mixture_loader(resolve_world(rank, world), plan, weights, options, epoch=epoch,
+                                   epoch_steps=epoch_steps, backend=backend, workers_count=workers_count,
+                                   reader_pool_type=reader_pool_type, petastorm_kwargs=petastorm_kwargs, feeding=fed)
+    check_single_plan(weights, epoch_steps)
     plan = resolve_plan(plan)  # loaded once here: its table decides the backend
     chosen = resolve_backend(backend, plan.table)
     check_pool_options(reader_pool_type, workers_count, chosen)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
-        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
-                          "retry_policy": arrow_retry_policy(petastorm_kwargs)}
+        reader_options: dict[str, Any] = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
+                                          "retry_policy": arrow_retry_policy(petastorm_kwargs)}
     else:
         reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
     return BalancedLoader(plan, resolve_world(rank, world), options, epoch=epoch, reader_options=reader_options,

@@ -7,17 +7,20 @@ without Petastorm installed.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.cost import REDUCES, CostOptions, parse_cost
+from ..core.cost.arrangement import REDUCES
+from ..core.cost.options import CostOptions
+from ..core.cost.spec import parse_cost
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..io import retry
 from ..plan.model import ShardPlan
 
-SHUFFLE_WINDOW = 10_000  # default rows per shuffle window (rounded up to whole batches)
+SHUFFLE_BUDGET = 256 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,8 @@ class LoaderOptions:
     batch_size: int | None = None
     shuffle: bool = True
     reshuffle: str = "epoch"
-    shuffle_window: int = SHUFFLE_WINDOW
+    shuffle_window: int | None = None  # rows; None: as many as ``shuffle_budget`` holds
+    shuffle_budget: int | str = SHUFFLE_BUDGET
     schema_fields: Sequence[Any] | None = None
     padding_mask: bool = False
     partition_epoch: int = 1
@@ -48,8 +52,27 @@ class LoaderOptions:
                                     "or 'fixed' (the epoch-0 assignment, for caching)")
         if not isinstance(self.shuffle, bool):
             raise InvalidTypeError(f"shuffle={self.shuffle!r} must be True or False")
-        check_int("shuffle_window", self.shuffle_window, minimum=1, hint=" (rows per shuffle window)")
+        if self.shuffle_window is not None:
+            check_int("shuffle_window", self.shuffle_window, minimum=1, hint=" (rows per shuffle window; None: as "
+                      "many as shuffle_budget holds)")
+        object.__setattr__(self, "shuffle_budget", parse_bytes("shuffle_budget", self.shuffle_budget))
         object.__setattr__(self, "padding_mask", bool(self.padding_mask))
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(name: str, value) -> int:
+    """A byte count given as an int or a string with a unit (``"512MiB"``, ``"2GB"``)."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise InvalidValueError(f"{name}={value!r} is not a byte count: pass an int, or a number with one of the "
+                                    "units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (for example '512MiB')")
+        value = int(float(match.group(1)) * _UNITS[unit])
+    return check_int(name, value, minimum=1, hint=" (bytes, or a string such as '512MiB')")
 
 
 # Petastorm arguments the plan owns, and what to do instead.
@@ -62,7 +85,8 @@ OWNED_ARGUMENTS = {
     "rowgroup_selector": "the plan selects the row groups; pass a predicate to plan_shards instead",
     "num_epochs": "a planned reader covers one epoch; iterate the loader again, or pass epoch=, for the next one",
     "shuffle_row_groups": "the plan orders row groups per epoch from [seed, epoch]; use make_loader(shuffle=...)",
-    "shuffle_row_drop_partitions": "the plan decides which rows each rank reads; use make_loader(shuffle_window=)",
+    "shuffle_row_drop_partitions": "the plan decides which rows each rank reads; use make_loader(shuffle_budget=) "
+                                   "or shuffle_window=",
     "dataset_url": "the plan names its dataset; pass plan= only",
     "dataset_url_or_urls": "the plan names its dataset; pass plan= only",
 }
@@ -77,7 +101,7 @@ ARROW_STORAGE = ("the Arrow backend reads through pyarrow.fs: give an S3 endpoin
                  "(?endpoint_override=host:port&scheme=http) or AWS_ENDPOINT_URL, credentials in the AWS variables; "
                  "its storage_options take only the retry policy (retry_attempts, retry_base_s, retry_max_s, "
                  "retry_request_attempts)")
-BACKENDS = ("auto", "petastorm", "arrow")
+BACKEND_NAMES = ("auto", "petastorm", "arrow")  # what backend= accepts (the readers: backends.BACKENDS)
 
 
 def petastorm_importable() -> bool:
@@ -95,10 +119,10 @@ def resolve_backend(backend, table=None) -> str:
     A Delta/Iceberg snapshot plan (``table``, ``plan.table``) is read by the Arrow backend: Petastorm's reader lists
     every Parquet file of the folder, files the table removed included, so it cannot serve one snapshot.
     """
-    if backend not in BACKENDS:
-        raise InvalidValueError(f"backend={backend!r} is not one of {BACKENDS}: 'arrow' reads with pyarrow alone (any "
-                                "stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks Petastorm "
-                                "where it imports")
+    if backend not in BACKEND_NAMES:
+        raise InvalidValueError(f"backend={backend!r} is not one of {BACKEND_NAMES}: 'arrow' reads with pyarrow "
+                                "alone (any stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks "
+                                "Petastorm where it imports")
     if table is not None and table.format != "parquet":
         if backend == "petastorm":
             raise InvalidValueError(f"backend='petastorm' cannot serve a plan of {table.describe()}: Petastorm's "

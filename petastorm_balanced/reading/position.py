@@ -4,22 +4,27 @@ The position is the whole resume state (G6): an epoch and a count of delivered b
 from the plan. See ``Position`` for when an epoch advances (only delivered batches and ``set_epoch`` move it, so
 frameworks that probe or re-create iterators cannot shift an epoch). After an elastic resume (a state saved at
 another world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four
-ints each; see ``keys.py``).
+ints each; the keys are declared in ``state.py``).
 """
 from __future__ import annotations
 
+import warnings
+
 from ..core import balance as balance_module
-from ..core.cost import COST_COLUMN
+from ..core.cost.spec import COST_COLUMN
 from ..core.elastic import Stage
 from ..core.params import check_int
-from ..errors import InvalidTypeError, InvalidValueError
+from ..core.shuffle import budget_window
+from ..errors import InvalidTypeError, InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
 from . import layout, stream, transform
-from . import state as keys
+from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions, resolve_cost, resolve_plan
 from .schema import BatchSchema, batch_schema, extra_column
+
+EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
 
 
 class Settings(Layout):
@@ -44,6 +49,13 @@ class Settings(Layout):
         rows_batch = 1 if budget else self.batch_size  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, check_int(
             "batch_size", rows_batch, minimum=1))
+        # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
+        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
+                                                          self.plan, self.cost)
+        self.shuffle_budget = options.shuffle_budget
+        if options.shuffle_window is None:  # as many rows as the budget holds (G16)
+            shuffle_window = budget_window(options.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES,
+                                           rows_batch)
         Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=rows_batch, shuffle=shuffle,
                         shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                         partition_epoch=options.partition_epoch,
@@ -52,9 +64,9 @@ class Settings(Layout):
         if budget and self.cost is not None:
             self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
         self.padding_mask = options.padding_mask
-        # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
-        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields),
-                                                          self.plan, self.cost)
+        if shuffle:
+            warn_stored_order(self.columns.clustered, self.plan.rows_per_rank(self.world_size, rows_batch),
+                              self.shuffle_window)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
@@ -77,9 +89,23 @@ class Settings(Layout):
         if self._checksum is None:
             self._checksum = self.plan.checksum
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
-        cost = {} if self.cost is None else {keys.BALANCE: "cost", keys.COST_REDUCE:
-                                             self.cost.reduce, keys.MAX_BATCH_COST: self.cost.budget}
+        cost = {} if self.cost is None else {loader_state.BALANCE: "cost", loader_state.COST_REDUCE:
+                                             self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
         return {**dict(zip(Position.IDENTITY_KEYS, values, strict=True)), **cost}
+
+
+def warn_stored_order(clustered: dict[str, float], rank_rows: int, window: int) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window."""
+    if not clustered or rank_rows <= window:
+        return
+    name, spread = min(clustered.items(), key=lambda item: item[1])
+    warnings.warn(ShuffleQualityWarning(
+        f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
+        f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
+        "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
+        f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
+        "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
+        f"--shuffle-quality {name}` measures it"), stacklevel=4)
 
 
 class Position:
@@ -102,14 +128,14 @@ class Position:
     """
 
     # state_dict keys (declared in ``state.py``)
-    EPOCH, BATCHES = keys.EPOCH, keys.BATCHES
-    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (keys.PLAN_CHECKSUM, keys.WORLD_SIZE,
-                                             keys.BATCH_SIZE)
-    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (keys.SHUFFLE, keys.SHUFFLE_WINDOW,
-                                          keys.RESHUFFLE)
+    EPOCH, BATCHES = loader_state.EPOCH, loader_state.BATCHES
+    PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE = (loader_state.PLAN_CHECKSUM, loader_state.WORLD_SIZE,
+                                             loader_state.BATCH_SIZE)
+    SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (loader_state.SHUFFLE, loader_state.SHUFFLE_WINDOW,
+                                          loader_state.RESHUFFLE)
     IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 
-    STAGES, PARTITION_EPOCH = keys.STAGES, keys.PARTITION_EPOCH  # optional on load
+    STAGES, PARTITION_EPOCH = loader_state.STAGES, loader_state.PARTITION_EPOCH  # optional on load
 
     def __init__(self, settings: Settings, epoch: int):
         epoch = check_int("epoch", epoch, minimum=0)
@@ -186,19 +212,23 @@ class Position:
                 self.PARTITION_EPOCH: self.settings.partition_epoch, self.STAGES: [s.as_list() for s in stages]}
 
     def state_dict(self, extra: dict | None = None) -> dict:
-        return keys.nest(self.values(extra))
+        return loader_state.nest(self.values(extra))
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
         """Strict about keys (``state.flat``) and settings, except the world size: a state saved at another one
         resumes elastically (G10); ``workers`` is the number of slots per rank the state was saved with."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        state = keys.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
+        state = loader_state.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
         expected = {**self.settings.identity(), **(extra or {})}
-        keys.require(state, (self.EPOCH, self.BATCHES, *expected))
+        loader_state.require(state, (self.EPOCH, self.BATCHES, *expected))
         for key, value in expected.items():
             if key == self.WORLD_SIZE:
                 continue  # another world size is an elastic resume, checked below
+            if key == self.SHUFFLE_WINDOW and state[key] != value and self.settings.options.shuffle_window is None:
+                raise InvalidValueError(f"state[{key!r}]={state[key]!r} rows but this loader's shuffle_budget gives "
+                                        f"windows of {value} rows; pass shuffle_window={state[key]!r} to resume "
+                                        "that position exactly (its windows decide which rows come next)")
             if state[key] != value:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                         "position only resumes a loader with the same plan and settings")
@@ -239,6 +269,8 @@ class PlannedView:
     rank = property(lambda self: self._settings.rank)
     world_size = property(lambda self: self._settings.world_size)
     batch_size = property(lambda self: self._settings.batch_size)
+    shuffle_window = property(lambda self: self._settings.shuffle_window, doc="rows per shuffle window (resolved)")
+    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a slot's shuffle may hold")
 
     @property
     def schema(self) -> BatchSchema:

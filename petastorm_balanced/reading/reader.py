@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.params import check_int
+from ..core.shuffle import window_permutation
 from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
@@ -24,7 +25,6 @@ from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
 from . import stream
 from .backends.arrow import BundleReader, in_order
-from .batching import window_permutation
 from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .transform import as_spec, check_rows, transformed_unischema
 
@@ -135,7 +135,7 @@ def _schema_of(columns: stream.Columns, plan: ShardPlan, viewed: bool) -> Unisch
     """The Unischema rows carry: the stored one (its view with ``schema_fields``, named as Petastorm names it) for
     Petastorm datasets; for plain Parquet one like ``make_batch_reader``'s inferred schema (names only)."""
     if columns.fields:
-        from ..io.dataset import load_unischema
+        from ..unischema.storage import load_unischema
         name = load_unischema(plan.dataset_url)._name
         return Unischema(f"{name}_view" if viewed else name, [columns.fields[n] for n in columns.names])
     return Unischema("inferred_schema", [UnischemaField(n, None, ()) for n in columns.names])

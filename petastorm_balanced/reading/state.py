@@ -8,8 +8,10 @@ through ``json``), shaped like this (torchdata style: one entry per component)::
                 "reshuffle": "epoch", "partition_epoch": 1},   # what the position is valid for (checked on load)
      "elastic": {"stages": [[8, 1, 0, 120]]},         # worlds that served this pass before (G10)
      "cost": {"balance": "cost", "cost_reduce": "sum", "max_batch_cost": None},   # cost-balancing loaders only
-     "workers": {"num_workers": 2}}                   # BalancedIterableDataset only (plus "worker",
+     "workers": {"num_workers": 2},                   # BalancedIterableDataset only (plus "worker",
                                                       # "worker_batches" in a state saved inside a worker)
+     "mixture": {"weights": ["7/10", "3/10"], "epoch_steps": None, "phase": 3,
+                 "sources": [[0, 1204], [2, 77]]}}    # mixtures only; their "plan_checksum" is a list
 
 The position stays at the top because training loops read it (``state["epoch"]``). Loading is strict: a key this
 module does not declare, or a component with a key missing, is a ``StateKeyError`` naming the key and the fix.
@@ -37,6 +39,9 @@ SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
 BALANCE, COST_REDUCE, MAX_BATCH_COST = "balance", "cost_reduce", "max_batch_cost"
 NUM_WORKERS = "num_workers"  # slots per rank of a BalancedIterableDataset's state
 WORKER, WORKER_BATCHES = "worker", "worker_batches"  # a state saved inside a DataLoader worker (torchdata)
+# a mixture's (reading/mixture.py): the weights as fractions, the epoch length, the schedule's phase, [pass, row]
+# of every source
+WEIGHTS, EPOCH_STEPS, PHASE, SOURCES = "weights", "epoch_steps", "phase", "sources"
 
 POSITION = (EPOCH, BATCHES)  # at the top level
 # component -> its keys; the position's settings (layout), the elastic stages, cost identity, DataLoader workers
@@ -45,9 +50,10 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "elastic": (STAGES,),
     "cost": (BALANCE, COST_REDUCE, MAX_BATCH_COST),
     "workers": (NUM_WORKERS, WORKER, WORKER_BATCHES),
+    "mixture": (WEIGHTS, EPOCH_STEPS, PHASE, SOURCES),
 }
 COMPONENT_OF = {key: name for name, keys in COMPONENTS.items() for key in keys}
-FIX = "pass a dict saved by state_dict() of this loader type (docs/loader.md, \"Resume\")"
+FIX = "pass a dict saved by state_dict() of this loader type (docs/resume.md)"
 
 
 def nest(values: dict[str, Any]) -> dict[str, Any]:

@@ -13,13 +13,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
-from ..core.cost import COST_COLUMN, CostOptions, CostSpec, check_costs, evaluate
+from ..core.cost.options import CostOptions
+from ..core.cost.spec import COST_COLUMN, CostSpec, check_costs, evaluate
+from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
-from ..io.dataset import load_unischema, partition_values
+from ..io.partitions import partition_values
 from ..plan.model import Fragment, ShardPlan
+from ..unischema.storage import load_unischema
 from . import fragments as fr
-from .batching import WindowBatcher, start_point, window_rows
-from .dataset_schema import partition_columns, read_footers, stored_columns
+from .batching import WindowBatcher, start_point
+from .dataset_schema import partition_columns, read_footers
+from .dataset_schema import stored_columns as columns_of_footers
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -38,6 +42,8 @@ class Columns:
     fields: dict | None = None  # Unischema fields by name (Petastorm datasets only)
     target: pa.Schema | None = field(default=None, compare=False)  # delivered Arrow types of stored columns
     schemas: tuple[ColumnSchema, ...] = ()  # one per name
+    row_bytes: float = field(default=0.0, compare=False)  # estimated decoded bytes per row (sizes shuffle windows)
+    clustered: dict = field(default_factory=dict, compare=False)  # columns stored in order -> their spread
 
     @property
     def spec(self) -> fr.ReadSpec:
@@ -59,15 +65,14 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
             unischema = load_unischema(plan.dataset_url)
             names, fields = list(unischema.fields), dict(unischema.fields)
         else:
-            stored_names = footers[0][1].schema.to_arrow_schema().names
-            names = [n for n in partition_values(read[0]) if n not in stored_names] + list(stored_names)
-            fields = None
+            stored = footers[0][1].schema.to_arrow_schema().names
+            names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
         names = fr.select_columns(names, schema_fields)
         if PADDING in names:
             raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
                                     "flags")
         hive = partition_columns(paths, names)
-        stored = stored_columns(footers, [n for n in names if n not in hive])
+        stored_columns = columns_of_footers(footers, [n for n in names if n not in hive])
     except (OSError, pa.ArrowException) as exc:
         raise fr.unreadable_dataset_error(plan, exc) from exc
     fields = {n: fields[n] for n in names} if fields else None
@@ -76,13 +81,30 @@ def dataset_columns(plan: ShardPlan, schema_fields=None) -> Columns:
         if name in hive:
             schemas.append(hive[name][1])
         elif fields is not None and name in fields:
-            schemas.append(unischema_column(fields[name], stored.schema.field(name).type,
-                                            stored.nullable[name], fr.is_scalar(fields[name])))
+            schemas.append(unischema_column(fields[name], stored_columns.schema.field(name).type,
+                                            stored_columns.nullable[name], fr.is_scalar(fields[name])))
         else:
-            schemas.append(column_schema(name, stored.schema.field(name).type,
-                                         nullable=stored.nullable[name]))
+            schemas.append(column_schema(name, stored_columns.schema.field(name).type,
+                                         nullable=stored_columns.nullable[name]))
     used = tuple((k, kind) for k, (kind, _) in hive.items())
-    return Columns(tuple(names), used, fields, stored.schema, tuple(schemas))
+    # a hive partition column holds one value per file: stored clustered wherever it takes several values
+    clustered = {**stored_columns.clustered, **{k: 0.0 for k in hive if len(_distinct_partition(paths, k)) > 1}}
+    return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas),
+                   stored_columns.row_bytes + 8.0 * len(hive) + _decoded_bytes(fields), clustered)
+
+
+def _distinct_partition(paths: Sequence[str], name: str) -> set:
+    return {partition_values(path).get(name) for path in paths}
+
+
+def _decoded_bytes(fields: dict | None) -> float:
+    """Bytes per row that Unischema codecs add when they decode cells of a known shape (an image, an ndarray)."""
+    total = 0.0
+    for unischema_field in (fields or {}).values():
+        shape = tuple(getattr(unischema_field, "shape", ()) or ())
+        if shape and all(isinstance(n, int) for n in shape) and not fr.is_scalar(unischema_field):
+            total += float(np.prod(shape)) * np.dtype(unischema_field.numpy_dtype).itemsize
+    return total
 
 
 def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None) -> tuple[Columns, tuple]:
@@ -99,7 +121,8 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None
     if target is not None and source.target is not None:
         target = pa.schema(list(target) + [f for f in source.target if f.name not in target.names])
     return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields, target,
-                   columns.schemas + source.schemas), source.names
+                   columns.schemas + source.schemas, columns.row_bytes + source.row_bytes,
+                   {**columns.clustered, **source.clustered}), source.names
 
 
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
@@ -110,7 +133,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
     of the current shuffle window, or from the next batch when not shuffling, are read and decoded).
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
-    ``core/cost.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
+    ``core/cost/options.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
     ``batch_size=None`` (token budgets) makes every batch its own run.
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))

@@ -67,11 +67,13 @@ def cmd_plan(args) -> int:
 
 def cmd_inspect(args) -> int:
     from .report import format_inspect, inspect_report
+    if args.mixed or args.weights:
+        return _inspect_mixture(args)
     plan = _load(args.plan_url)
     extra = {"partition_epoch": args.partition_epoch}
     epoch, batch_size = args.epoch, args.batch_size
     if args.state:
-        from ..reading import state as keys  # the loader state keys
+        from ..reading import state as loader_state
         layout, epoch, batches, stages, state = _resume(plan, args)
         if batch_size not in (None, layout.batch_size):
             raise InputError(f"--batch-size {batch_size} differs from the state's batch_size={layout.batch_size}; "
@@ -79,15 +81,42 @@ def cmd_inspect(args) -> int:
         batch_size = layout.batch_size
         extra = {"partition_epoch": layout.partition_epoch, "stages": stages,
                  "windows": layout.windows,
-                 "resume": {"saved_world_size": state[keys.WORLD_SIZE], "saved_epoch": state[keys.EPOCH],
-                            "saved_batches": state[keys.BATCHES], "batches": batches,
+                 "resume": {"saved_world_size": state[loader_state.WORLD_SIZE],
+                            "saved_epoch": state[loader_state.EPOCH],
+                            "saved_batches": state[loader_state.BATCHES], "batches": batches,
                             "stages": [s.as_list() for s in stages]}}
     report = inspect_report(plan, plan_url=fsutil.normalize_url(args.plan_url), world_size=args.world_size,
                             epoch=epoch, num_workers=args.workers, batch_size=batch_size, **extra)
     if args.plot:
         from .plot import plot_report
         report["plot"] = plot_report(report, args.plot)
+    quality = None
+    if args.shuffle_quality:
+        from .shuffle_quality import shuffle_quality
+        quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size, batch_size=batch_size,
+                                  epoch=epoch, shuffle_budget=args.shuffle_budget)
+        report["shuffle_quality"] = quality.as_dict()
     print(json.dumps(report, indent=2) if args.json else format_inspect(report))
+    if quality is not None and not args.json:
+        print(quality.format())
+    return OK
+
+
+def _inspect_mixture(args) -> int:
+    from .mixture_report import format_mixture, mixture_report
+    urls = [args.plan_url, *args.mixed]
+    if not args.weights:
+        raise InputError(f"{len(urls)} plans make a mixture: pass --weights with one weight per plan (0.7,0.3)")
+    try:
+        weights = [float(w) for w in args.weights.split(",")]
+    except ValueError:
+        raise InputError(f"--weights {args.weights!r} must be numbers separated by commas (0.7,0.3)") from None
+    if args.state or args.plot:
+        raise InputError("--state and --plot apply to one plan; leave them out for a mixture")
+    report = mixture_report([_load(u) for u in urls], [fsutil.normalize_url(u) for u in urls], weights,
+                            world_size=args.world_size, batch_size=args.batch_size, epoch=args.epoch,
+                            epoch_steps=args.epoch_steps)
+    print(json.dumps(report, indent=2) if args.json else format_mixture(report))
     return OK
 
 
@@ -222,14 +251,22 @@ def _parser() -> argparse.ArgumentParser:
     add_planning_arguments(p, default_engine="spark")
     p.set_defaults(run=cmd_plan)
 
-    p = sub.add_parser("inspect", help="per-rank rows, steps, padding and read cost of a plan")
+    p = sub.add_parser("inspect", help="per-rank rows, steps, padding and read cost of a plan (or a mixture)")
     p.add_argument("plan_url", metavar="PLAN_URL")
+    p.add_argument("mixed", nargs="*", metavar="PLAN_URL", help="more plans: a mixture (with --weights)")
+    p.add_argument("--weights", metavar="W1,W2,...", help="a mixture's weights, one per plan: 0.7,0.3")
+    p.add_argument("--epoch-steps", type=_positive, metavar="S", help="a mixture's epoch length (default: until "
+                   "the scarcest source completes a pass)")
     p.add_argument("--world-size", type=_positive, metavar="W", help="ranks (default: the planned world size)")
     p.add_argument("--epoch", type=_non_negative, default=0, metavar="E")
     p.add_argument("--workers", type=_positive, default=1, metavar="K", help="DataLoader workers per rank")
     p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's batch size, else 1")
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.add_argument("--plot", metavar="FILE.png", help="draw rows and steps per rank beside Petastorm's sharding")
+    p.add_argument("--shuffle-quality", metavar="COLUMN", help="read COLUMN in the loader's order and report how "
+                   "far its batches are from i.i.d. (per rank and global batch, against a uniform permutation)")
+    p.add_argument("--shuffle-budget", default="256MiB", metavar="BYTES",
+                   help="the loader's shuffle_budget for --shuffle-quality (default 256MiB; '1GiB' works)")
     _pass_args(p)
     p.set_defaults(run=cmd_inspect)
 

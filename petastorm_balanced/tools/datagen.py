@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InvalidValueError
 from ..unischema.pickling import dumps
+from ..unischema.storage import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
 
 if TYPE_CHECKING:
     from ..unischema.schema import Unischema
@@ -27,9 +28,6 @@ __all__ = ["DatasetInfo", "make_plain_dataset", "make_petastorm_dataset", "main"
 
 #: Non-'en' languages; 'en' is the one whose share varies per file, so `lang == 'en'` shifts the balance.
 OTHER_LANGS = np.array(["de", "fr", "es", "ja"])
-#: Petastorm metadata keys, as in ``petastorm.etl.dataset_metadata`` (kept literal so plain use needs no petastorm).
-UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
-ROW_GROUPS_PER_FILE_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core import balance
 from ..core.catalog import Catalog
-from ..core.cost import rank_costs, straggler_ratio
+from ..core.cost.order import rank_costs, straggler_ratio
 from ..plan.format import split_row_groups
 from ..plan.model import ShardPlan
 from .petastorm_sharding import petastorm_shards, piece_keys

@@ -185,7 +185,7 @@ class _RowReader:
 def cost_check(plan: ShardPlan) -> Check:
     """A cost plan's per-row-group statistics against the data: every matching row's cost evaluated again (with
     the loader's functions) must give the recorded sums and largest costs, and be a non-negative integer."""
-    from ..core.cost import parse_cost
+    from ..core.cost.spec import parse_cost
     from ..planner.cost_stats import local_cost_stats
     name = "cost statistics (read)"
     spec = parse_cost(plan.cost)

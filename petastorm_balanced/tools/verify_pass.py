@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..core.elastic import Stage
+from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
-from ..reading.batching import WindowBatcher, start_point, window_rows
+from ..reading.batching import WindowBatcher, start_point
 from ..reading.layout import Layout
 from .coverage import Check, bounds_check
 

@@ -10,7 +10,8 @@ paths, and Petastorm reads them back as its own.
 - ``CompressedImageCodec('png'|'jpeg', quality=80)``: an image file, RGB or grayscale. Petastorm encodes and decodes
   with OpenCV (BGR in the file's channel order fixed up to RGB); we use OpenCV where it imports (the ``[images]``
   extra: opencv-python-headless), so JPEG decodes to Petastorm's very pixels, and Pillow otherwise (PNG bit-exact;
-  JPEG within the tolerance measured in tests/test_unischema.py, since two JPEG decoders may round differently).
+  JPEG within the tolerance measured in tests/unischema/test_unischema.py, since two JPEG decoders may round
+  differently).
 - ``ScalarCodec(spark_type)``: the value as Spark stores it; decoded as ``numpy_dtype(value)``.
 """
 from __future__ import annotations

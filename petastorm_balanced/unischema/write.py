@@ -22,9 +22,8 @@ import pyarrow.parquet as pq
 
 from ..errors import InvalidTypeError, InvalidValueError
 from . import pickling
+from .storage import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
 
-UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
-ROW_GROUPS_PER_FILE_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
 # Hadoop settings materialize_dataset changes for the write, and restores after (Petastorm's list).
 _HADOOP_KEYS = ("parquet.summary.metadata.level", "parquet.enable.summary-metadata",
                 "parquet.summary.metadata.propagate-errors", "parquet.block.size.row.check.min",

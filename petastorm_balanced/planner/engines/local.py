@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ...core.catalog import Catalog, RowGroups, full_catalog, match_from_mask
 from ...io import fs as fsutil
-from ...io.dataset import dataset_root, load_unischema
+from ...io.dataset import dataset_root
 from ...io.partitions import partition_types
+from ...unischema.storage import load_unischema
 from ..filters import check_fields, row_group_mask
 from ..scan import scan
 

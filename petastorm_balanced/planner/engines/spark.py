@@ -47,8 +47,9 @@ import numpy as np
 from ...core.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_catalog, match_from_mask
 from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
-from ...io.dataset import has_unischema, list_data_files, load_unischema, partition_values, relative_path
-from ...io.partitions import partition_types
+from ...io.dataset import list_data_files, relative_path
+from ...io.partitions import partition_types, partition_values
+from ...unischema.storage import has_unischema, load_unischema
 from ..filters import check_fields, row_group_mask
 from ..scan import footer_error, listed_mtime, read_footer
 

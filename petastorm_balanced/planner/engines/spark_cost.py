@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.catalog import FileInfo
-from ...core.cost import CostSpec, check_costs
+from ...core.cost.spec import CostSpec, check_costs
 from ...errors import InvalidValueError, InvalidWhereError
 from ...io.partitions import partition_types
 from ..cost_stats import Stats

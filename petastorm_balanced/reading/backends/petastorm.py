@@ -41,13 +41,13 @@ except ImportError as _missing:
                                  "'petastorm-balanced[petastorm]' (docs/stacks.md)") from None
 
 from ...core.params import check_int
-from ...io.dataset import load_unischema
+from ...core.shuffle import window_permutation
 from ...plan.model import Fragment, ShardPlan
 from ...unischema.pickling import harden_petastorm_unpickler
+from ...unischema.storage import load_unischema
 from ...world import resolve_world
 from .. import fragments as fr
 from .. import stream
-from ..batching import window_permutation
 from ..options import check_petastorm_kwargs, check_pool_options, resolve_plan
 from ..transform import checked
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator

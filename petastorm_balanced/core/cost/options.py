@@ -1,0 +1,59 @@
+"""``CostOptions``: how a loader arranges each shuffle window by cost, fixed-size batches (``arrangement.py``) or
+batches under a token budget (``budget.py``), and where a slot resumes under a budget."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import InvalidValueError
+from ..shuffle import StartPoint
+from .arrangement import ARRANGEMENTS
+from .budget import arrange_budget, budget_batches
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """How a loader arranges batches by cost; built once, from the loader's checked arguments, by
+    ``reading/options.resolve_cost``."""
+
+    cost: str  # the plan's cost text
+    column: str  # the source column the loader reads to compute it
+    function: str | None
+    reduce: str  # "sum" | "max"
+    budget: int | None = None  # max_batch_cost: batches of varying rows
+    mean_cost: float = 0.0  # the plan's cost per matching row (token budgets)
+
+    def arrange(self, costs: np.ndarray, batch_size: int | None, key: Sequence[int]):
+        """``(order, lengths)`` for one window: lengths is None for fixed-size batches."""
+        if self.budget is not None:
+            return arrange_budget(costs, budget_batches(len(costs), self.mean_cost, self.budget), self.budget, key)
+        if batch_size is None:
+            raise AssertionError("fixed-size cost batches need a batch_size")
+        return ARRANGEMENTS[self.reduce].run(costs, batch_size, key), None
+
+    def budget_steps(self, rows: int, window_rows: int) -> int:
+        """Batches of a slot of ``rows`` rows under the budget: the same on every rank with the same rows."""
+        full, rest = divmod(rows, window_rows)
+        budget = self._budget()
+        return full * budget_batches(window_rows, self.mean_cost, budget) + budget_batches(rest, self.mean_cost, budget)
+
+    def _budget(self) -> int:
+        if self.budget is None:  # the budget_* methods serve max_batch_cost loaders only
+            raise AssertionError("a budget method called on fixed-size cost batches (max_batch_cost=None)")
+        return self.budget
+
+    def budget_start(self, rows: int, window_rows: int, fragment_rows: np.ndarray, batches_done: int) -> StartPoint:
+        """Where a slot resumes under the budget: the start of the window holding batch ``batches_done``;
+        ``skip_rows`` then counts *batches* of that window to drop."""
+        per_window = budget_batches(window_rows, self.mean_cost, self._budget())
+        steps = self.budget_steps(rows, window_rows)
+        if batches_done < 0 or batches_done > steps:
+            raise InvalidValueError(f"batches_done={batches_done} is outside this slot's {steps} batches")
+        window = min(batches_done // per_window, -(-rows // window_rows))
+        row = min(window * window_rows, rows)
+        ends = np.cumsum(np.asarray(fragment_rows, dtype=np.int64))
+        fragment = int(np.searchsorted(ends, row, side="right"))
+        offset = row - (int(ends[fragment - 1]) if fragment else 0)
+        return StartPoint(fragment, offset, window, row, batches_done - window * per_window)

@@ -1,0 +1,58 @@
+"""Row group min/max statistics of footers, as the plain numbers ``core/quality.clustered_columns`` judges."""
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+NUMERIC = ("INT32", "INT64", "FLOAT", "DOUBLE")  # physical types whose min/max order like numbers
+
+
+def value_ranges(footers: Iterable[pq.FileMetaData]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``{column: (mins, maxs, rows)}`` over every row group of ``footers`` for the numeric top-level columns whose
+    statistics give a min and max in every non-empty row group (others are left out: nothing to judge)."""
+    out: dict[str, tuple[list, list, list]] = {}
+    skip: set[str] = set()
+    for meta in footers:
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            if group.num_rows == 0:
+                continue
+            for j in range(group.num_columns):
+                column = group.column(j)
+                name = column.path_in_schema
+                if name in skip or "." in name:
+                    continue
+                low = high = None
+                if column.physical_type in NUMERIC:
+                    try:
+                        stats = column.statistics
+                        if stats is not None and stats.has_min_max:
+                            low, high = stats.min, stats.max
+                    except pa.ArrowException:  # a logical type pyarrow cannot turn into a Python value
+                        pass
+                low, high = _number(low), _number(high)
+                if low is None or high is None:
+                    skip.add(name)
+                    out.pop(name, None)
+                    continue
+                mins, maxs, rows = out.setdefault(name, ([], [], []))
+                mins.append(low)
+                maxs.append(high)
+                rows.append(group.num_rows)
+    return {name: (np.array(a), np.array(b), np.array(c, dtype=np.int64)) for name, (a, b, c) in out.items()}
+
+
+def _number(value) -> float | None:
+    """A statistic as a float (times and dates as seconds and days), or None when it is not a finite number."""
+    if isinstance(value, datetime.datetime):
+        return value.replace(tzinfo=value.tzinfo or datetime.UTC).timestamp()
+    if isinstance(value, datetime.date):
+        return float(value.toordinal())
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    number = float(value)
+    return number if np.isfinite(number) else None

@@ -1,0 +1,443 @@
+"""Mixtures (G17): ``make_loader(plan=[a, b, c], weights=[...])`` and ``BalancedIterableDataset(plan=[...])``.
+
+Every batch holds each source's share of ``batch_size`` rows (``core/mixture.py``: floor or ceil of ``weight x
+batch_size``, the running count within one row of the weights), with ``_source`` naming each row's source. Each
+source is read in passes over its own rows, each pass in that source's seeded order and balanced over the ranks as
+its plan is (``mixture_rows.py``), and continues across epochs where it stopped, so no row of a source repeats
+before every row of its pass was delivered (G2's drop allowance: the plan's fewer than ``world_size`` rows per pass
+at one row per rank). Every rank takes the same rows of every source at every batch: equal steps (G1) with no
+communication.
+
+**The position** is the epoch and batch, as for one plan, plus each source's pass and row and the schedule's
+phase (``state["mixture"]``): resuming reads only each source's current shuffle window again (G6), with no replay.
+Loading a state saved with other weights (a curriculum) keeps every source where it stood and starts the new
+weights' schedule there: no row of a source repeats in its pass. A state saved at another world size is refused
+(an elastic resume of a mixture is not supported: each source's pass would need its own elastic stage).
+
+What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), cost balance
+and token budgets (a batch's rows are decided by the weights; pass ``balance="rows"``), ``transform_spec``.
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import replace
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..core import balance
+from ..core.mixture import Mixture, Point, make_schedule, parse_weights
+from ..core.params import check_int
+from ..core.shuffle import budget_window
+from ..errors import InvalidTypeError, InvalidValueError
+from ..world import World
+from . import state as loader_state
+from . import stream
+from .device import NO_FEED, Feed, close_iterator, feed
+from .fragments import as_list
+from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
+from .options import LoaderOptions, resolve_backend, resolve_plan
+from .position import EXTRA_ROW_BYTES, EpochSampler, PlannedView
+from .schema import batch_schema, extra_column
+from .state import (
+    BATCH_SIZE,
+    BATCHES,
+    EPOCH,
+    EPOCH_STEPS,
+    PHASE,
+    PLAN_CHECKSUM,
+    RESHUFFLE,
+    SHUFFLE,
+    SHUFFLE_WINDOW,
+    SOURCES,
+    WEIGHTS,
+    WORLD_SIZE,
+)
+from .tensors import require_torch, to_torch, torch_batches
+
+RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
+
+
+class MixtureSettings:
+    """Checked settings of a mixture loader: the plans, the schedule, the columns and how sources are read."""
+
+    def __init__(self, plans: Sequence[Any], weights, world: World, options: LoaderOptions, *,
+                 epoch_steps: int | None = None, backend: str = "auto", reader_options: dict | None = None):
+        if not isinstance(plans, (list, tuple)) or len(plans) < 1:
+            raise InvalidTypeError(f"plan={plans!r} must be a ShardPlan, a plan URL, or a list of them (a mixture)")
+        if weights is None:
+            raise InvalidValueError("plan=[...] (a mixture) needs weights=, one positive number per plan, such as "
+                                    "weights=[0.7, 0.3]")
+        self.plans = tuple(resolve_plan(p) for p in plans)
+        self.plan = self.plans  # what ``loader.plan`` shows
+        self.weights = parse_weights(weights, len(self.plans))
+        self.rank, self.world_size = world.rank, world.size
+        self.options = options
+        _refuse(options)
+        self.shuffle, self.shuffle_window, self.reshuffle = options.shuffle, options.shuffle_window, options.reshuffle
+        self.padding_mask = options.padding_mask
+        self.batch_size = self._batch_size(options.batch_size)
+        self.epoch_steps = None if epoch_steps is None else check_int("epoch_steps", epoch_steps, minimum=1)
+        tables = [p.table for p in self.plans if p.table is not None]
+        self.backend = resolve_backend(backend, tables[0] if tables else None)
+        self.reader_options = dict(reader_options or {})
+        rows = []
+        for plan in self.plans:
+            balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
+            rows.append(plan.rows_per_rank(self.world_size, 1))
+        self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
+        self.sources, schemas = mixture_columns(self.plans, options.schema_fields)
+        if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
+            row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
+            self.shuffle_window = budget_window(options.shuffle_budget // len(self.plans), row, 1)
+        extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
+            [extra_column(SOURCE, "int64")]
+        self.schema = batch_schema(schemas, extras)
+        self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
+
+    def _batch_size(self, batch_size: int | None) -> int:
+        if batch_size is not None:
+            return check_int("batch_size", batch_size, minimum=1)
+        sizes = {p.batch_size for p in self.plans}
+        size = sizes.pop() if len(sizes) == 1 else None
+        if size is None:
+            raise InvalidValueError(f"the mixture's plans have batch sizes {sorted(map(str, sizes | {size}))}; pass "
+                                    "batch_size=")
+        return size
+
+    def identity(self) -> dict:
+        """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
+        return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
+                BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
+                RESHUFFLE: self.reshuffle}
+
+
+def _refuse(options: LoaderOptions) -> None:
+    if options.balance not in ("auto", "rows"):
+        raise InvalidValueError(f"balance={options.balance!r} with a mixture: a batch's rows are decided by the "
+                                "weights, and each source is read by rows; pass balance='rows' (or 'auto')")
+    if options.partition_epoch != 1:
+        raise InvalidValueError(f"partition_epoch={options.partition_epoch} with a mixture: its epochs are already "
+                                "set by the scarcest source or epoch_steps=; pass epoch_steps= instead")
+    if options.max_batch_cost is not None:
+        raise InvalidValueError("max_batch_cost with a mixture: a batch's rows are decided by the weights; pass "
+                                "batch_size=")
+    if options.transform_spec is not None:
+        raise InvalidValueError("transform_spec with a mixture is not supported; apply the function to the batches "
+                                "in the training loop")
+
+
+class MixturePosition:
+    """Where the next batch comes from: a point of the mixture (``core/mixture.Point``) in the current epoch, and
+    batches delivered since. The epoch rules are ``position.Position``'s: only delivered batches and ``set_epoch``
+    move it; ``set_epoch(e)`` keeps a position just loaded for epoch ``e``."""
+
+    def __init__(self, settings: MixtureSettings, epoch: int):
+        self.settings = settings
+        self.mixture = settings.mixture
+        self.anchor = self.mixture.start(check_int("epoch", epoch, minimum=0))
+        self.batches = 0  # batch of the epoch the next delivery is
+        self._steps = self.mixture.steps_of(self.anchor)
+        self.resumed = False
+        self._owner: MixtureRun | None = None
+
+    def point(self) -> Point:
+        return self.mixture.advance(self.anchor, self.batches - self.anchor.batch)
+
+    def _roll(self) -> None:
+        if self.batches >= self._steps:  # the epoch is over: its end is the next one's start
+            end = self.point()
+            self.anchor = replace(end, epoch=end.epoch + 1, batch=0)
+            self.batches, self._steps = 0, self.mixture.steps_of(self.anchor)
+
+    def begin(self) -> MixtureRun:
+        self._roll()
+        run = MixtureRun(self, self.point(), self._steps)
+        self._owner = run
+        return run
+
+    def delivered(self, run: MixtureRun) -> None:
+        if self._owner is not run:
+            return
+        self.resumed = False
+        self.batches += 1
+        self._roll()
+
+    def current(self) -> tuple[int, int]:
+        self._roll()
+        return self.anchor.epoch, self.batches
+
+    def steps(self) -> int:
+        """Steps of the epoch the next batch belongs to."""
+        self._roll()
+        return self._steps
+
+    def rebase(self, workers: int) -> None:
+        """Every DataLoader worker reads the rank's whole sequence: the worker count changes nothing."""
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = check_int("epoch", epoch, minimum=0)
+        current, batch = self.current()
+        if not (self.resumed and epoch == current):
+            if epoch == current and batch == 0:
+                pass
+            elif epoch > current:
+                point = self.point()
+                while point.epoch < epoch:
+                    point = self.mixture.next_epoch(point)
+                self.anchor = point
+            else:
+                self.anchor = self.mixture.start(epoch)
+            self.batches, self._steps, self.resumed = 0, self.mixture.steps_of(self.anchor), False
+        self._owner = None
+
+    def values(self, extra: dict | None = None) -> dict:
+        epoch, batch = self.current()
+        point = self.point()
+        rows = self.mixture.rows_per_pass
+        return {EPOCH: epoch, BATCHES: batch, **self.settings.identity(), **(extra or {}),
+                WEIGHTS: [str(w) for w in self.settings.weights], EPOCH_STEPS: self.settings.epoch_steps,
+                PHASE: point.phase, SOURCES: [list(divmod(c, r)) for c, r in zip(point.counters, rows,
+                                                                                          strict=True)]}
+
+    def state_dict(self, extra: dict | None = None) -> dict:
+        return loader_state.nest(self.values(extra))
+
+    def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
+        """Strict about keys and settings; ``workers`` (slots the state was saved with) changes nothing here."""
+        if not isinstance(state, dict):
+            raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        state = loader_state.flat(state)
+        expected = {**self.settings.identity(), **(extra or {})}
+        if isinstance(state.get(PLAN_CHECKSUM), str):
+            raise InvalidValueError("state was saved by a loader of one plan; a mixture loader (plan=[...]) resumes "
+                                    "only a mixture's state")
+        loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
+        for key, value in expected.items():
+            if state[key] == value:
+                continue
+            if key == WORLD_SIZE:
+                raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this mixture loader has world_size="
+                                        f"{value}: an elastic resume of a mixture is not supported; resume with "
+                                        f"{state[key]} ranks, or start the next epoch at the new world size")
+            raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
+                                    "position only resumes a loader with the same plans and settings")
+        sources = state[SOURCES]
+        rows = self.mixture.rows_per_pass
+        if not isinstance(sources, list) or len(sources) != len(rows):
+            raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
+                                    f"{len(rows)} sources")
+        counters = []
+        for i, (entry, per_pass) in enumerate(zip(sources, rows, strict=True)):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+                raise InvalidValueError(f"state[{SOURCES!r}][{i}]={entry!r} must be [pass, row]")
+            p = check_int(f"state[{SOURCES!r}][{i}] pass", entry[0], minimum=0)
+            r = check_int(f"state[{SOURCES!r}][{i}] row", entry[1], minimum=0, maximum=per_pass - 1)
+            counters.append(p * per_pass + r)
+        epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
+        batch = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0)
+        same = [str(w) for w in self.settings.weights] == state[WEIGHTS]
+        period = self.mixture.schedule.period
+        # the same weights continue their schedule; other ones (a curriculum) start theirs here
+        phase = check_int(f"state[{PHASE!r}]", state[PHASE], minimum=0,
+                          maximum=period - 1) if same else 0
+        self.anchor = Point(epoch, batch, phase, tuple(counters))
+        self.batches, self._steps = batch, self.mixture.steps_of(self.anchor)
+        self._owner, self.resumed = None, True
+
+
+class MixtureRun:
+    """One iteration: where it started; ``delivered()`` counts its batches into the position."""
+
+    __slots__ = ("position", "point", "steps")
+
+    def __init__(self, position: MixturePosition, point: Point, steps: int):
+        self.position, self.point, self.steps = position, point, steps
+
+    def delivered(self) -> None:
+        self.position.delivered(self)
+
+
+def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None) -> Generator[dict, None, None]:
+    """Runs of whole numpy batches, ``count`` batches from ``point`` on (``RUN_BATCHES`` per run), read from
+    ``sources`` (``SourceRows`` at ``point``'s counters, left open) or from sources opened and closed here."""
+    own = sources is None
+    if sources is None:
+        sources = open_sources(settings, point.counters)
+    schedule = settings.mixture.schedule
+    try:
+        done = 0
+        while done < count:
+            n = min(RUN_BATCHES, count - done)
+            phase = point.phase + done
+            yield mixed_run(sources, schedule.counts(phase, phase + n), settings.names)
+            done += n
+    finally:
+        if own:
+            for source in sources:
+                source.close()
+
+
+class MixtureLoader(PlannedView):
+    """Batches of one rank over a mixture of plans; made by ``make_loader(plan=[...], weights=[...])``.
+
+    The loader's interface is ``BalancedLoader``'s (``len``, ``set_epoch``, ``state_dict``, ``load_state_dict``,
+    ``schema``, ``close``); ``loader.plan`` is the tuple of plans. Each source is read by its own reader (the
+    backend's threads or pool), so the loader's memory is about one shuffle window and the prefetch per source.
+    """
+
+    _settings: MixtureSettings  # type: ignore[assignment]
+    _position: MixturePosition  # type: ignore[assignment]
+
+    def __init__(self, settings: MixtureSettings, epoch: int = 0, feeding: Feed = NO_FEED):
+        require_torch()
+        self._settings = settings
+        self._position = MixturePosition(settings, epoch)
+        self.backend = settings.backend
+        self._feed = feeding
+        self._iterator: Generator[dict[str, Any], None, None] | None = None
+        from .stream import ReaderKeeper
+        self._keepers = [ReaderKeeper() for _ in settings.plans]
+        # the sources' streams live from epoch to epoch: an epoch that ends inside a source's shuffle window hands
+        # the window, already read, to the next one (reopened only where an iteration was left mid-way)
+        self._sources: list = []
+        self._finalizer = weakref.finalize(self, _close_all, self._keepers, self._sources)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._iterator is not None:
+            self._iterator.close()
+        iterator = self._iterator = self._run()
+        return iterator
+
+    def _run(self) -> Generator[dict[str, Any], None, None]:
+        settings = self._settings
+        run = self._position.begin()
+        if [s.counter for s in self._sources] != list(run.point.counters):
+            _close_all([], self._sources)
+            self._sources[:] = open_sources(settings, run.point.counters, self._keepers)
+        runs = numpy_runs(settings, run.point, run.steps - run.point.batch, self._sources)
+
+        def tensors():
+            for numpy_run in runs:
+                yield from torch_batches(numpy_run, settings.batch_size, settings.padding_mask)
+
+        fed = feed(tensors(), self._feed)
+        try:
+            for batch in fed:
+                run.delivered()
+                yield batch
+        finally:
+            close_iterator(fed)
+            close_iterator(runs)
+
+    @property
+    def sampler(self) -> EpochSampler:
+        return EpochSampler(self)
+
+    @property
+    def weights(self) -> tuple[Fraction, ...]:
+        """The weights as read: fractions summing to 1."""
+        return self._settings.weights
+
+    def set_epoch(self, epoch: int) -> None:
+        self._position.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """The epoch and batch the next iteration serves, each source's ``[pass, row]`` and the schedule's phase
+        (``state["mixture"]``), and the settings they are valid for."""
+        return self._position.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where ``state`` was saved; with other weights, every source continues where it stood."""
+        self._position.load_state_dict(state)
+
+    def close(self) -> None:
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+        _close_all(self._keepers, self._sources)
+
+    def __enter__(self) -> MixtureLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_all(keepers, sources) -> None:
+    for source in sources:
+        source.close()
+    sources.clear()
+    for keeper in keepers:
+        keeper.close()
+
+
+def worker_batches(settings: MixtureSettings, point: Point, count: int, num_workers: int, worker: int,
+                   numpy_out: bool) -> Iterator[dict]:
+    """The batches of DataLoader worker ``worker`` of ``num_workers`` among ``count`` from ``point``: every
+    ``num_workers``-th, from the ``worker``-th (the DataLoader takes them round robin). Each worker reads the rank's
+    whole sequence of every source and keeps its own batches, so the batches are exactly ``make_loader``'s."""
+    batch = settings.batch_size
+    index = 0
+    for run in numpy_runs(settings, point, count):
+        rows = len(run[SOURCE])
+        for begin in range(0, rows, batch):
+            if index % num_workers == worker:
+                one = {k: v[begin:begin + batch] for k, v in run.items()
+                       if k != stream.PADDING or settings.padding_mask}
+                if numpy_out:  # Arrow slices pickle their parent buffers: text and lists go as objects
+                    yield {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
+                           for k, v in one.items()}
+                else:
+                    yield to_torch(one, settings.padding_mask)
+            index += 1
+
+
+def mixture_slot(dataset, num_workers: int, worker: int, numpy_out: bool, in_worker: bool) -> Iterator[dict]:
+    """``BalancedIterableDataset.__iter__`` over a mixture: this worker's batches from the position (inside a
+    DataLoader worker: the position copied when the workers started; in this process: counted as delivered)."""
+    position: MixturePosition = dataset._position
+    if in_worker:
+        if dataset._worker_resume is not None:
+            raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
+                                    "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
+        position.current()
+        point, steps, run = position.point(), position.steps(), None
+        progress = dataset._in_worker = [point.epoch, point.batch, 0]
+    else:
+        run = position.begin()
+        point, steps = run.point, run.steps
+    for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out):
+        if run is None:
+            progress[2] += 1
+        else:
+            run.delivered()
+        yield batch
+
+
+def check_single_plan(weights, epoch_steps) -> None:
+    """``weights`` and ``epoch_steps`` belong to mixtures: refused with one plan, never ignored."""
+    if weights is not None or epoch_steps is not None:
+        raise InvalidValueError(f"weights={weights!r}, epoch_steps={epoch_steps!r} apply to a mixture: pass plan= as "
+                                "a list of plans (plan=[plan_a, plan_b]), or leave them out")
+
+
+def make_mixture_loader(world: World, plans, weights, options: LoaderOptions, *, epoch: int, epoch_steps,
+                        backend: str, workers_count: int, reader_pool_type: str, petastorm_kwargs: dict,
+                        feeding: Feed) -> MixtureLoader:
+    """``make_loader``'s mixture: the same reader options, checked the same way, for every source."""
+    from .options import check_arrow_kwargs, check_pool_options
+    resolved = [resolve_plan(p) for p in plans] if isinstance(plans, (list, tuple)) else plans
+    tables = [p.table for p in resolved if p.table is not None]
+    chosen = resolve_backend(backend, tables[0] if tables else None)
+    check_pool_options(reader_pool_type, workers_count, chosen)
+    if chosen == "arrow":
+        check_arrow_kwargs(petastorm_kwargs)
+        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
+    else:
+        reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
+    settings = MixtureSettings(resolved, weights, world, options, epoch_steps=epoch_steps, backend=chosen,
+                               reader_options=reader_options)
+    return MixtureLoader(settings, epoch, feeding)

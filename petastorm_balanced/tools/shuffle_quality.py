@@ -1,0 +1,108 @@
+"""How random a plan's batches will be, measured before training (``petastorm-balanced inspect --shuffle-quality``).
+
+The loader's order is a function of the plan, the epoch, the world and the shuffle window alone (G4), so reading
+one column with the same window gives exactly the batches training will see. Their label histograms are compared
+with batches cut from a uniform random permutation of the same rows (``core/quality.py``): per rank, and for the
+global batch (every rank's batch of one step together, what a DDP gradient averages over).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..core.quality import Quality
+from ..errors import InvalidValueError
+from ..reading.loader import make_loader
+from ..reading.options import SHUFFLE_BUDGET, LoaderOptions, resolve_plan
+from ..reading.position import Settings
+from ..world import World
+
+BINS = 64  # quantile bins for a numeric column of many distinct values (a histogram of raw floats says nothing)
+
+
+@dataclass(frozen=True)
+class ShuffleQuality:
+    """Batch quality of one epoch of a plan for one column (``Quality``: mean TV, the uniform baseline, ratio)."""
+
+    column: str
+    world_size: int
+    batch_size: int
+    epoch: int
+    shuffle_window: int
+    windows_per_rank: int
+    rank: Quality
+    global_batch: Quality
+    clustered: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["rank"]["ratio"], out["global_batch"]["ratio"] = self.rank.ratio, self.global_batch.ratio
+        return out
+
+    def format(self) -> str:
+        lines = [f"shuffle quality of {self.column!r}, epoch {self.epoch}, world {self.world_size}, batch "
+                 f"{self.batch_size}: windows of {self.shuffle_window:,} rows, {self.windows_per_rank} per rank",
+                 "  mean TV distance of a batch's histogram from the epoch's (1.00x = a uniform permutation's):"]
+        for name, q in (("per rank", self.rank), ("global batch", self.global_batch)):
+            lines.append(f"  {name:<13} TV {q.tv:.3f} vs uniform {q.uniform_tv:.3f} = {q.ratio:.2f}x; distinct values "
+                         f"per batch {q.distinct:.1f} vs {q.uniform_distinct:.1f}")
+        if self.clustered:
+            names = ", ".join(f"{k!r} ({v:.0%} of its range per row group)" for k, v in self.clustered.items())
+            lines.append(f"  stored sorted or clustered by {names}")
+        if self.windows_per_rank > 1 and self.rank.ratio > 1.15:
+            lines.append("  each rank's rows need several windows: raise shuffle_budget (or read fewer columns) so "
+                         "they fit one, or write a shuffled copy once (petastorm_balanced.spark.make_shuffled_copy)")
+        if self.world_size > 1 and self.rank.ratio > 1.15 >= self.global_batch.ratio:
+            lines.append("  per rank, batches hold only the rank's row groups (ranks read disjoint row groups); the "
+                         "global batch, which a DDP gradient averages over, is as random as a uniform permutation's")
+        return "\n".join(lines)
+
+
+def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_size: int | None = None,
+                    epoch: int = 0, schema_fields: Sequence[Any] | None = None,
+                    shuffle_budget: int | str = SHUFFLE_BUDGET, shuffle_window: int | None = None,
+                    seed: int = 0) -> ShuffleQuality:
+    """Read ``column`` in the order the loader will deliver it (every rank of ``world_size``, ``epoch``) and measure
+    how far its batches are from i.i.d. ``schema_fields``, ``shuffle_budget`` and ``shuffle_window`` are the
+    loader's (they decide the window); ``seed`` seeds the uniform baseline."""
+    plan = resolve_plan(plan)
+    world = world_size or plan.world_size
+    options = LoaderOptions(batch_size=batch_size, schema_fields=schema_fields, shuffle_budget=shuffle_budget,
+                            shuffle_window=shuffle_window)
+    settings = Settings(plan, World(0, world), options)
+    if column not in settings.columns.names:
+        raise InvalidValueError(f"column={column!r} is not among the loader's columns {list(settings.columns.names)}")
+    per_rank = []
+    for rank in range(world):
+        with make_loader(rank, world, plan=plan, batch_size=settings.batch_size, epoch=epoch, schema_fields=[column],
+                         shuffle_window=settings.shuffle_window, backend="arrow") as loader:
+            per_rank.append([_values(batch[column]) for batch in loader])
+    reference = np.concatenate([b for batches in per_rank for b in batches])
+    binned = _binner(reference)
+    per_rank = [[binned(b) for b in batches] for batches in per_rank]
+    reference = binned(reference)
+    rank_rows = plan.rows_per_rank(world, settings.batch_size)
+    return ShuffleQuality(column, world, int(settings.batch_size or 1), epoch, settings.shuffle_window,
+                          -(-rank_rows // settings.shuffle_window),
+                          Quality.of([b for batches in per_rank for b in batches], reference, seed),
+                          Quality.of([np.concatenate(step) for step in zip(*per_rank, strict=True)], reference, seed),
+                          dict(settings.columns.clustered))
+
+
+def _values(values) -> np.ndarray:
+    """A batch's column as a numpy array whose values sort (None and other objects as their text)."""
+    array = values.numpy() if hasattr(values, "numpy") else np.asarray(values, dtype=object)
+    if array.dtype == object:
+        array = np.array([repr(v) for v in array])
+    return array.reshape(len(array), -1)[:, 0] if array.ndim > 1 else array
+
+
+def _binner(reference: np.ndarray):
+    """Values to histogram keys: as they are, or quantile bins for a numeric column of many distinct values."""
+    if reference.dtype.kind not in "fiu" or len(np.unique(reference)) <= 4 * BINS:
+        return lambda values: values
+    edges = np.unique(np.quantile(reference, np.linspace(0, 1, BINS + 1)[1:-1]))
+    return lambda values: np.searchsorted(edges, values, side="right")
