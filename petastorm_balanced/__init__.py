@@ -13,6 +13,7 @@ from .errors import (
     PlanUpdateError,
     PlanVersionError,
     StalePlanError,
+    StorageUnavailableError,
     UnsafeDatasetError,
 )
 from .plan.load import load_plan
@@ -34,8 +35,8 @@ _LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "r
 # A literal list (sorted), so that linters and type checkers see the re-exports.
 __all__ = [
     "BalancedDataLoader", "BalancedIterableDataset", "BalancedLoader", "Fragment", "InvalidWhereError", "PlanError",
-    "PlanIntegrityError", "PlanUpdateError", "PlanVersionError", "ShardPlan", "StalePlanError", "TransformSpec",
-    "UnsafeDatasetError", "World",
+    "PlanIntegrityError", "PlanUpdateError", "PlanVersionError", "ShardPlan", "StalePlanError",
+    "StorageUnavailableError", "TransformSpec", "UnsafeDatasetError", "World",
     "load_plan", "make_loader", "make_reader", "plan_shards",
 ]
 

@@ -62,6 +62,19 @@ class UnsafeDatasetError(PlanError):
     refused before anything in it runs."""
 
 
+class StorageUnavailableError(OSError):
+    """The storage could not be reached, or kept throttling, through every attempt of the retry policy
+    (``io/retry.py``): the message names the URL, the attempts and the last error. Nothing says the data is wrong:
+    retry later, or raise the policy's attempts. Still an ``OSError``, as the underlying failure is."""
+
+    def __init__(self, url: str, attempts: int, last_error: BaseException, what: str = "reading"):
+        self.url, self.attempts, self.last_error = url, attempts, last_error
+        detail = " ".join(f"{type(last_error).__name__}: {last_error}".split())
+        super().__init__(f"{what} {url} failed {attempts} time(s) in a row: the storage is unreachable or throttling "
+                         f"(last error: {detail}); the data was not found wrong. Retry later, or allow more attempts "
+                         "(storage_options={'retry_attempts': N} or PETASTORM_BALANCED_RETRY, docs/remote.md)")
+
+
 class InvalidWhereError(InvalidValueError):
     """``where`` is not a Spark SQL boolean expression over the dataset's columns, or it fails on its rows."""
 

@@ -1,4 +1,4 @@
-"""A dataset on its filesystem: which files hold data, hive partition values, unreadable files.
+"""A dataset on its filesystem: which files hold data, hive partition values, the Unischema, unreadable files.
 
 Files are listed through ``pyarrow.fs`` in a stable sorted order; names that Spark and pyarrow treat as metadata
 (leading ``_`` or ``.``, except hive ``key=value`` folders) are skipped. Planning, staleness checks and readers all
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InvalidValueError
 from . import fs as fsutil
-from . import tables
+from . import retry, tables
 
 
 def is_data_name(name: str) -> bool:
@@ -42,7 +42,7 @@ def list_data_files(url: str, *, table: tables.TableRef | None = None
     if listed is not None:
         return listed
     filesystem, root = fsutil.resolve(url)
-    info = filesystem.get_file_info(root)
+    info = stat(filesystem, root, url)
     if info.type == pafs.FileType.NotFound:
         raise InvalidValueError(f"dataset_url={url!r} does not exist; check the path or URL")
     if info.type == pafs.FileType.File:
@@ -50,7 +50,8 @@ def list_data_files(url: str, *, table: tables.TableRef | None = None
     if isinstance(filesystem, pafs.LocalFileSystem):
         files = _local_files(url, root)
     else:
-        entries = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+        entries = retry.call_naming(lambda: filesystem.get_file_info(pafs.FileSelector(root, recursive=True)),
+                                    url=url, what="listing")
         files = [e for e in entries if e.type == pafs.FileType.File
                  and all(is_data_name(part) for part in relative_path(e.path, root).split("/"))]
     if not files:
@@ -61,11 +62,33 @@ def list_data_files(url: str, *, table: tables.TableRef | None = None
 
 def dataset_root(url: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the folder a plan's catalog paths are relative to: the dataset folder, or the folder of a
-    single-file dataset (as ``list_data_files`` lists it)."""
+    single-file dataset (as ``list_data_files`` lists it).
+
+    Remembered per location for the process (the last ``_ROOTS_KEPT``): whether a location is a file or a folder
+    is fixed for a dataset, and the stat it takes is a round trip on an object store, which every loader, epoch
+    and schema pass asked for again. A dataset replaced by a file of the same name (or the reverse) is then read
+    from the old root and refused by the plan's checks (a file missing or changed, G15)."""
     filesystem, root = fsutil.resolve(url)
-    if filesystem.get_file_info(root).type == pafs.FileType.File:
-        return filesystem, root.rsplit("/", 1)[0]
-    return filesystem, root
+    if isinstance(filesystem, pafs.LocalFileSystem):  # a local stat costs microseconds: always fresh
+        is_file = filesystem.get_file_info(root).type == pafs.FileType.File
+        return filesystem, root.rsplit("/", 1)[0] if is_file else root
+    key = (fsutil.normalize_url(url), os.environ.get("AWS_ENDPOINT_URL"))
+    known = _ROOTS.get(key)
+    if known is None:
+        is_file = stat(filesystem, root, url).type == pafs.FileType.File
+        known = _ROOTS[key] = root.rsplit("/", 1)[0] if is_file else root
+        while len(_ROOTS) > _ROOTS_KEPT:
+            _ROOTS.pop(next(iter(_ROOTS)))
+    return filesystem, known
+
+
+_ROOTS: dict[tuple[str, str | None], str] = {}
+_ROOTS_KEPT = 256
+
+
+def stat(filesystem: pafs.FileSystem, path: str, url: str) -> pafs.FileInfo:
+    """``filesystem.get_file_info(path)`` under the retry policy; a failure names ``url``."""
+    return retry.call_naming(lambda: filesystem.get_file_info(path), url=url, what="looking up")
 
 
 def _local_files(url: str, root: str) -> list[pafs.FileInfo]:
@@ -120,11 +143,15 @@ def unreadable_file(url: str, paths) -> tuple[str, Exception] | None:
     Used after a read failed with an error that does not say which file (pyarrow's footer errors do not), to name it.
     """
     filesystem, root = fsutil.resolve(url)
+
+    def parse(location):
+        with filesystem.open_input_file(location) as handle:
+            pq.ParquetFile(handle).metadata  # noqa: B018 - parsing the footer is the check
     for path in paths:
+        location = f"{root}/{path}"
         try:
-            with filesystem.open_input_file(f"{root}/{path}") as handle:
-                pq.ParquetFile(handle).metadata  # noqa: B018 - parsing the footer is the check
-        except (pa.ArrowException, OSError) as exc:
+            retry.call(lambda: parse(location), url=location)  # noqa: B023 - called at once
+        except (pa.ArrowException, OSError) as exc:  # a StorageUnavailableError too: the caller says which
             return path, exc
     return None
 

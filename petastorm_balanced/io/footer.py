@@ -64,6 +64,33 @@ class ParsedFooters:
 READ_FOOTERS = ParsedFooters(32 << 20)
 
 
+class FreshFooters:
+    """Remote files just opened and their footers just read (a loader's schema pass), handed once to the first
+    reader that opens the file (``take``), so the loader's first epoch checks those very bytes (G15) instead of
+    opening and reading every file again: one open and one footer read per file per epoch, where it was two.
+
+    Why handed over once: the check is per epoch, so a later epoch's reader reads every footer anew. At most
+    ``max_items`` are held (the oldest dropped: a loader made and never iterated holds nothing for long)."""
+
+    def __init__(self, max_items: int = 4096):
+        self._max = max_items
+        self._items: OrderedDict[tuple[int, str], tuple[object, Footer]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, filesystem, location: str, handle, footer: Footer) -> None:
+        with self._lock:
+            self._items[(id(filesystem), location)] = (handle, footer)
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+
+    def take(self, filesystem, location: str) -> tuple | None:
+        with self._lock:
+            return self._items.pop((id(filesystem), location), None)
+
+
+FRESH_FOOTERS = FreshFooters()
+
+
 def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     """The footer of an open random-access file (a ``pyarrow`` ``NativeFile``), parsed, or taken from ``parsed``
     when it holds these very bytes; pyarrow's error types for a file that is not Parquet (``ArrowInvalid``) or
@@ -113,29 +140,58 @@ class CheckedFooters:
     read-only and shared by the threads; the dict is filled under the GIL, and two threads opening one file at
     once merely both check it. The next epoch's reader reads and checks every footer again, and parses only the
     footers whose bytes changed (``READ_FOOTERS``).
+
+    On a remote filesystem (``shared=True``) the open file itself is kept too and shared by the threads (an
+    object store file is positional reads only, safe from several threads), so a file costs one open (a HEAD)
+    and one footer read per reader, not one per thread, and none when the loader's schema pass just read it
+    (``FRESH_FOOTERS``); ``pre_buffer`` makes each row group's column chunks one
+    coalesced read, issued at once, instead of one request per column chunk in series.
     """
 
-    def __init__(self, filesystem, check):
+    def __init__(self, filesystem, check, *, pre_buffer: bool = False, shared: bool = False):
         self._filesystem, self._check = filesystem, check
         self._footers: dict[str, Footer] = {}
+        self._pre_buffer, self._shared = pre_buffer, shared
+        self._handles: dict[str, object] = {}  # name -> open file, shared by the threads (shared=True)
+        self._locks: dict[str, threading.Lock] = {}  # shared=True: one thread opens a file, the others wait for it
+        self._locks_lock = threading.Lock()
 
     def open(self, name: str, location: str) -> pq.ParquetFile:
         """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked."""
+        if not self._shared:
+            return self._open(name, location)
+        with self._locks_lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:  # many threads read one file's row groups at once: one open and one footer read, not one each
+            return self._open(name, location)
+
+    def _open(self, name: str, location: str) -> pq.ParquetFile:
         known = self._footers.get(name)
         if known is not None:
+            shared = self._handles.get(name)
+            if shared is not None:
+                return pq.ParquetFile(shared, metadata=known.metadata, pre_buffer=self._pre_buffer)
             handle = self._filesystem.open_input_file(location)
             try:
                 if handle.size() == known.file_size:
-                    return pq.ParquetFile(handle, metadata=known.metadata)
+                    return pq.ParquetFile(handle, metadata=known.metadata, pre_buffer=self._pre_buffer)
             except BaseException:
                 handle.close()
                 raise
             handle.close()
-        parquet, footer = open_parquet(self._filesystem, location, READ_FOOTERS)
+        fresh = FRESH_FOOTERS.take(self._filesystem, location) if self._shared else None
+        if fresh is not None:
+            handle, footer = fresh
+        else:
+            handle = self._filesystem.open_input_file(location)
         try:
+            if fresh is None:
+                footer = read_footer(handle, READ_FOOTERS)
             self._check(name, footer)
         except BaseException:
-            parquet.close()
+            handle.close()
             raise
         self._footers[name] = footer
-        return parquet
+        if self._shared:
+            self._handles[name] = handle
+        return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)

@@ -12,13 +12,14 @@ they always did, and the URL decodes to the same folder in ``urllib``, pyarrow a
 fragment (an unescaped ``#``) is refused: it would silently name another folder.
 
 An S3 endpoint can be given in the URL (``?endpoint_override=host:port&scheme=http``) or through
-``AWS_ENDPOINT_URL``, which pyarrow 14 does not read by itself.
+``AWS_ENDPOINT_URL``, which pyarrow 14 does not read by itself; either way the filesystem is built by
+``s3_filesystem``, with the one retry policy (``io/retry.py``).
 """
 from __future__ import annotations
 
 import os
 import re
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import pyarrow.fs as pafs
 
@@ -75,22 +76,58 @@ def resolve(url, *, name: str = "dataset_url") -> tuple[pafs.FileSystem, str]:
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return pafs.LocalFileSystem(), unquote(parsed.path)
-    if parsed.scheme in ("s3", "s3a") and "endpoint_override" not in parsed.query:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL")
-        kwargs = {}
-        if endpoint:
-            ep = urlparse(endpoint)
-            kwargs = {"endpoint_override": ep.netloc or ep.path, "scheme": ep.scheme or "https"}
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region:
-            kwargs["region"] = region
-        return pafs.S3FileSystem(**kwargs), (parsed.netloc + unquote(parsed.path)).rstrip("/")
+    if parsed.scheme in ("s3", "s3a"):
+        return s3_filesystem(parsed.query, name=name, url=url), (parsed.netloc + unquote(parsed.path)).rstrip("/")
     try:
         fs, path = pafs.FileSystem.from_uri(url.replace("s3a://", "s3://", 1))
     except (ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         raise InvalidValueError(f"{name}={url!r} is not a location pyarrow can open ({exc}); pass a local path or "
                                 "a file://, s3:// or hdfs:// URL") from None
     return fs, path.rstrip("/")
+
+
+# the URL query keys an S3 location may carry, as pyarrow's own from_uri reads them
+_S3_QUERY = {"endpoint_override": str, "scheme": str, "region": str, "access_key": str, "secret_key": str,
+             "session_token": str}
+_S3_FILESYSTEMS: dict[tuple, pafs.S3FileSystem] = {}
+_S3_KEPT = 32
+
+
+def s3_filesystem(query: str = "", *, name: str = "dataset_url", url: str = "") -> pafs.S3FileSystem:
+    """The S3 filesystem for a location's query (``endpoint_override=host:port&scheme=http``, ``region``, keys),
+    else ``AWS_ENDPOINT_URL`` and ``AWS_REGION``: built the same way whichever way the endpoint was given, with
+    the retry policy's request-level strategy (``io/retry.py``), and kept for the process (one client and its
+    connection pool per endpoint and credentials, not one per call: a new client opens new connections, a
+    round trip each). Keyed by process id too, since a forked DataLoader worker must not share its parent's."""
+    from .retry import default_policy
+    kwargs: dict = {}
+    for key, values in parse_qs(query, keep_blank_values=True).items():
+        if key not in _S3_QUERY:
+            raise InvalidValueError(f"{name}={url!r} has the query key {key!r}, which no S3 setting takes; use "
+                                    f"{', '.join(sorted(_S3_QUERY))}, or the AWS environment variables")
+        kwargs[key] = values[-1]
+    if "endpoint_override" not in kwargs:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            ep = urlparse(endpoint)
+            kwargs.update(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https")
+    elif "://" in kwargs["endpoint_override"]:
+        ep = urlparse(kwargs["endpoint_override"])
+        kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs.setdefault("region", region)
+    attempts = default_policy().request_attempts
+    credentials = tuple(os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                                    "AWS_PROFILE"))
+    cache_key = (tuple(sorted(kwargs.items())), attempts, credentials, os.getpid())
+    filesystem = _S3_FILESYSTEMS.get(cache_key)
+    if filesystem is None:
+        filesystem = pafs.S3FileSystem(**kwargs, retry_strategy=pafs.AwsStandardS3RetryStrategy(attempts))
+        _S3_FILESYSTEMS[cache_key] = filesystem
+        while len(_S3_FILESYSTEMS) > _S3_KEPT:
+            _S3_FILESYSTEMS.pop(next(iter(_S3_FILESYSTEMS)))
+    return filesystem
 
 
 def is_local(url) -> bool:

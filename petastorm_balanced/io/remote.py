@@ -28,6 +28,7 @@ import pyarrow.filesystem as legacyfs
 
 from ..errors import MissingDependencyError
 from . import fs as fsutil
+from . import retry
 
 S3_SCHEMES = ("s3", "s3a")
 
@@ -68,8 +69,12 @@ def s3fs_filesystem(url, **storage_options):
     except ImportError:  # pragma: no cover - depends on the installation
         raise MissingDependencyError(
             "reading s3:// datasets needs s3fs: pip install 'petastorm-balanced[s3]'") from None
-    options = dict(storage_options)
+    policy, options = retry.split_options(storage_options)
     client = options["client_kwargs"] = dict(options.get("client_kwargs") or {})  # never edit the caller's dict
+    config = options["config_kwargs"] = dict(options.get("config_kwargs") or {})
+    # the one retry policy (io/retry.py): botocore's standard mode (exponential backoff with jitter) for as many
+    # requests as the policy's attempts, the same whichever way the endpoint was given
+    config.setdefault("retries", {"max_attempts": policy.attempts * policy.request_attempts, "mode": "standard"})
     endpoint = endpoint_url(url)
     if endpoint:
         client.setdefault("endpoint_url", endpoint)
@@ -107,6 +112,7 @@ def petastorm_filesystem(url, *, filesystem=None, storage_options=None, hdfs_dri
         source = petastorm_source(url, **(storage_options or {}))
         return source.filesystem, source.path
     from petastorm.fs_utils import get_filesystem_and_path_or_paths
+    storage_options = retry.split_options(storage_options)[1] or None  # the retry keys are ours
     clean = strip_query(url) if is_s3(url) else fsutil.normalize_url(url)
     fs, path = get_filesystem_and_path_or_paths(clean, hdfs_driver, storage_options=storage_options,
                                                 filesystem=filesystem)

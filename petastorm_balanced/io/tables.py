@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from . import fs as fsutil
+from . import retry
 from .partitions import partition_values  # the reader's own rule (decoded, None for a null)
 
 DELTA, ICEBERG, PARQUET = "delta", "iceberg", "parquet"
@@ -148,7 +149,9 @@ def _detect(dataset) -> tuple[str | None, str, str]:
 def is_delta_table(url: str) -> bool:
     """Whether ``url`` is a folder holding ``_delta_log/`` (one metadata call)."""
     filesystem, root = fsutil.resolve(url)
-    return filesystem.get_file_info(f"{root}/{DELTA_LOG}").type == pafs.FileType.Directory
+    info = retry.call_naming(lambda: filesystem.get_file_info(f"{root}/{DELTA_LOG}"), url=f"{url}/{DELTA_LOG}",
+                             what="looking for a Delta log at")
+    return info.type == pafs.FileType.Directory
 
 
 def refuse_bare_table(url: str) -> None:
@@ -175,7 +178,8 @@ def list_files(url: str, table: TableRef | None) -> tuple[pafs.FileSystem, str, 
         return None
     snap = snapshot(table)
     filesystem, root = fsutil.resolve(table.location)
-    infos = filesystem.get_file_info([f"{root}/{f.path}" for f in snap.files])
+    infos = retry.call_naming(lambda: filesystem.get_file_info([f"{root}/{f.path}" for f in snap.files]),
+                              url=table.location, what="listing the snapshot's files in")
     for f, info in zip(snap.files, infos, strict=True):
         if info.type != pafs.FileType.File:
             raise InvalidValueError(f"{f.path!r} of {table.describe()} is gone (vacuumed or expired?): that version "

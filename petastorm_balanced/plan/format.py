@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 from .._version import __version__
 from ..core import balance
 from ..core.catalog import Catalog, FileInfo, RowGroups
-from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError
+from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError, StorageUnavailableError
 from ..io import fs as fsutil
+from ..io import retry
 from ..io.dataset import list_data_files
 
 if TYPE_CHECKING:
@@ -396,9 +397,13 @@ def get_bytes(filesystem, path: str, url: str) -> pa.Buffer:
     and then ("terminate called without an active exception"); an Arrow-allocated buffer alone was not enough
     (see ``_plan_from``: the asynchronous dataset scanner was the other half).
     """
-    try:
+    def read() -> pa.Buffer:
         with filesystem.open_input_stream(path) as handle:
             return handle.read_buffer()
+    try:  # a passing storage fault is retried, and one that outlives the policy says so (not "incomplete")
+        return retry.call(read, url=f"{url}/{path.rsplit('/', 1)[-1]}")
+    except StorageUnavailableError:
+        raise
     except (FileNotFoundError, pa.ArrowIOError, OSError):
         name = path.rsplit("/", 1)[-1]
         hint = "not a plan, or its writing was cut short" if name == PLAN_JSON else "the plan is incomplete"

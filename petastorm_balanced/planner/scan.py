@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ..core.catalog import FileInfo
-from ..errors import InvalidValueError, StalePlanError
+from ..errors import InvalidValueError, StalePlanError, StorageUnavailableError
 from ..io import footer as io_footer
 from ..io import fs as fsutil
+from ..io import retry
 from ..io.dataset import list_data_files, relative_path
 from ..io.partitions import partition_values
 from ..plan.format import check_dataset
@@ -61,7 +62,9 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None,
     def read(entry):
         path = relative_path(entry.path, root)
         try:
-            rows, meta, digest = read_footer(filesystem, entry.path)
+            rows, meta, digest = retry.call(lambda: read_footer(filesystem, entry.path), url=f"{url}/{path}")
+        except StorageUnavailableError:
+            raise  # the storage's fault: it says so, with the URL; nothing says this file is wrong
         except (pa.ArrowException, OSError) as exc:
             raise footer_error(path, url, exc) from exc
         return FileInfo(path, entry.size, rows, digest, listed_mtime(entry)), meta
@@ -140,13 +143,16 @@ def listed_mtime(entry) -> int | None:
     return entry.mtime_ns
 
 
-def footer_error(path: str, url: str, exc) -> InvalidValueError:
+def footer_error(path: str, url: str, exc) -> Exception:
     """The error for a footer that cannot be read: a type this pyarrow does not know is not a broken file.
 
     Current writers (arrow-rs, pyarrow >= 16) write view types (``Utf8View``, ``BinaryView``) that old pyarrow
     versions cannot read; telling users to delete such a file would be wrong advice for valid data.
     """
     text = " ".join(str(exc).split())  # an exception, or its text when it crossed from a Spark task
+    if retry.looks_transient(text):
+        return StorageUnavailableError(f"{url}/{path}", 1, exc if isinstance(exc, OSError) else OSError(text),
+                                       "reading the footer of")
     if isinstance(exc, pa.ArrowNotImplementedError) or "Unrecognized type" in text or "NotImplemented" in text:
         return InvalidValueError(f"{path!r} in dataset_url={url!r} uses a Parquet/Arrow type that pyarrow "
                                  f"{pa.__version__} cannot read ({text}); it is probably valid data from a newer "

@@ -14,17 +14,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..core.quality import clustered_columns
 from ..io import footer as footer_io
 from ..io import fs as fsutil
+from ..io import retry
 from ..io.dataset import dataset_root
 from ..io.partitions import arrow_type, partition_types, partition_values
 from ..io.stats import value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
-FOOTER_THREADS = 8
+FOOTER_THREADS = 8  # footers read side by side on a local disk (CPU-bound: more threads only hand off)
+REMOTE_FOOTER_THREADS = 32  # and on an object store, where each read waits a round trip
 ROW_BYTES_FILES = 16  # footers (the first in path order) that estimate variable-width columns' bytes per row
 
 
@@ -40,17 +43,40 @@ class StoredColumns:
 
 
 def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[str] | None = None,
-                        threads: int = FOOTER_THREADS) -> StoredColumns:
+                        threads: int | None = None) -> StoredColumns:
     """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
+    return stored_columns(read_footers(dataset_url, paths, threads), names)
+
+
+def read_footers(dataset_url: str, paths: Sequence[str], threads: int | None = None
+                 ) -> list[tuple[str, pq.FileMetaData]]:
+    """``(path, footer)`` of each of ``paths``, read side by side in ``threads`` (default: ``FOOTER_THREADS``
+    locally, ``REMOTE_FOOTER_THREADS`` on an object store, where each is a round trip or two), each under the
+    retry policy."""
     filesystem, root = dataset_root(dataset_url)
+    remote = not isinstance(filesystem, pafs.LocalFileSystem)
+    threads = threads or (REMOTE_FOOTER_THREADS if remote else FOOTER_THREADS)
+
+    def read(path):
+        location = fsutil.join(root, path)
+        handle = filesystem.open_input_file(location)
+        try:
+            footer = footer_io.read_footer(handle, footer_io.READ_FOOTERS)
+        except BaseException:
+            handle.close()
+            raise
+        if remote:  # the first epoch's reader checks this very read (G15) instead of reading it again
+            footer_io.FRESH_FOOTERS.put(filesystem, location, handle, footer)
+        else:
+            handle.close()
+        return footer.metadata
 
     def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
-        with filesystem.open_input_file(fsutil.join(root, path)) as handle:
-            return footer_io.read_footer(handle, footer_io.READ_FOOTERS).metadata
+        return retry.call(lambda: read(path), url=f"{dataset_url}/{path}")
 
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
         metas = list(pool.map(footer, paths))
-    return stored_columns(list(zip(paths, metas, strict=True)), names)
+    return list(zip(paths, metas, strict=True))
 
 
 def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InvalidTypeError, InvalidValueError, RowShapeError, StalePlanError
-from ..io import partitions
+from ..errors import InvalidTypeError, InvalidValueError, RowShapeError, StalePlanError, StorageUnavailableError
+from ..io import partitions, retry
 from ..plan.model import Fragment
 from ..unischema.decode import decode_value, is_scalar
 from . import convert
@@ -299,30 +299,48 @@ class FileCache:
 
 
 def read_error(fragment: Fragment, exc: BaseException) -> Exception:
-    """What to raise when reading ``fragment`` failed with ``exc``: the error, naming the file and row group.
+    """What to raise when reading ``fragment`` failed with ``exc`` (always a new exception, never ``exc``, so
+    ``raise read_error(f, exc) from exc`` makes no cycle): the error, naming the file and row group.
 
-    A missing file is a ``StalePlanError`` (the dataset changed since planning); anything pyarrow or the filesystem
-    raised (a corrupt page, a bad footer, a network error) becomes an ``OSError`` that names where it happened, so
-    the message reaching the training loop (through thread or process pools) says which file to look at.
+    A missing file is a ``StalePlanError`` (the dataset changed since planning); a storage fault that outlived the
+    retry policy (``StorageUnavailableError``) says so, with the URL; anything else pyarrow or the filesystem
+    raised (a corrupt page, a bad footer) becomes an ``OSError`` that names where it happened, so the message
+    reaching the training loop (through thread or process pools) says which file to look at.
     """
     where = f"row group {fragment.row_group} of {fragment.path!r}"
     if isinstance(exc, FileNotFoundError):
         return StalePlanError(f"{fragment.path!r} is gone (removed since planning?) while reading {where}; "
                               "re-run planning")
+    if isinstance(exc, StorageUnavailableError):
+        return StorageUnavailableError(exc.url, exc.attempts, exc.last_error, f"reading {where} at")
+    if retry.is_transient(exc):  # a fault not retried here (Petastorm's own reads): the storage's, not the file's
+        return OSError(f"reading {where} failed ({type(exc).__name__}: {' '.join(str(exc).split())}): the storage "
+                       "is unreachable or throttling, nothing says the file is wrong; retry later")
     return OSError(f"reading {where} failed ({type(exc).__name__}: {' '.join(str(exc).split())}); the file is "
                    "corrupt or changed since planning: check it with `petastorm-balanced verify PLAN_URL`")
 
 
 def unreadable_dataset_error(plan, exc: BaseException, path: str | None = None) -> Exception:
-    """What to raise when opening a file of the dataset (``path``, or one pyarrow's error did not name) failed:
-    ``StalePlanError`` if the listing differs from the plan's, else an ``OSError`` naming the unreadable file."""
+    """What to raise when opening a file of the dataset (``path``, or one pyarrow's error did not name) failed,
+    always a new exception (never ``exc``: ``raise ... from exc`` must make no cycle):
+    ``StalePlanError`` if the listing differs from the plan's; ``StorageUnavailableError`` for a storage fault
+    that outlived the retry policy; else an ``OSError`` naming the unreadable file, or, when every file reads
+    now, one saying the failure passed (the storage's, not the data's)."""
     from ..io.dataset import unreadable_file
     from ..plan.format import check_dataset
+    if isinstance(exc, StorageUnavailableError):
+        return StorageUnavailableError(exc.url, exc.attempts, exc.last_error)
     check_dataset(plan)  # raises StalePlanError naming a removed, added or resized file
     bad = (path, exc) if path is not None else unreadable_file(plan.dataset_url, [f.path for f in plan.catalog.files])
+    detail = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     if bad is None:
-        return exc if isinstance(exc, Exception) else OSError(str(exc))
+        return OSError(f"reading the footers of {plan.dataset_url} failed ({detail}), but every planned file reads "
+                       "now: the failure was the storage's, not the data's; retry")
     path, error = bad
+    if isinstance(error, StorageUnavailableError) or retry.is_transient(error):
+        return OSError(f"opening {path!r} in {plan.dataset_url} failed ({type(error).__name__}: "
+                       f"{' '.join(str(error).split())}): the storage is unreachable or throttling, nothing says the "
+                       "file is wrong; retry later")
     return OSError(f"{path!r} in {plan.dataset_url} is not a readable Parquet file ({type(error).__name__}: "
                    f"{' '.join(str(error).split())}); it is corrupt or changed since planning: restore it, or "
                    "re-run planning without it")

@@ -24,6 +24,7 @@ from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import (
     SHUFFLE_BUDGET,
     LoaderOptions,
+    arrow_retry_policy,
     check_arrow_kwargs,
     check_petastorm_kwargs,
     check_pool_options,
@@ -229,7 +230,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     check_pool_options(reader_pool_type, workers_count, chosen)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
-        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
+        reader_options: dict[str, Any] = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
+                                          "retry_policy": arrow_retry_policy(petastorm_kwargs)}
     else:
         reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
     return BalancedLoader(plan, resolve_world(rank, world), options, epoch=epoch, reader_options=reader_options,

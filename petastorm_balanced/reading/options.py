@@ -17,6 +17,7 @@ from ..core.cost.options import CostOptions
 from ..core.cost.spec import parse_cost
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
+from ..io import retry
 from ..plan.model import ShardPlan
 from .list_shapes import ListOptions
 from .tensors import TORCH, check_batch_format
@@ -109,7 +110,9 @@ PASS_THROUGH = ("schema_fields", "reader_pool_type", "workers_count", "results_q
 # What the Arrow backend takes besides the pool options: nothing of Petastorm's own machinery.
 ARROW_REFUSED = "it configures Petastorm's reader; use backend='petastorm' (the petastorm stack), or leave it out"
 ARROW_STORAGE = ("the Arrow backend reads through pyarrow.fs: give an S3 endpoint in the URL "
-                 "(?endpoint_override=host:port&scheme=http) or AWS_ENDPOINT_URL, credentials in the AWS variables")
+                 "(?endpoint_override=host:port&scheme=http) or AWS_ENDPOINT_URL, credentials in the AWS variables; "
+                 "its storage_options take only the retry policy (retry_attempts, retry_base_s, retry_max_s, "
+                 "retry_request_attempts)")
 BACKEND_NAMES = ("auto", "petastorm", "arrow")  # what backend= accepts (the readers: backends.BACKENDS)
 
 
@@ -148,12 +151,20 @@ def resolve_backend(backend, table=None) -> str:
 
 
 def check_arrow_kwargs(kwargs: dict) -> None:
-    """The Petastorm reader arguments the Arrow backend cannot honour, refused with what to do instead."""
+    """The Petastorm reader arguments the Arrow backend cannot honour, refused with what to do instead
+    (``storage_options`` holding only the retry policy's ``retry_*`` keys is honoured: ``arrow_retry_policy``)."""
     for name, value in kwargs.items():
+        if name == "storage_options" and isinstance(value, dict) and not retry.split_options(value)[1]:
+            continue
         if name in ("storage_options", "filesystem"):
             raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_STORAGE}")
         if name != "results_queue_size":  # the Arrow backend bounds its prefetch by workers_count instead
             raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_REFUSED}")
+
+
+def arrow_retry_policy(kwargs: dict) -> retry.RetryPolicy:
+    """The retry policy a loader's ``storage_options`` set (``retry_*`` keys), else the process default."""
+    return retry.split_options(kwargs.get("storage_options"))[0]
 
 
 def check_petastorm_kwargs(kwargs: dict, refused: dict | None = None) -> None:

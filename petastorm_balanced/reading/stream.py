@@ -12,20 +12,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..core.cost.options import CostOptions
 from ..core.cost.spec import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
-from ..io import fs as fsutil
-from ..io.dataset import dataset_root
 from ..io.partitions import partition_values
 from ..plan.model import Fragment, ShardPlan
 from ..unischema.storage import load_unischema
 from . import fragments as fr
 from .batching import WindowBatcher, start_point
-from .dataset_schema import partition_columns, read_stored_columns
+from .dataset_schema import partition_columns, read_footers
+from .dataset_schema import stored_columns as columns_of_footers
 from .list_scan import scan_lists
 from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
 from .schema import MASK_SUFFIX, BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
@@ -65,20 +63,19 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
     paths = [f.path for f in plan.catalog.files]
     read = sorted({g.path for g in plan.catalog.row_groups}) or paths[:1]
     try:
+        footers = read_footers(plan.dataset_url, read)  # each footer once, side by side
         if plan.catalog.kind == "petastorm":
             unischema = load_unischema(plan.dataset_url)
             names, fields = list(unischema.fields), dict(unischema.fields)
         else:
-            filesystem, root = dataset_root(plan.dataset_url)
-            with filesystem.open_input_file(fsutil.join(root, read[0])) as handle:
-                stored = pq.ParquetFile(handle).schema_arrow.names
+            stored = footers[0][1].schema.to_arrow_schema().names
             names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
         names = fr.select_columns(names, schema_fields)
         if PADDING in names:
             raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
                                     "flags")
         hive = partition_columns(paths, names)
-        stored_columns = read_stored_columns(plan.dataset_url, read, [n for n in names if n not in hive])
+        stored_columns = columns_of_footers(footers, [n for n in names if n not in hive])
         plain = [n for n in names if n not in hive and not (fields and n in fields)]
         unknown = sorted(lists.named() - set(plain))
         if unknown:

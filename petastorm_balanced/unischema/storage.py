@@ -11,6 +11,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
+from ..io import retry
 from .pickling import loads
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
@@ -42,8 +43,12 @@ def load_unischema(url: str):
 def _unischema_bytes(url: str) -> bytes | None:
     filesystem, root = fsutil.resolve(url)
     meta_path = root + "/_common_metadata"
-    if filesystem.get_file_info(meta_path).type != pafs.FileType.File:
+    where = f"{url}/_common_metadata"
+    info = retry.call_naming(lambda: filesystem.get_file_info(meta_path), url=where, what="looking up")
+    if info.type != pafs.FileType.File:
         return None
-    with filesystem.open_input_file(meta_path) as handle:
-        metadata = pq.read_metadata(handle).metadata or {}
-    return metadata.get(UNISCHEMA_KEY)
+
+    def read():
+        with filesystem.open_input_file(meta_path) as handle:
+            return pq.read_metadata(handle).metadata or {}
+    return retry.call_naming(read, url=where, what="reading").get(UNISCHEMA_KEY)

@@ -16,6 +16,7 @@ bundles whatever the threads' speeds, and the order never depends on timing.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -23,31 +24,67 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from ...errors import StalePlanError
 from ...io import fs as fsutil
+from ...io import retry
 from ...io.dataset import dataset_root
 from ...io.footer import CheckedFooters
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from .. import fragments as fr
 
+# Requests in flight per reader on a remote filesystem: a bundle's fragments are read side by side in this many
+# threads (and pyarrow's I/O pool is raised to match), since each read waits a round trip and does little else.
+REMOTE_READS = 32
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def remote_pool() -> ThreadPoolExecutor:
+    """The process's ``REMOTE_READS`` threads for remote fragment reads, started once (not per epoch: starting 32
+    threads took a tenth of a second), per process id (a forked DataLoader worker has no threads of its parent);
+    pyarrow's I/O pool, where ``pre_buffer`` reads run, is raised to as many."""
+    pid = os.getpid()
+    with _POOLS_LOCK:
+        pool = _POOLS.get(pid)
+        if pool is None:
+            if pa.io_thread_count() < REMOTE_READS:
+                pa.set_io_thread_count(REMOTE_READS)
+            pool = _POOLS[pid] = ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="pb-io")
+        return pool
+
 
 class BundleReader:
     """Reads bundles of fragments as column dicts; each thread keeps its own few open files (a ``ParquetFile`` is
     not safe to share between threads), all opened through one ``CheckedFooters`` (each footer read and checked
-    once per reader)."""
+    once per reader).
 
-    def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=(), transform=None):
+    On a remote filesystem each file is opened once per reader and shared, row groups are read with
+    ``pre_buffer`` (one coalesced request per row group), every read is retried under the retry policy
+    (``io/retry.py``), and a bundle's fragments are read side by side (``REMOTE_READS`` threads), so a bundle
+    costs about one round trip rather than one per fragment."""
+
+    def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=(), transform=None, *,
+                 retry_policy: retry.RetryPolicy | None = None):
         self._plan = plan
         self._transform = transform  # a transform.Transform: run here, in the reading thread, on the decoded rows
         filesystem, self._root = dataset_root(plan.dataset_url)
         self._planned = {f.path: f for f in plan.catalog.files}
         self._spec, self._fields, self._schemas = spec, fields, schemas
         self._local = threading.local()
+        self._retry = retry_policy or retry.default_policy()
+        self._remote = not isinstance(filesystem, pafs.LocalFileSystem)
+        self._io = remote_pool() if self._remote else None
         # every footer read, hashed and compared with the planned one (G15) before a row of its file is used, once
         # per reader (per epoch): the threads' later opens of the file reuse it
-        self._footers = CheckedFooters(filesystem, self._check)
+        self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self._remote, shared=self._remote)
+
+    def close(self) -> None:
+        """Nothing to stop: the remote read threads are the process's (``remote_pool``)."""
 
     def _check(self, path: str, footer) -> None:
         check_file(self._plan, self._planned[path], footer=footer.digest)
@@ -71,21 +108,32 @@ class BundleReader:
 
     def table(self, bundle: list[Fragment], indices=None) -> pa.Table:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
-        files, tables = self._files(), []
-        for fragment in bundle:
-            try:
-                handle = files.get(fragment.path)
-            except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
-                raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
-            try:
-                tables.append(fr.read_fragment(handle, fragment, self._spec, indices=indices))
-            except (OSError, pa.ArrowException) as exc:  # name the file and row group
-                raise fr.read_error(fragment, exc) from exc
-        return fr.concat_tables(tables)
+        if self._io is None or len(bundle) < 2:
+            return fr.concat_tables([self._fragment(f, indices) for f in bundle])
+        futures = [self._io.submit(self._fragment, f, indices) for f in bundle]
+        try:
+            return fr.concat_tables([future.result() for future in futures])
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def _fragment(self, fragment: Fragment, indices=None) -> pa.Table:
+        """One fragment's rows, its file opened (footer checked) and its row group read under the retry policy."""
+        location = f"{self._plan.dataset_url}/{fragment.path}"
+        files = self._files()
+        try:
+            handle = retry.call(lambda: files.get(fragment.path), url=location, policy=self._retry)
+        except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
+            raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
+        try:
+            return retry.call(lambda: fr.read_fragment(handle, fragment, self._spec, indices=indices),
+                              url=location, policy=self._retry)
+        except (OSError, pa.ArrowException) as exc:  # name the file and row group
+            raise fr.read_error(fragment, exc) from exc
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
-                 max_ahead=None, transform=None):
+                 max_ahead=None, transform=None, retry_policy: retry.RetryPolicy | None = None):
     """A ``stream.Chunks`` reading bundles in ``workers_count`` threads (or inline for ``"dummy"``), in order;
     the pool options were checked when the loader was made (``options.check_pool_options``). ``transform`` (a
     ``transform.Transform``) runs in the threads too, on each bundle's rows."""
@@ -95,13 +143,14 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
     def chunks(todo: list[Fragment]):
         threads = 0 if inline else workers_count
         spec = columns.spec if threads < 2 else replace(columns.spec, use_threads=False)  # our threads decode
-        reader = BundleReader(plan, spec, columns.fields, columns.schemas, transform)
+        reader = BundleReader(plan, spec, columns.fields, columns.schemas, transform, retry_policy=retry_policy)
         bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
         results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead)
         try:
             yield from zip(bundles, results, strict=False)
         finally:
             results.close()  # cancels the reads not started, waits for those in flight
+            reader.close()
     return chunks
 
 
