@@ -31,6 +31,14 @@ def side(python, *args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def plan_in(python, data, plan, *, batch_size):
+    """``plan_shards(data, 2, ...)`` written to ``plan`` by ``python``'s stack, in process (engine='local')."""
+    subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[4]); from petastorm_balanced import "
+                    "plan_shards; plan_shards(sys.argv[1], 2, batch_size=int(sys.argv[3]), engine='local', "
+                    "output_url=sys.argv[2])", str(data), str(plan), str(batch_size), str(ROOT)],
+                   check=True, timeout=300)
+
+
 @both
 @pytest.mark.parametrize("writer", ["petastorm", "modern"])
 def test_plan_from_one_stack_serves_the_other_with_the_same_batches(tmp_path, writer):
@@ -61,9 +69,7 @@ def test_view_types_plan_and_read_on_modern_and_are_explained_on_old(tmp_path):
     old = side(OLD, "plan-any", data)["error"]
     assert "part-0.parquet" in old and "upgrade pyarrow" in old and "remove it" not in old, old
     plan = tmp_path / "plan"
-    subprocess.run([NEW, "-c", "import sys; sys.path.insert(0, sys.argv[3]); from petastorm_balanced import "
-                    "plan_shards; plan_shards(sys.argv[1], 2, batch_size=16, engine='local', output_url=sys.argv[2])",
-                    str(data), str(plan), str(ROOT)], check=True, timeout=300)
+    plan_in(NEW, data, plan, batch_size=16)
     read = side(NEW, "batches", plan, 2, 0, "arrow")
     assert read["steps"] == [1500 // 32] * 2
 
@@ -78,9 +84,7 @@ def test_unischema_dataset_from_petastorm_reads_on_modern_with_petastorms_values
     ours = side(NEW, "unischema-read", data, "ours")["rows"]
     assert len(theirs) == 60 and ours == theirs
     plan = tmp_path / "plan"
-    subprocess.run([NEW, "-c", "import sys; sys.path.insert(0, sys.argv[3]); from petastorm_balanced import "
-                    "plan_shards; plan_shards(sys.argv[1], 2, batch_size=8, engine='local', output_url=sys.argv[2])",
-                    str(data), str(plan), str(ROOT)], check=True, timeout=300)
+    plan_in(NEW, data, plan, batch_size=8)
     new = side(NEW, "batches", plan, 2, 0, "arrow")
     assert new["steps"] == [60 // 16] * 2
     for backend in ("arrow", "petastorm"):
