@@ -253,7 +253,7 @@ def from_cells(column: ColumnSchema, cells: list) -> dict:
             raise InvalidValueError(f"transform_spec column {column.name!r} holds {stacked.dtype}, which does not "
                                     f"cast to the declared {dtype} without changing kind (edit_fields); cast it "
                                     "in func or declare its dtype")
-        stacked = stacked.astype(dtype)
+        stacked = convert.checked_astype(stacked, dtype, column.name, "transform_spec's edit_fields declares")
     out = {column.name: stacked}
     if valid is not None:
         out[column.mask or column.name + MASK_SUFFIX] = valid

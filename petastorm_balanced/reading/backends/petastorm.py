@@ -188,6 +188,7 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
         elif task.mode == "columns":
             payload = fr.to_columns(table, self._schema.fields, task.schemas)
         else:
+            fr.check_declared(table, self._schema.fields)
             payload = [decode_row(row, self._schema) for row in table.to_pylist()]
             if self._transform_spec:
                 payload = _apply_transform_spec(payload, self._transform_spec)
