@@ -323,7 +323,82 @@ def _iceberg_files(ref: TableRef) -> list[TableFile]:
                                     "columns of the table (a bucket/truncate/time transform); only identity "
                                     "partitions can be planned: repartition the table by identity")
         files.append(TableFile(path, int(data.file_size_in_bytes), values, deleted))
+    current = table.current_snapshot()
+    # as pyiceberg reads: the table's schema for its current snapshot, a time-travelled snapshot's own schema else
+    schema = table.schema() if current is not None and current.snapshot_id == ref.version else \
+        table.scan(snapshot_id=ref.version).projection()
+    _check_field_ids(ref, _iceberg_columns(schema.fields), [task.file.file_path for task in tasks])
     return files
+
+
+def _iceberg_columns(fields, prefix: str = "") -> dict[int, str]:
+    """``{field id: dotted name}`` of a pyiceberg schema's fields, struct children included."""
+    out: dict[int, str] = {}
+    for field in fields:
+        name = prefix + field.name
+        out[int(field.field_id)] = name
+        children = getattr(field.field_type, "fields", None)
+        if children is not None and type(field.field_type).__name__ == "StructType":
+            out.update(_iceberg_columns(children, name + "."))
+    return out
+
+
+def _parquet_columns(fields, prefix: str = "") -> dict[str, int | None]:
+    """``{dotted name: Parquet field id or None}`` of an Arrow schema's fields, struct children included."""
+    import pyarrow as pa
+    out: dict[str, int | None] = {}
+    for field in fields:
+        name = prefix + field.name
+        raw = (field.metadata or {}).get(b"PARQUET:field_id")
+        out[name] = int(raw) if raw is not None else None
+        if pa.types.is_struct(field.type):
+            out.update(_parquet_columns(list(field.type), name + "."))
+    return out
+
+
+def _check_field_ids(ref: TableRef, columns: dict[int, str], data_paths: list[str]) -> None:
+    """Refuse a snapshot whose data files name a column otherwise than its schema does, by Iceberg field id.
+
+    Why: Iceberg identifies columns by field id, the reader by name. After a rename (or a swap ``a`` <-> ``b``),
+    a drop and a re-add under the old name, or an added column, an older file's column of that name holds another
+    column's values (or the deleted ones), which a read by name would deliver as this snapshot's. Files written
+    without field ids (a migrated table read through a name mapping) are read by name, as pyiceberg reads them.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    def schema_of(data_path: str):
+        filesystem, path = fsutil.resolve(fsutil.normalize_url(data_path))
+        with filesystem.open_input_file(path) as handle:
+            return data_path, _parquet_columns(pq.read_schema(handle))
+
+    by_name = {name: field_id for field_id, name in columns.items()}
+    fix = ("petastorm-balanced reads columns by name, so that snapshot cannot be read exactly: rewrite the data "
+           "files under the current schema (Spark: CALL system.rewrite_data_files(table => ..., options => "
+           "map('rewrite-all', 'true'))) and plan the new snapshot")
+    with ThreadPoolExecutor(max(1, min(16, len(data_paths)))) as pool:
+        for data_path, stored in pool.map(schema_of, data_paths):
+            if all(field_id is None for field_id in stored.values()):
+                continue
+            where = f"{ref.describe()}: {data_path}"
+            for name, field_id in stored.items():
+                now = columns.get(field_id) if field_id is not None else name
+                if now is None and name in by_name:
+                    raise InvalidValueError(f"{where} stores column {name!r} as field id {field_id}, which the "
+                                            f"table dropped; {name!r} is now field id {by_name[name]} (dropped and "
+                                            f"re-added): reading by name would bring back the deleted values; {fix}")
+                if now is None:
+                    raise InvalidValueError(f"{where} stores column {name!r} (field id {field_id}), which the table "
+                                            f"dropped; {fix}")
+                if now != name:
+                    also = f"; {name!r} is now field id {by_name[name]}" if name in by_name else ""
+                    raise InvalidValueError(f"{where} stores field id {field_id} as column {name!r}, which the "
+                                            f"table now calls {now!r} (renamed{also}); {fix}")
+            missing = sorted(set(columns.values()) - set(stored))
+            if missing:
+                raise InvalidValueError(f"{where} lacks column(s) {missing} of the table's schema (added after it was "
+                                        f"written; pyiceberg reads them as nulls); {fix}")
 
 
 def _position_deletes(ref: TableRef, data_path: str, delete_files) -> tuple[int, ...]:
