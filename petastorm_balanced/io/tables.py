@@ -126,8 +126,12 @@ def resolve(dataset, *, table_format: str | None = None, table_version: int | No
         raise InvalidValueError(f"table_format={fmt!r} but {location} is "
                                 f"{'a ' + detected + ' table' if detected else 'no table'}; leave table_format out")
     if fmt == DELTA:
-        version = _delta_latest(location) if table_version is None else table_version
-        return snapshot(TableRef(DELTA, location, version))
+        latest = _delta_latest(location)
+        if table_version is not None and table_version > latest:  # delta-rs searches long for a version past the end
+            raise InvalidValueError(f"table_version={table_version} is past the latest version {latest} of the Delta "
+                                    f"table at {location}; pass a version from 0 to {latest} (see "
+                                    "DeltaTable.history()), or leave table_version out for the latest")
+        return snapshot(TableRef(DELTA, location, latest if table_version is None else table_version))
     return snapshot(TableRef(ICEBERG, location, _iceberg_current(metadata, snapshot_id), metadata))
 
 
@@ -183,9 +187,28 @@ def list_files(url: str, table: TableRef | None) -> tuple[pafs.FileSystem, str, 
     return filesystem, root, sorted(infos, key=lambda e: e.path)
 
 
-@functools.lru_cache(maxsize=16)
 def snapshot(ref: TableRef) -> TableSnapshot:
-    """The files of ``ref`` (cached: a version's files never change)."""
+    """The files of ``ref``: cached per version and per state of the log file that records it (a Delta version's
+    files never change, but a table deleted and written again at the same location starts its versions anew)."""
+    return _snapshot(ref, _log_stamp(ref))
+
+
+def _log_stamp(ref: TableRef) -> tuple:
+    """What tells a Delta version's log entry from another written at the same place: its commit file's (or, past a
+    checkpoint, the log folder's) size and modification time; an Iceberg metadata file is never rewritten."""
+    if ref.format != DELTA:
+        return ()
+    import pyarrow.fs as pafs
+    filesystem, root = fsutil.resolve(ref.location)
+    commit = filesystem.get_file_info(f"{root}/{DELTA_LOG}/{ref.version:020d}.json")
+    if commit.type == pafs.FileType.File:
+        return (commit.size, commit.mtime_ns)
+    entries = filesystem.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG}", allow_not_found=True))
+    return tuple(sorted((e.base_name, e.size, e.mtime_ns) for e in entries))
+
+
+@functools.lru_cache(maxsize=16)
+def _snapshot(ref: TableRef, stamp: tuple) -> TableSnapshot:
     files = _delta_files(ref) if ref.format == DELTA else _iceberg_files(ref)
     if not files:
         raise InvalidValueError(f"{ref.describe()} holds no data file; nothing to plan")
