@@ -263,8 +263,29 @@ def _delta_files(ref: TableRef) -> list[TableFile]:
     paths = actions.column("path").to_pylist()
     sizes = actions.column("size_bytes").to_pylist()
     parts = actions.column("partition").to_pylist() if columns else [{} for _ in paths]
-    return [TableFile(_delta_relative(ref, p), int(s), tuple((c, _text((v or {}).get(c))) for c in columns))
-            for p, s, v in zip(paths, sizes, parts, strict=True)]
+    files = [TableFile(_delta_relative(ref, p), int(s), tuple((c, _text((v or {}).get(c))) for c in columns))
+             for p, s, v in zip(paths, sizes, parts, strict=True)]
+    _check_string_partitions(ref, table, files)
+    return files
+
+
+def _check_string_partitions(ref: TableRef, table, files: list[TableFile]) -> None:
+    """Refuse a string partition column whose values the reader would type as int32 and change ('007' is 7, and
+    '1' and '01' merge): the reader types partition folders as ``pyarrow.dataset`` infers them (G13), while the
+    Delta schema declares them strings, which deltalake delivers as they are."""
+    from .partitions import _infer
+    kinds = {f.name: getattr(f.type, "type", None) for f in table.schema().fields}
+    for column in {c for f in files for c, _ in f.partition_values}:
+        if kinds.get(column) != "string":
+            continue
+        values = {v for f in files for c, v in f.partition_values if c == column and v is not None}
+        changed = sorted(v for v in values if _infer({v}) == "int32" and str(int(v)) != v)
+        if values and _infer(values) == "int32" and changed:
+            raise InvalidValueError(f"{ref.describe()}: partition column {column!r} is a string column of the table, "
+                                    f"but its values {changed[:5]} look like integers and would be read as "
+                                    f"{[int(v) for v in changed[:5]]} (as pyarrow.dataset types partition folders), "
+                                    "so values such as '1' and '01' would merge; rewrite the table with values that "
+                                    "are not integers (e.g. a prefix: 'v007'), or partition it by another column")
 
 
 def _deletion_vectors_refused(ref: TableRef, where: str) -> InvalidValueError:
