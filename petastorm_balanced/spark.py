@@ -64,7 +64,8 @@ COVERED_NULLS = ("relation", "evalMode", "evalContext")  # JSON nulls other part
 # confs is in the key, so a legacy or behaviour conf such as spark.sql.legacy.castComplexTypesToString.enabled is)
 NEUTRAL_CONFS = ("spark.sql.shuffle.partitions", "spark.sql.warehouse.dir", "spark.sql.artifact.",
                  "spark.sql.adaptive.", "spark.sql.execution.arrow.", "spark.sql.ui.",
-                 "spark.sql.catalogImplementation", "spark.sql.codegen.", "spark.sql.autoBroadcastJoinThreshold", "spark.sql.connect.")
+                 "spark.sql.catalogImplementation", "spark.sql.codegen.", "spark.sql.autoBroadcastJoinThreshold",
+                 "spark.sql.connect.")
 # Expressions whose value is the time of the run: deterministic to Spark within one query, not across runs
 _CURRENT_TIME = re.compile(r'expressions\.(CurrentTimestamp|CurrentDate|Now|LocalTimestamp|CurrentTime|'
                            r'CurrentBatchTimestamp|CurrentTimestampLike)"')
