@@ -1,0 +1,62 @@
+"""Errors that say what happened and what to do: TransformSpec mistakes are named as the func's, with the fix,
+instead of pyarrow's ArrowInvalid, a KeyError: 0, a blame on the files' statistics or a column named ''; a
+declared nullable Int64 with pd.NA is served with its validity mask."""
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from petastorm_balanced import TransformSpec, make_loader, plan_shards
+from petastorm_balanced.errors import InvalidValueError
+
+
+@pytest.fixture()
+def plan(tmp_path):
+    os.makedirs(tmp_path / "ds")
+    pq.write_table(pa.table({"id": np.arange(8), "x": np.arange(8) * 1.0}), tmp_path / "ds" / "p.parquet")
+    return plan_shards(str(tmp_path / "ds"), 1, engine="local", batch_size=4)
+
+
+def batches(plan, spec):
+    return list(make_loader(0, 1, plan=plan, batch_size=4, backend="arrow", workers_count=1, shuffle=False,
+                            transform_spec=spec))
+
+
+def as_text(frame):
+    frame["id"] = frame["id"].astype(str)
+    return frame
+
+
+def duplicated(frame):
+    return pd.concat([frame, frame[["id"]]], axis=1)
+
+
+def with_a_null(frame):
+    frame["x"] = frame["x"].where(frame["id"] != 2, None)
+    return frame
+
+
+@pytest.mark.parametrize("spec, pattern", [
+    (TransformSpec(as_text), r"func changed column 'id' to object values that are not its stored int64.*"
+                             r"declare the new type in edit_fields"),
+    (TransformSpec(duplicated), r"func returned column 'id' more than once"),
+    (TransformSpec(with_a_null), r"func put a null into column 'x', which is not nullable as read.*nullable=True"),
+    (TransformSpec(lambda f: f, selected_fields=["id", "id"]), r"selected_fields names 'id' more than once"),
+], ids=["undeclared dtype change", "duplicate column", "null added by func", "selected twice"])
+def test_transform_mistakes_are_named_with_their_fix(plan, spec, pattern):
+    with pytest.raises(InvalidValueError, match=pattern):
+        batches(plan, spec)
+
+
+def with_pd_na(frame):
+    frame["n"] = pd.array([pd.NA if i == 1 else i for i in frame["id"]], dtype="Int64")
+    return frame
+
+
+def test_pd_na_in_a_declared_nullable_int64_is_a_masked_null(plan):
+    got = batches(plan, TransformSpec(with_pd_na, edit_fields=[("n", np.int64, (), True)]))
+    assert got[0]["n__valid"].tolist() == [True, False, True, True]
+    assert got[0]["n"].tolist()[2:] == [2, 3]
