@@ -26,7 +26,7 @@ def batches(plan, spec):
 
 
 def as_text(frame):
-    frame["id"] = frame["id"].astype(str)
+    frame["id"] = "n" + frame["id"].astype(str)  # not numbers any more
     return frame
 
 
