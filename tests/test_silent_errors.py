@@ -40,7 +40,7 @@ def with_a_null(frame):
 
 
 @pytest.mark.parametrize("spec, pattern", [
-    (TransformSpec(as_text), r"func changed column 'id' to object values that are not its stored int64.*"
+    (TransformSpec(as_text), r"func changed column 'id' to \w+ values that are not its stored int64.*"
                              r"declare the new type in edit_fields"),
     (TransformSpec(duplicated), r"func returned column 'id' more than once"),
     (TransformSpec(with_a_null), r"func put a null into column 'x', which is not nullable as read.*nullable=True"),
