@@ -60,3 +60,30 @@ def test_pd_na_in_a_declared_nullable_int64_is_a_masked_null(plan):
     got = batches(plan, TransformSpec(with_pd_na, edit_fields=[("n", np.int64, (), True)]))
     assert got[0]["n__valid"].tolist() == [True, False, True, True]
     assert got[0]["n"].tolist()[2:] == [2, 3]
+
+
+def test_a_read_only_cache_folder_is_named_with_the_fix_before_any_work():
+    from petastorm_balanced.io.cache_dir import Cache
+    if os.access("/sys/fs", os.W_OK) and not os.path.ismount("/sys"):
+        pytest.skip("no read-only filesystem to point at here")
+    calls = []
+    with pytest.raises(InvalidValueError, match=r"cache folder file:///sys/fs/pb-cache cannot be written here.*"
+                                                r"point parent_cache_dir_url"):
+        Cache.at("file:///sys/fs/pb-cache").write_once("df-abc", calls.append)
+    assert calls == []  # refused before the DataFrame was written
+
+
+def test_a_full_disk_while_writing_is_named_with_the_fix(tmp_path):
+    from petastorm_balanced.io.cache_dir import Cache
+
+    class JavaError(Exception):  # what Spark raises: a Py4J error carrying the JVM's IOException text
+        pass
+
+    def write(url):
+        os.makedirs(url[len("file://"):])
+        raise JavaError("An error occurred while calling o123.parquet.\n: java.io.IOException: No space left on "
+                        "device\n\tat java.base/java.io.FileOutputStream.writeBytes(Native Method)")
+    cache = Cache.at(str(tmp_path / "cache"))
+    with pytest.raises(InvalidValueError, match=r"ran out of space.*partial copy was removed.*free space"):
+        cache.write_once("df-abc", write)
+    assert os.listdir(tmp_path / "cache") == []
