@@ -87,3 +87,11 @@ def test_a_full_disk_while_writing_is_named_with_the_fix(tmp_path):
     with pytest.raises(InvalidValueError, match=r"ran out of space.*partial copy was removed.*free space"):
         cache.write_once("df-abc", write)
     assert os.listdir(tmp_path / "cache") == []
+
+
+def test_a_lambda_with_spawned_dataloader_workers_is_refused_when_the_loader_is_made(plan):
+    from petastorm_balanced import BalancedIterableDataset
+    dataset = BalancedIterableDataset(plan, 0, 1, batch_size=4, transform_spec=TransformSpec(lambda f: f))
+    with pytest.raises(InvalidValueError, match=r"transform_spec.func=<function .*<lambda>.* cannot be pickled.*"
+                                                r"'spawn'.*define func at module level"):
+        dataset.dataloader(num_workers=1, multiprocessing_context="spawn")
