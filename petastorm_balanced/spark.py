@@ -6,11 +6,14 @@ every rank the same number of steps, which Petastorm's converter (``cur_shard``/
 
 The cache key is a sha256 of what decides the written rows: the DataFrame's canonicalized analyzed plan (classic
 Spark: its JSON with expression ids normalized; Spark Connect: the plan's protobuf and its analyzed plan text),
-the data files it reads (path, size, modification time), the Spark SQL confs that change what is written, and the
-converter's options. The same DataFrame in this process, another process or a later run reuses the committed
-copy and its plans; anything else gets a new folder. A plan whose text does not describe its content (an RDD, a
-Python UDF's code: classic Spark shows neither) is reused within this process only, as Petastorm does
-(``sameResult``). pyspark is imported when a converter is made, so ``import petastorm_balanced`` needs no Spark.
+the data files it reads (path, size, modification time and, for Parquet, the footer's sha256), the Spark SQL confs
+that change what is written (a fixed list and every other explicitly set ``spark.sql.*`` conf but a few neutral
+ones), and the converter's options. The same DataFrame in this process, another process or a later run reuses the
+committed copy and its plans; anything else gets a new folder. A plan whose text does not describe its content (an
+RDD, a Python UDF's code: classic Spark shows neither), whose rows depend on the run (rand(), uuid(), the current
+time, a nondeterministic UDF) or whose inputs have no content digest (CSV, JSON) is reused within this process
+only, as Petastorm does (``sameResult``). pyspark is imported when a converter is made, so
+``import petastorm_balanced`` needs no Spark.
 """
 from __future__ import annotations
 
@@ -57,6 +60,17 @@ OUTPUT_CONFS = ("spark.sql.session.timeZone", "spark.sql.ansi.enabled", "spark.s
                 "spark.sql.parquet.fieldId.write.enabled", "spark.sql.legacy.sizeOfNull")
 COVERED_NULLS = ("relation", "evalMode", "evalContext")  # JSON nulls other parts of the key cover (the
 # evaluation mode and context, ANSI/TRY/legacy, are in the semantic hash: Spark 4.0 shows evalMode, 4.3 evalContext)
+# Explicitly set SQL confs that change neither the rows nor the Parquet written (the rest of the set spark.sql.*
+# confs is in the key, so a legacy or behaviour conf such as spark.sql.legacy.castComplexTypesToString.enabled is)
+NEUTRAL_CONFS = ("spark.sql.shuffle.partitions", "spark.sql.warehouse.dir", "spark.sql.artifact.",
+                 "spark.sql.adaptive.", "spark.sql.execution.arrow.", "spark.sql.ui.",
+                 "spark.sql.catalogImplementation", "spark.sql.codegen.", "spark.sql.autoBroadcastJoinThreshold",
+                 "spark.sql.connect.")
+# Expressions whose value is the time of the run: deterministic to Spark within one query, not across runs
+_CURRENT_TIME = re.compile(r'expressions\.(CurrentTimestamp|CurrentDate|Now|LocalTimestamp|CurrentTime|'
+                           r'CurrentBatchTimestamp|CurrentTimestampLike)"')
+_CONNECT_VOLATILE = re.compile(r"\b(current_timestamp|current_date|now|localtimestamp|current_time|rand|randn|uuid|"
+                               r"shuffle|random)\(", re.IGNORECASE)
 _EXPR_ID = re.compile(r'"jvmId":"[0-9a-f-]+"')
 _EXPLAIN_ID = re.compile(r"#\d+L?")
 
@@ -280,8 +294,9 @@ def _cache_key(spark, df, options: ConvertOptions) -> str:
     """The folder name of ``df``'s copy: a digest of its plan, its input files, output confs and options."""
     text, shareable, jplan = _plan_text(spark, df)
     digest = hashlib.sha256()
-    parts = {"version": KEY_VERSION, "options": options.__dict__, "files": _input_files(df),
-             "confs": {k: spark.conf.get(k, None) for k in OUTPUT_CONFS}}
+    files, by_content = _input_files(df)
+    shareable = shareable and by_content
+    parts = {"version": KEY_VERSION, "options": options.__dict__, "files": files, "confs": _result_confs(spark)}
     digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
     digest.update(b"\0" + text.encode())
     key = "df-" + digest.hexdigest()[:40]
@@ -289,7 +304,7 @@ def _cache_key(spark, df, options: ConvertOptions) -> str:
         return key
     with _memo_lock:  # as Petastorm: reuse within this process when Spark says the plans give the same result
         for other, other_key in _in_process:
-            if other_key.startswith(key) and other.sameResult(jplan):
+            if jplan is not None and other_key.startswith(key) and other.sameResult(jplan):
                 return other_key
         key = f"{key}-{uuid.uuid4().hex[:12]}"
         _in_process.append((jplan, key))
@@ -313,13 +328,31 @@ def _plan_text(spark, df) -> tuple[str, bool, Any]:
         proto = plan.SerializeToString(deterministic=True)
         analyzed = df._explain_string(mode="extended")
         analyzed = analyzed.split("== Analyzed Logical Plan ==")[-1].split("== Optimized Logical Plan ==")[0]
-        return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), True, None
+        volatile = _CONNECT_VOLATILE.search(analyzed) is not None  # rand(), uuid(), current_timestamp() ...
+        return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), not volatile, None
     jplan = df._jdf.queryExecution().analyzed()
     text = _EXPR_ID.sub("", jplan.canonicalized().toJSON())
     unknown = text
     for covered in COVERED_NULLS:
         unknown = unknown.replace(f'"{covered}":null', "")
-    return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown, jplan
+    # rand(), uuid(), a nondeterministic UDF, or the time of the run: another run computes other rows
+    repeatable = bool(jplan.deterministic()) and _CURRENT_TIME.search(text) is None
+    return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown and repeatable, jplan
+
+
+def _result_confs(spark) -> dict:
+    """The SQL confs that decide the copy: ``OUTPUT_CONFS`` and every other explicitly set ``spark.sql.*`` conf
+    but the few known to change neither rows nor Parquet (``NEUTRAL_CONFS``)."""
+    confs = {k: spark.conf.get(k, None) for k in OUTPUT_CONFS}
+    try:
+        rows = spark.sql("SET").collect()
+    except Exception:  # noqa: BLE001 - a session that cannot list its confs: the fixed list only
+        rows = []
+    for row in rows:
+        key, value = row[0], row[1]
+        if key.startswith("spark.sql.") and not key.startswith(NEUTRAL_CONFS):
+            confs[key] = value
+    return confs
 
 
 def _canonical_proto(message, seen: dict) -> None:
@@ -341,17 +374,31 @@ def _canonical_proto(message, seen: dict) -> None:
                     _canonical_proto(item, seen)
 
 
-def _input_files(df) -> list[list]:
-    """The data files ``df`` reads with their size and modification time (a rewritten file changes the key)."""
+def _input_files(df) -> tuple[list[list], bool]:
+    """The data files ``df`` reads with their size, modification time and, for Parquet, the sha256 of the footer,
+    and whether that identifies their content: a copy that keeps size and modification time (``cp -p``, rsync)
+    still changes a Parquet footer (statistics, offsets); other formats have no such digest, so their copy is
+    reused within this process only."""
+    from .io.footer import read_footer
     names = sorted(df.inputFiles())
     if not names:
-        return []
+        return [], True
     try:
         filesystem, _ = fsutil.resolve(_as_url(names[0]))
-        infos = filesystem.get_file_info([fsutil.resolve(_as_url(n))[1] for n in names])
-    except (OSError, ValueError):  # a filesystem pyarrow cannot open here: names only (Spark's names are unique)
-        return [[n] for n in names]
-    return [[n, i.size, i.mtime_ns] for n, i in zip(names, infos, strict=True)]
+        paths = [fsutil.resolve(_as_url(n))[1] for n in names]
+        infos = filesystem.get_file_info(paths)
+        out, by_content = [], True
+        for name, path, info in zip(names, paths, infos, strict=True):
+            entry = [name, info.size, info.mtime_ns]
+            if name.endswith(".parquet"):
+                with filesystem.open_input_file(path) as handle:
+                    entry.append(read_footer(handle).digest)
+            else:
+                by_content = False
+            out.append(entry)
+        return out, by_content
+    except (OSError, ValueError):  # a filesystem pyarrow cannot open here: names only, this process only
+        return [[n] for n in names], False
 
 
 def _as_url(spark_path: str) -> str:

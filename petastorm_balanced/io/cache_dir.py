@@ -66,18 +66,39 @@ class Cache:
             return found
         temporary = self.child(f"{key}.{uuid.uuid4().hex}{TMP_SUFFIX}")
         filesystem, root = fsutil.resolve(self.url)
-        filesystem.create_dir(root, recursive=True)
+        self._check_writable(filesystem, root)
         try:
             write(temporary)
             won = self._rename(temporary, self.child(key))
-        except BaseException:
+        except BaseException as exc:
             self._remove(temporary)
+            if "No space left on device" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+                raise InvalidValueError(f"the cache folder {self.url} ran out of space while the copy was written "
+                                        "(No space left on device; the partial copy was removed): free space there "
+                                        "or point parent_cache_dir_url at a folder with room for the DataFrame's "
+                                        "Parquet copy") from None
             raise
         if not won:
             self._remove(temporary)
             if self.lookup(key) is None:  # pragma: no cover - the winner deleted its copy in between
                 raise InvalidValueError(f"the cached copy {self.child(key)} was deleted while it was written; retry")
         return self.child(key)
+
+    def _check_writable(self, filesystem, root: str) -> None:
+        """Refuse, naming the folder and the fix, a cache folder this process cannot write (read-only, no
+        permission, full), before any work is done for it."""
+        probe = f"{root}/.probe-{uuid.uuid4().hex}{TMP_SUFFIX}"
+        try:
+            filesystem.create_dir(root, recursive=True)
+            with filesystem.open_output_stream(probe) as out:
+                out.write(b"0")
+            filesystem.delete_file(probe)
+        except OSError as exc:
+            raise InvalidValueError(f"parent_cache_dir_url: the cache folder {self.url} cannot be written here "
+                                    f"({type(exc).__name__}: {' '.join(str(exc).split())}); point "
+                                    "parent_cache_dir_url (or the Spark conf "
+                                    "petastorm.spark.converter.parentCacheDirUrl) at a folder this process can "
+                                    "write, with room for the copy") from None
 
     def delete(self, key: str) -> bool:
         """Remove the copy under ``key`` (renamed away first, then removed); False when there was none."""

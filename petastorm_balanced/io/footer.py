@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,11 +22,14 @@ _MAGIC = b"PAR1"
 
 @dataclass(frozen=True)
 class Footer:
-    """A parsed footer and the sha256 (hex) of its bytes as stored in the file, and the file's size then."""
+    """A parsed footer and the sha256 (hex) of its bytes as stored in the file, and the file's size then; the
+    file's modification time (ns) once a ``CheckedFooters`` looked it up after reading the footer, None where the
+    filesystem reports none."""
 
     metadata: pq.FileMetaData
     digest: str
     file_size: int
+    mtime_ns: int | None = None
 
 
 class ParsedFooters:
@@ -129,9 +133,18 @@ def open_parquet(filesystem, path: str, parsed: ParsedFooters | None = None) -> 
         raise
 
 
+def modification_time(filesystem, location: str) -> int | None:
+    """The file's modification time in nanoseconds as the filesystem lists it (what planning recorded), or None."""
+    return filesystem.get_file_info(location).mtime_ns
+
+
 class CheckedFooters:
     """Opens a reader's files, reading, hashing and checking each footer once (``check(name, footer)`` raises for
     a footer that is not the planned one) and reusing it for every later open of the file by this reader.
+
+    The footer handed to ``check`` carries the file's modification time, looked up after the footer was read (G15):
+    a rewrite that keeps the footer's bytes (the same rows of a row group in another order, the same statistics)
+    is told by its modification time, and a rewrite between the footer read and that look-up shows in the latter.
 
     Why: each reading thread keeps only a few files open, and a plan's seeded row group order crosses files, so one
     file is opened again and again in an epoch; its footer was read, hashed and parsed each time (two extra
@@ -187,6 +200,7 @@ class CheckedFooters:
         try:
             if fresh is None:
                 footer = read_footer(handle, READ_FOOTERS)
+            footer = replace(footer, mtime_ns=modification_time(self._filesystem, location))
             self._check(name, footer)
         except BaseException:
             handle.close()
@@ -195,3 +209,22 @@ class CheckedFooters:
         if self._shared:
             self._handles[name] = handle
         return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
+
+    def check_all(self, names_locations, threads: int = 16) -> None:
+        """Read and check the footer of every ``(name, location)`` now, ``threads`` at a time (each a small,
+        latency-bound read), closing the files: for a reader whose reading happens elsewhere (Petastorm's pool
+        opens the files itself), so nothing of a rewritten file is served."""
+        todo = [(n, loc) for n, loc in dict(names_locations).items() if n not in self._footers]
+        if len(todo) < 2:
+            for name, location in todo:
+                self.open(name, location).close()
+            return
+        with ThreadPoolExecutor(min(threads, len(todo))) as pool:
+            futures = [pool.submit(self.open, *item) for item in todo]
+        errors = [f.exception() for f in futures]
+        for future, error in zip(futures, errors, strict=True):
+            if error is None:
+                future.result().close()
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first

@@ -127,8 +127,12 @@ def resolve(dataset, *, table_format: str | None = None, table_version: int | No
         raise InvalidValueError(f"table_format={fmt!r} but {location} is "
                                 f"{'a ' + detected + ' table' if detected else 'no table'}; leave table_format out")
     if fmt == DELTA:
-        version = _delta_latest(location) if table_version is None else table_version
-        return snapshot(TableRef(DELTA, location, version))
+        latest = _delta_latest(location)
+        if table_version is not None and table_version > latest:  # delta-rs searches long for a version past the end
+            raise InvalidValueError(f"table_version={table_version} is past the latest version {latest} of the Delta "
+                                    f"table at {location}; pass a version from 0 to {latest} (see "
+                                    "DeltaTable.history()), or leave table_version out for the latest")
+        return snapshot(TableRef(DELTA, location, latest if table_version is None else table_version))
     return snapshot(TableRef(ICEBERG, location, _iceberg_current(metadata, snapshot_id), metadata))
 
 
@@ -187,9 +191,28 @@ def list_files(url: str, table: TableRef | None) -> tuple[pafs.FileSystem, str, 
     return filesystem, root, sorted(infos, key=lambda e: e.path)
 
 
-@functools.lru_cache(maxsize=16)
 def snapshot(ref: TableRef) -> TableSnapshot:
-    """The files of ``ref`` (cached: a version's files never change)."""
+    """The files of ``ref``: cached per version and per state of the log file that records it (a Delta version's
+    files never change, but a table deleted and written again at the same location starts its versions anew)."""
+    return _snapshot(ref, _log_stamp(ref))
+
+
+def _log_stamp(ref: TableRef) -> tuple:
+    """What tells a Delta version's log entry from another written at the same place: its commit file's (or, past a
+    checkpoint, the log folder's) size and modification time; an Iceberg metadata file is never rewritten."""
+    if ref.format != DELTA:
+        return ()
+    import pyarrow.fs as pafs
+    filesystem, root = fsutil.resolve(ref.location)
+    commit = filesystem.get_file_info(f"{root}/{DELTA_LOG}/{ref.version:020d}.json")
+    if commit.type == pafs.FileType.File:
+        return (commit.size, commit.mtime_ns)
+    entries = filesystem.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG}", allow_not_found=True))
+    return tuple(sorted((e.base_name, e.size, e.mtime_ns) for e in entries))
+
+
+@functools.lru_cache(maxsize=16)
+def _snapshot(ref: TableRef, stamp: tuple) -> TableSnapshot:
     files = _delta_files(ref) if ref.format == DELTA else _iceberg_files(ref)
     if not files:
         raise InvalidValueError(f"{ref.describe()} holds no data file; nothing to plan")
@@ -244,8 +267,29 @@ def _delta_files(ref: TableRef) -> list[TableFile]:
     paths = actions.column("path").to_pylist()
     sizes = actions.column("size_bytes").to_pylist()
     parts = actions.column("partition").to_pylist() if columns else [{} for _ in paths]
-    return [TableFile(_delta_relative(ref, p), int(s), tuple((c, _text((v or {}).get(c))) for c in columns))
-            for p, s, v in zip(paths, sizes, parts, strict=True)]
+    files = [TableFile(_delta_relative(ref, p), int(s), tuple((c, _text((v or {}).get(c))) for c in columns))
+             for p, s, v in zip(paths, sizes, parts, strict=True)]
+    _check_string_partitions(ref, table, files)
+    return files
+
+
+def _check_string_partitions(ref: TableRef, table, files: list[TableFile]) -> None:
+    """Refuse a string partition column whose values the reader would type as int32 and change ('007' is 7, and
+    '1' and '01' merge): the reader types partition folders as ``pyarrow.dataset`` infers them (G13), while the
+    Delta schema declares them strings, which deltalake delivers as they are."""
+    from .partitions import _infer
+    kinds = {f.name: getattr(f.type, "type", None) for f in table.schema().fields}
+    for column in {c for f in files for c, _ in f.partition_values}:
+        if kinds.get(column) != "string":
+            continue
+        values = {v for f in files for c, v in f.partition_values if c == column and v is not None}
+        changed = sorted(v for v in values if _infer({v}) == "int32" and str(int(v)) != v)
+        if values and _infer(values) == "int32" and changed:
+            raise InvalidValueError(f"{ref.describe()}: partition column {column!r} is a string column of the table, "
+                                    f"but its values {changed[:5]} look like integers and would be read as "
+                                    f"{[int(v) for v in changed[:5]]} (as pyarrow.dataset types partition folders), "
+                                    "so values such as '1' and '01' would merge; rewrite the table with values that "
+                                    "are not integers (e.g. a prefix: 'v007'), or partition it by another column")
 
 
 def _deletion_vectors_refused(ref: TableRef, where: str) -> InvalidValueError:
@@ -327,7 +371,82 @@ def _iceberg_files(ref: TableRef) -> list[TableFile]:
                                     "columns of the table (a bucket/truncate/time transform); only identity "
                                     "partitions can be planned: repartition the table by identity")
         files.append(TableFile(path, int(data.file_size_in_bytes), values, deleted))
+    current = table.current_snapshot()
+    # as pyiceberg reads: the table's schema for its current snapshot, a time-travelled snapshot's own schema else
+    schema = table.schema() if current is not None and current.snapshot_id == ref.version else \
+        table.scan(snapshot_id=ref.version).projection()
+    _check_field_ids(ref, _iceberg_columns(schema.fields), [task.file.file_path for task in tasks])
     return files
+
+
+def _iceberg_columns(fields, prefix: str = "") -> dict[int, str]:
+    """``{field id: dotted name}`` of a pyiceberg schema's fields, struct children included."""
+    out: dict[int, str] = {}
+    for field in fields:
+        name = prefix + field.name
+        out[int(field.field_id)] = name
+        children = getattr(field.field_type, "fields", None)
+        if children is not None and type(field.field_type).__name__ == "StructType":
+            out.update(_iceberg_columns(children, name + "."))
+    return out
+
+
+def _parquet_columns(fields, prefix: str = "") -> dict[str, int | None]:
+    """``{dotted name: Parquet field id or None}`` of an Arrow schema's fields, struct children included."""
+    import pyarrow as pa
+    out: dict[str, int | None] = {}
+    for field in fields:
+        name = prefix + field.name
+        raw = (field.metadata or {}).get(b"PARQUET:field_id")
+        out[name] = int(raw) if raw is not None else None
+        if pa.types.is_struct(field.type):
+            out.update(_parquet_columns(list(field.type), name + "."))
+    return out
+
+
+def _check_field_ids(ref: TableRef, columns: dict[int, str], data_paths: list[str]) -> None:
+    """Refuse a snapshot whose data files name a column otherwise than its schema does, by Iceberg field id.
+
+    Why: Iceberg identifies columns by field id, the reader by name. After a rename (or a swap ``a`` <-> ``b``),
+    a drop and a re-add under the old name, or an added column, an older file's column of that name holds another
+    column's values (or the deleted ones), which a read by name would deliver as this snapshot's. Files written
+    without field ids (a migrated table read through a name mapping) are read by name, as pyiceberg reads them.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    def schema_of(data_path: str):
+        filesystem, path = fsutil.resolve(fsutil.normalize_url(data_path))
+        with filesystem.open_input_file(path) as handle:
+            return data_path, _parquet_columns(pq.read_schema(handle))
+
+    by_name = {name: field_id for field_id, name in columns.items()}
+    fix = ("petastorm-balanced reads columns by name, so that snapshot cannot be read exactly: rewrite the data "
+           "files under the current schema (Spark: CALL system.rewrite_data_files(table => ..., options => "
+           "map('rewrite-all', 'true'))) and plan the new snapshot")
+    with ThreadPoolExecutor(max(1, min(16, len(data_paths)))) as pool:
+        for data_path, stored in pool.map(schema_of, data_paths):
+            if all(field_id is None for field_id in stored.values()):
+                continue
+            where = f"{ref.describe()}: {data_path}"
+            for name, field_id in stored.items():
+                now = columns.get(field_id) if field_id is not None else name
+                if now is None and name in by_name:
+                    raise InvalidValueError(f"{where} stores column {name!r} as field id {field_id}, which the "
+                                            f"table dropped; {name!r} is now field id {by_name[name]} (dropped and "
+                                            f"re-added): reading by name would bring back the deleted values; {fix}")
+                if now is None:
+                    raise InvalidValueError(f"{where} stores column {name!r} (field id {field_id}), which the table "
+                                            f"dropped; {fix}")
+                if now != name:
+                    also = f"; {name!r} is now field id {by_name[name]}" if name in by_name else ""
+                    raise InvalidValueError(f"{where} stores field id {field_id} as column {name!r}, which the "
+                                            f"table now calls {now!r} (renamed{also}); {fix}")
+            missing = sorted(set(columns.values()) - set(stored))
+            if missing:
+                raise InvalidValueError(f"{where} lacks column(s) {missing} of the table's schema (added after it was "
+                                        f"written; pyiceberg reads them as nulls); {fix}")
 
 
 def _position_deletes(ref: TableRef, data_path: str, delete_files) -> tuple[int, ...]:

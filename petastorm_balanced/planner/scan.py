@@ -100,19 +100,29 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None,
             if progress is not None:
                 progress(len(items))
     files = tuple(r[0] for r in results)
-    _check_same_columns(url, files, [r[1] for r in results], set(schema.names))
+    _check_same_columns(url, files, [r[1] for r in results], set(schema.names), table)
     columns = sorted({k for p in paths for k in partition_values(p)})
     return DatasetListing(url, files, "petastorm" if has_unischema(url) else "plain", tuple(columns),
                           schema, paths)
 
 
-def _check_same_columns(url, files, names_per_file, names):
-    """Every file must have the first file's column names (``None``: its schema equals the first file's)."""
+def _check_same_columns(url, files, names_per_file, names, table=None):
+    """Every file must have the first file's column names (``None``: its schema equals the first file's); for a
+    table snapshot the message says how to bring its files to one schema."""
     for f, other in zip(files, names_per_file, strict=True):
         if other is not None and other != names:
+            fix = "all files of a dataset must share one schema"
+            if table is not None and table.format == "delta":
+                fix = (f"the table's schema evolved between its files ({table.describe()}; columns "
+                       f"{sorted(other ^ names)} are in some files only), and petastorm-balanced serves one schema "
+                       "per plan: rewrite the table under its current schema (e.g. write_deltalake(path, "
+                       "DeltaTable(path).to_pyarrow_table(), mode='overwrite', schema_mode='overwrite')) and plan "
+                       "the new version, or plan a version from before the change (table_version=N)")
+            elif table is not None and table.format == "iceberg":
+                fix = (f"the table's schema evolved between its files ({table.describe()}); rewrite the data files "
+                       "(Spark: CALL system.rewrite_data_files) and plan the new snapshot")
             raise InvalidValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but "
-                                    f"{files[0].path!r} has {sorted(names)}; all files of a dataset must share one "
-                                    "schema")
+                                    f"{files[0].path!r} has {sorted(names)}; {fix}")
 
 
 def check_footers(plan) -> None:

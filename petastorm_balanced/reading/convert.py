@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..core.narrowing import checked_astype
 from ..errors import InvalidValueError, RowShapeError
 from .schema import LIST, ColumnSchema
 
@@ -82,7 +83,7 @@ def to_values(column, spec: ColumnSchema) -> dict[str, Values]:
     if want is None:
         want = _DTYPES.setdefault(dtype, np.dtype(dtype))
     if out[spec.name].dtype != want:  # temporal int32 storage, a Unischema dtype (``dtype.name`` is slow: compare)
-        out[spec.name] = out[spec.name].astype(want)
+        out[spec.name] = checked_astype(out[spec.name], want, spec.name, "the Unischema declares")
     if spec.mask is not None:
         out[spec.mask] = _validity(array)
     return out

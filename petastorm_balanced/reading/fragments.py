@@ -198,6 +198,21 @@ def _to_columns(table: pa.Table, fields: dict | None, schemas: Sequence[ColumnSc
     return out
 
 
+def check_declared(table: pa.Table, fields) -> None:
+    """Refuse a stored number that the Unischema's narrower numeric type cannot hold (``core.narrowing``), before
+    a decoder that would wrap it (Petastorm's ``decode_row``: ``numpy.int8(399)`` is -113 on numpy 1)."""
+    for name in table.column_names:
+        field = fields.get(name)
+        dtype = getattr(field, "numpy_dtype", None)
+        if not (isinstance(dtype, type) and issubclass(dtype, (np.integer, np.floating))) or \
+                (field.codec is not None and type(field.codec).__name__ != "ScalarCodec"):
+            continue
+        array = convert.one_array(table.column(name))
+        if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
+            values = array.drop_null().to_numpy(zero_copy_only=False)
+            convert.checked_astype(values, np.dtype(dtype), name, "the Unischema declares")
+
+
 def as_list(values) -> list:
     """Python values of a column: ``str``/``bytes`` for Arrow text arrays, ``to_pylist()`` for other Arrow arrays
     (None for nulls), items of numpy arrays."""

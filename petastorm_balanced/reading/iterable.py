@@ -279,6 +279,8 @@ class BalancedDataLoader(_Loader):
         if self._tensors_here:
             kwargs["collate_fn"] = _as_is
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        if num_workers > 0:
+            _check_picklable_transform(dataset, self.multiprocessing_context)
         # The DataLoader's own sampler for iterable datasets, plus set_epoch (how Lightning tells the epoch).
         object.__setattr__(self, "sampler", _EpochSampler(dataset))  # DataLoader forbids setting it normally
 
@@ -315,6 +317,27 @@ class _EpochSampler(_ConstantSampler, EpochSampler):
     def __init__(self, dataset):
         _ConstantSampler.__init__(self)
         EpochSampler.__init__(self, dataset)
+
+
+def _check_picklable_transform(dataset, context) -> None:
+    """Refuse, when the DataLoader is made, a ``transform_spec.func`` that workers started by pickling (spawn,
+    forkserver) cannot receive: otherwise the first batch fails with a bare ``PicklingError`` from inside the
+    DataLoader."""
+    import multiprocessing
+    import pickle
+    transform = getattr(dataset._settings, "transform", None)
+    if transform is None:
+        return
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    if method == "fork":
+        return
+    try:
+        pickle.dumps(transform)
+    except Exception as exc:  # noqa: BLE001 - a lambda, a local function, an object holding a lock ...
+        raise InvalidValueError(f"transform_spec.func={transform.spec.func!r} cannot be pickled ({exc}), and "
+                                f"DataLoader workers started by {method!r} receive the dataset pickled; define "
+                                "func at module level (importable by the workers), or use num_workers=0 or "
+                                "multiprocessing_context='fork'") from None
 
 
 def _as_is(batch):

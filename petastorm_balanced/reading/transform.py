@@ -127,6 +127,10 @@ def output_columns(spec: TransformSpec, schemas: Sequence[ColumnSchema]) -> tupl
     out = [c for c in schemas if c.name not in edited and c.name not in set(spec.removed_fields)]
     out += [edited_column(*f) for f in spec.edit_fields]
     if spec.selected_fields is not None:
+        twice = sorted({n for n in spec.selected_fields if list(spec.selected_fields).count(n) > 1})
+        if twice:
+            raise InvalidValueError(f"transform_spec selected_fields names {twice[0]!r} more than once; a batch "
+                                    "holds each column once: name it once")
         by_name = {c.name: c for c in out}
         missing = [n for n in spec.selected_fields if n not in by_name]
         if missing:
@@ -183,6 +187,10 @@ class Transform:
         out: dict = {}
         edited = {f[0] for f in self.spec.edit_fields}
         types = {f.name: f.type for f in table.schema}
+        twice = sorted({str(n) for n in returned.columns[returned.columns.duplicated()]})
+        if twice:
+            raise InvalidValueError(f"transform_spec.func returned column {twice[0]!r} more than once (a DataFrame "
+                                    "with duplicate column names); return each column once")
         for column in self.outputs:
             if column.name not in returned.columns:
                 raise InvalidValueError(f"transform_spec.func returned no column {column.name!r}, which the schema "
@@ -190,7 +198,11 @@ class Transform:
             values = returned[column.name]
             field = (self.fields or {}).get(column.name)
             if column.name not in edited and column.name in types and (field is None or is_scalar(field)):
-                array = pa.array(values, type=types[column.name], from_pandas=True)  # back to the stored type
+                array = _stored(values, types[column.name], column.name)  # back to the stored type
+                if array.null_count and not column.nullable and not table.column(column.name).null_count:
+                    raise InvalidValueError(f"transform_spec.func put a null into column {column.name!r}, which is "
+                                            "not nullable as read; declare it in edit_fields with nullable=True, or "
+                                            "fill the nulls in func")
                 try:
                     out.update(convert.to_values(array, column))
                 except RowShapeError as exc:
@@ -198,6 +210,18 @@ class Transform:
             else:
                 out.update(from_cells(column, list(values)))
         return out
+
+
+def _stored(values, arrow_type, name: str) -> pa.Array:
+    """A column the func returned, back in its stored type; refused naming the column when func changed its type
+    (strings for integers) without declaring it."""
+    try:
+        return pa.array(values, type=arrow_type, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise InvalidValueError(f"transform_spec.func changed column {name!r} to {values.dtype} values that are not "
+                                f"its stored {arrow_type} ({detail}); declare the new type in edit_fields, e.g. "
+                                f"TransformSpec(func, edit_fields=[({name!r}, np.str_, (), False)])") from None
 
 
 def bind(spec: Any, inputs: Sequence[ColumnSchema], fields: dict | None) -> Transform | None:
@@ -258,7 +282,7 @@ def from_cells(column: ColumnSchema, cells: list) -> dict:
             raise InvalidValueError(f"transform_spec column {column.name!r} holds {stacked.dtype}, which does not "
                                     f"cast to the declared {dtype} without changing kind (edit_fields); cast it "
                                     "in func or declare its dtype")
-        stacked = stacked.astype(dtype)
+        stacked = convert.checked_astype(stacked, dtype, column.name, "transform_spec's edit_fields declares")
     out = {column.name: stacked}
     if valid is not None:
         out[column.mask or column.name + MASK_SUFFIX] = valid
@@ -267,6 +291,8 @@ def from_cells(column: ColumnSchema, cells: list) -> dict:
 
 def _is_null(value: Any) -> bool:
     if value is None:
+        return True
+    if type(value).__name__ in ("NAType", "NaTType"):  # pandas' pd.NA (nullable Int64, boolean, string) and NaT
         return True
     return isinstance(value, float) and value != value
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.narrowing import checked_scalar
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from . import spark_types
 
@@ -211,7 +212,7 @@ class ScalarCodec(DataframeColumnCodec):
         return value
 
     def decode(self, unischema_field: Any, value: Any) -> Any:
-        return unischema_field.numpy_dtype(value)
+        return checked_scalar(unischema_field.numpy_dtype, value, unischema_field.name, "the Unischema declares")
 
     def spark_dtype(self) -> Any:
         return spark_types.to_pyspark(self._spark_type)

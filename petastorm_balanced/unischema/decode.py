@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..core.narrowing import checked_scalar
 from .codecs import ScalarCodec
 
 
@@ -36,7 +37,7 @@ def decode_value(unischema_field: Any, value: Any) -> Any:
         return codec.decode(unischema_field, value)
     dtype = unischema_field.numpy_dtype
     if dtype is not None and isinstance(dtype, type) and issubclass(dtype, (np.generic, Decimal)):
-        return dtype(value)
+        return checked_scalar(dtype, value, unischema_field.name, "the Unischema declares")
     return value
 
 

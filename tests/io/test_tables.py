@@ -146,7 +146,7 @@ def test_delta_folder_is_never_listed_as_bare_parquet(delta_table):
     ({"table_format": "orc"}, InvalidValueError, "table_format='orc' is not one of"),
     ({"table_format": "iceberg"}, InvalidValueError, "table_format='iceberg' but .* is a delta table"),
     ({"table_format": "parquet", "table_version": 1}, InvalidValueError, "takes no table_version"),
-    ({"table_version": 99}, InvalidValueError, "version 99 cannot be loaded"),
+    ({"table_version": 99}, InvalidValueError, "table_version=99 is past the latest version 4"),
 ])
 def test_delta_bad_parameters_name_the_parameter(delta_table, kwargs, error, text):
     path, _ = delta_table

@@ -108,7 +108,7 @@ def test_fewer_row_groups_are_refused(own_dataset):
     plan = plan_shards(own_dataset.url, 1, batch_size=10, engine="local")
     path, groups = file_with_row_groups(own_dataset)
     rewrite(own_dataset, path, [sum(groups)])
-    with pytest.raises(StalePlanError, match=f"row group {len(groups) - 1} of '{path}'"):
+    with pytest.raises(StalePlanError, match=f"row group {len(groups) - 1} of '{path}'|'{path}'.* rewritten since"):
         reader_ids(make_reader(0, 1, plan=plan))
 
 
@@ -116,7 +116,7 @@ def test_same_row_group_count_other_sizes_is_refused(own_dataset):
     plan = plan_shards(own_dataset.url, 1, batch_size=10, engine="local")
     path, groups = file_with_row_groups(own_dataset)
     rewrite(own_dataset, path, [groups[0] + 1, groups[1] - 1] + groups[2:])
-    with pytest.raises(StalePlanError, match=r"row group \d has \d+ rows but the plan recorded"):
+    with pytest.raises(StalePlanError, match=r"row group \d has \d+ rows but the plan recorded|rewritten since"):
         reader_ids(make_reader(0, 1, plan=plan, workers_count=2))
 
 

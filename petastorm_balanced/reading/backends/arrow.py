@@ -87,7 +87,7 @@ class BundleReader:
         """Nothing to stop: the remote read threads are the process's (``remote_pool``)."""
 
     def _check(self, path: str, footer) -> None:
-        check_file(self._plan, self._planned[path], footer=footer.digest)
+        check_file(self._plan, self._planned[path], footer=footer.digest, mtime_ns=footer.mtime_ns)
 
     def _files(self) -> fr.FileCache:
         files = getattr(self._local, "files", None)

@@ -42,6 +42,10 @@ except ImportError as _missing:
 
 from ...core.params import check_int
 from ...core.shuffle import window_permutation
+from ...io import fs as fsutil
+from ...io.dataset import dataset_root
+from ...io.footer import CheckedFooters
+from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from ...unischema.pickling import harden_petastorm_unpickler
 from ...unischema.storage import load_unischema
@@ -185,6 +189,7 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
         elif task.mode == "columns":
             payload = fr.to_columns(table, self._schema.fields, task.schemas, fragments)
         else:
+            fr.check_declared(table, self._schema.fields)
             payload = [decode_row(row, self._schema) for row in table.to_pylist()]
             if self._transform_spec:
                 payload = _apply_transform_spec(payload, self._transform_spec)
@@ -236,6 +241,7 @@ class BalancedReader(Reader):
     """
 
     _results_queue_reader: Any  # Petastorm's; _create_ventilator wraps it in an _InOrder
+    plan: ShardPlan | None = None  # set by open_reader: rearm checks the next fragments' files against it (G15)
 
     def __init__(self, pyarrow_filesystem, dataset_path, *, fragments: Sequence[Fragment], task: ReadTask,
                  plan_files: Sequence[str], dataset_url: str, max_ahead: int | None = None, **reader_kwargs):
@@ -274,6 +280,8 @@ class BalancedReader(Reader):
         """
         if not self.idle:
             raise RuntimeError("rearm() needs an idle reader: every fragment handed out, reader not stopped")
+        if self.plan is not None:
+            check_footers(self.plan, fragments)
         self.fragments = list(fragments)
         self.bundles = fr.bundle(self.fragments, fr.BUNDLE_ROWS if self._task.mode == "columns" else 0)
         indexes = piece_indexes(self.fragments, self._pieces, self._root, self._plan_files, self._dataset_url)
@@ -354,15 +362,34 @@ def open_reader(plan: ShardPlan, fragments: Sequence[Fragment], task: ReadTask, 
     # Petastorm's Reader unpickles any Unischema in _common_metadata (plain plans too, if one was added since):
     # our allow-list sees the bytes first, and harden_petastorm_unpickler() guards Petastorm's own load after it.
     load_unischema(plan.dataset_url)
+    check_footers(plan, fragments)
     try:
         with quiet_legacy_pyarrow():
-            return BalancedReader(fs, path, fragments=fragments, task=task,
+            reader = BalancedReader(fs, path, fragments=fragments, task=task,
                                   plan_files=[f.path for f in plan.catalog.files],
                                   dataset_url=plan.dataset_url, max_ahead=max_ahead, schema_fields=schema_fields,
                                   reader_pool=pool, cache=cache, transform_spec=transform_spec,
                                   worker_class=PlannedPyDictWorker if unischema else PlannedArrowWorker,
                                   is_batched_reader=not unischema)
     except (OSError, pa.ArrowException) as exc:  # Petastorm reads every footer first; pyarrow names no file
+        raise fr.unreadable_dataset_error(plan, exc) from exc
+    reader.plan = plan  # rearm checks the next epoch's files against it
+    return reader
+
+
+def check_footers(plan: ShardPlan, fragments: Sequence[Fragment]) -> None:
+    """``StalePlanError`` naming a file of ``fragments`` whose footer digest or modification time differs from the
+    plan's (G15), checked before Petastorm's workers, which open the files themselves, read a row of it: at every
+    reader and every ``rearm`` (epoch), for a plan loaded or made in memory alike."""
+    filesystem, root = dataset_root(plan.dataset_url)
+    planned = {f.path: f for f in plan.catalog.files}
+
+    def check(name, footer):
+        check_file(plan, planned[name], footer=footer.digest, mtime_ns=footer.mtime_ns)
+    try:
+        CheckedFooters(filesystem, check).check_all((f.path, fsutil.join(root, f.path)) for f in fragments
+                                                    if f.path in planned)
+    except (OSError, pa.ArrowException) as exc:  # gone, resized or unreadable: name the file
         raise fr.unreadable_dataset_error(plan, exc) from exc
 
 

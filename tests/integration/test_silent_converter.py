@@ -1,0 +1,76 @@
+"""The converter's cache key covers what decides the copy: a DataFrame whose rows depend on the run (the time,
+rand(), uuid()) is never reused by a later run, an explicitly set SQL conf that changes values is in the key, and an
+input rewritten with its size and modification time kept is told by its Parquet footer."""
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from petastorm_balanced import spark as converter_module
+from petastorm_balanced.spark import make_spark_converter
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
+
+
+def a_later_run():
+    """What a new process knows: nothing of this one's in-process reuse."""
+    converter_module._in_process.clear()
+
+
+@pytest.mark.parametrize("column", ["current_timestamp()", "current_date()", "rand()", "uuid()"])
+def test_a_dataframe_of_the_run_is_never_reused_by_a_later_run(spark, tmp_path, column):
+    parent = str(tmp_path / "cache")
+    frame = lambda: spark.range(8).selectExpr("id", f"CAST({column} AS STRING) AS v")  # noqa: E731
+    first = make_spark_converter(frame(), parent_cache_dir_url=parent)
+    a_later_run()
+    second = make_spark_converter(frame(), parent_cache_dir_url=parent)
+    assert second.dataset_url != first.dataset_url
+
+
+def test_a_plain_dataframe_is_still_reused_by_a_later_run(spark, tmp_path):
+    parent = str(tmp_path / "cache")
+    first = make_spark_converter(spark.range(8).selectExpr("id", "id * 2 AS v"), parent_cache_dir_url=parent)
+    a_later_run()
+    assert make_spark_converter(spark.range(8).selectExpr("id", "id * 2 AS v"),
+                                parent_cache_dir_url=parent).dataset_url == first.dataset_url
+
+
+def test_a_set_conf_that_changes_values_is_in_the_key(spark, tmp_path):
+    parent = str(tmp_path / "cache")
+    conf = "spark.sql.legacy.castComplexTypesToString.enabled"
+    frame = lambda: spark.range(1).selectExpr("CAST(array(0, NULL) AS STRING) AS s")  # noqa: E731
+    values = {}
+    try:
+        for setting in ("true", "false"):
+            spark.conf.set(conf, setting)
+            converter = make_spark_converter(frame(), parent_cache_dir_url=parent)
+            got = pads.dataset(converter.dataset_url[len("file://"):]).to_table().column("s").to_pylist()
+            values[setting] = (converter.dataset_url, got, frame().collect()[0]["s"])
+    finally:
+        spark.conf.unset(conf)
+    assert values["true"][0] != values["false"][0]
+    for _, got, spark_gives in values.values():
+        assert got == [spark_gives]
+
+
+def test_an_input_rewritten_with_its_size_and_mtime_kept_is_a_new_dataframe(spark, tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    path = source / "part-0.parquet"
+    plain = {"compression": "NONE", "use_dictionary": False}
+    pq.write_table(pa.table({"id": np.arange(100, dtype=np.int64)}), path, **plain)
+    stat = path.stat()
+    parent = str(tmp_path / "cache")
+    first = make_spark_converter(spark.read.parquet(str(source)), parent_cache_dir_url=parent)
+    pq.write_table(pa.table({"id": np.arange(1000, 1100, dtype=np.int64)}), path, **plain)  # cp -p, rsync -t
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    a_later_run()
+    spark.catalog.clearCache()
+    second = make_spark_converter(spark.read.parquet(str(source)), parent_cache_dir_url=parent)
+    assert second.dataset_url != first.dataset_url
+    ids = pads.dataset(second.dataset_url[len("file://"):]).to_table().column("id").to_pylist()
+    assert sorted(ids) == list(range(1000, 1100))
