@@ -228,12 +228,18 @@ def test_the_conf_names_the_cache_folder_and_delete_removes_only_its_own(spark, 
 
 
 CONVERT = textwrap.dedent("""
+    import json
     import sys
     from pyspark.sql import SparkSession
     from petastorm_balanced.spark import make_spark_converter
     from tests.integration.test_spark_converter import skewed_frame
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
              .config("spark.driver.host", "127.0.0.1").config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    for key, value in json.loads(sys.argv[2]).items():  # the other session's SQL confs: they are in the key
+        try:
+            spark.conf.set(key, value)
+        except Exception:  # a static conf, which the key leaves out
+            pass
     converter = make_spark_converter(skewed_frame(spark, big=20000), parent_cache_dir_url=sys.argv[1], batch_size=8)
     print("URL", converter.dataset_url, converter.plan.checksum, flush=True)
 """)
@@ -242,8 +248,10 @@ CONVERT = textwrap.dedent("""
 def test_two_processes_converting_the_same_dataframe_end_with_one_copy(spark, tmp_path):
     """Another process (its own JVM) and this one convert the same DataFrame at once: one key, one copy."""
     env = job_env(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    other = subprocess.Popen([sys.executable, "-c", CONVERT, str(tmp_path)], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # the same SQL confs in both sessions (earlier tests may have left some set in the shared one): equal keys
+    confs = {row[0]: row[1] for row in spark.sql("SET").collect() if row[0].startswith("spark.sql.")}
+    other = subprocess.Popen([sys.executable, "-c", CONVERT, str(tmp_path), json.dumps(confs)], cwd=ROOT, env=env,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ours = make_spark_converter(skewed_frame(spark, big=20000), parent_cache_dir_url=str(tmp_path), batch_size=8)
     out, err = other.communicate(timeout=240)
     assert other.returncode == 0, err[-3000:]
