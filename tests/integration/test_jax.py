@@ -9,19 +9,17 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from petastorm_balanced import datagen, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
-from tests.support.jobs import free_port, job_env
+from tests.support.jobs import ROOT, free_port, job_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 jax = pytest.importorskip("jax")
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "support" / "jax_job.py"
 BATCH = 8
 

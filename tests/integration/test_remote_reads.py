@@ -1,9 +1,9 @@
 """How many requests a remote epoch makes, counted by the proxy in front of a real S3 server (slow tier, G18).
 
 An object store charges a round trip per request, so the Arrow backend must open each file once per epoch (shared
-by its threads) and look up its modification time (G15), read each footer once per epoch (the loader's schema pass and the first epoch's G15 check share
-one read; every later epoch reads and checks them again), and read each row group's columns in one coalesced
-request. The ids are the local loader's.
+by its threads) and look up its modification time (G15), read each footer once per epoch (the loader's schema pass
+and the first epoch's G15 check share one read; every later epoch reads and checks them again), and read each row
+group's columns in one coalesced request. The ids are the local loader's.
 """
 import numpy as np
 import pytest

@@ -9,20 +9,18 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from petastorm_balanced import datagen, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
-from tests.support.jobs import free_port, job_env
+from tests.support.jobs import ROOT, free_port, job_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "support" / "tf_job.py"
 BATCH = 8
 

@@ -7,6 +7,7 @@ import pytest
 
 from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
+from tests.support.iceberg import iceberg_catalog
 
 pytest.importorskip("pyiceberg", reason="Iceberg tests need pyiceberg (pip install 'petastorm-balanced[iceberg]')")
 if tuple(int(v) for v in pa.__version__.split(".")[:2]) < (17, 0):
@@ -16,11 +17,7 @@ if tuple(int(v) for v in pa.__version__.split(".")[:2]) < (17, 0):
 
 @pytest.fixture()
 def table(tmp_path):
-    from pyiceberg.catalog.sql import SqlCatalog
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog("test", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
-    catalog.create_namespace("db")
+    catalog = iceberg_catalog(tmp_path)
     ids = np.arange(100, dtype=np.int64)
     data = pa.table({"id": ids, "a": ids * 10, "b": -ids, "n": pa.array(ids, pa.int32())})
     created = catalog.create_table("db.t", schema=data.schema)

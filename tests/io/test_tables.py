@@ -15,6 +15,7 @@ from petastorm_balanced import load_plan, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidTypeError, InvalidValueError, StalePlanError
 from petastorm_balanced.io import tables
 from petastorm_balanced.io.dataset import list_data_files
+from tests.support.iceberg import iceberg_catalog
 
 deltalake = pytest.importorskip("deltalake", reason="Delta tests need deltalake (pip install "
                                 "'petastorm-balanced[delta]')")
@@ -223,20 +224,6 @@ def test_table_ref_json_round_trip_and_corrupt_refs_refused():
 
 # ---------------------------------------------------------------------------------------------- Iceberg
 
-def _iceberg_catalog(tmp_path):
-    pytest.importorskip("pyiceberg", reason="Iceberg tests need pyiceberg (pip install "
-                        "'petastorm-balanced[iceberg]')")
-    if tuple(int(v) for v in pa.__version__.split(".")[:2]) < (17, 0):
-        pytest.skip(f"pyiceberg writes Parquet with options pyarrow {pa.__version__} lacks (needs pyarrow >= 17; the "
-                    "modern stack runs these tests)")
-    from pyiceberg.catalog.sql import SqlCatalog
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog("test", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
-    catalog.create_namespace("db")
-    return catalog
-
-
 def iceberg_ids(table, snapshot_id):
     return np.sort(table.scan(snapshot_id=snapshot_id).to_arrow().column("id").to_numpy())
 
@@ -244,7 +231,7 @@ def iceberg_ids(table, snapshot_id):
 @pytest.fixture()
 def iceberg_table(tmp_path):
     """An identity-partitioned Iceberg table: append, append, delete, overwrite; (table, [(snapshot id, ids)])."""
-    catalog = _iceberg_catalog(tmp_path)
+    catalog = iceberg_catalog(tmp_path)
     table = catalog.create_table("db.t", schema=rows(0, 1).schema)
     with table.update_spec() as spec:
         spec.add_identity("p")
@@ -321,7 +308,7 @@ def test_iceberg_position_deletes_are_honoured(tmp_path):
 def _position_deleted_table(tmp_path):
     """An Iceberg table with a position delete file of 3 rows, its local plan, and pyiceberg's ids (checked)."""
     from pyiceberg.manifest import DataFileContent
-    catalog = _iceberg_catalog(tmp_path)
+    catalog = iceberg_catalog(tmp_path)
     table = catalog.create_table("db.t", schema=rows(0, 1).schema, properties={"format-version": "2"})
     with table.update_spec() as spec:
         spec.add_identity("p")

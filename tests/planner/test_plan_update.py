@@ -19,6 +19,7 @@ from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.planner import scan as scan_module
 from petastorm_balanced.predicates import in_set
 from petastorm_balanced.tools import cli
+from tests.support.iceberg import iceberg_catalog
 
 WORLD, BATCH = 3, 8
 EN = in_set(["en"], "lang")
@@ -333,22 +334,8 @@ def test_delta_append_updates_to_the_scratch_plan(tmp_path):
         plan_shards(path, 2, batch_size=4, engine="local", cost="x", update=new)
 
 
-def _iceberg_catalog(tmp_path):
-    pytest.importorskip("pyiceberg", reason="Iceberg tests need pyiceberg (pip install "
-                        "'petastorm-balanced[iceberg]')")
-    if tuple(int(v) for v in pa.__version__.split(".")[:2]) < (17, 0):
-        pytest.skip(f"pyiceberg writes Parquet with options pyarrow {pa.__version__} lacks (needs pyarrow >= 17; the "
-                    "modern stack runs these tests)")
-    from pyiceberg.catalog.sql import SqlCatalog
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog("test", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
-    catalog.create_namespace("db")
-    return catalog
-
-
 def test_iceberg_append_updates_and_a_delete_is_refused(tmp_path):
-    catalog = _iceberg_catalog(tmp_path)
+    catalog = iceberg_catalog(tmp_path)
     table = catalog.create_table("db.t", schema=_rows(0, 1).schema)
     with table.update_spec() as spec:
         spec.add_identity("p")
