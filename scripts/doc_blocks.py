@@ -9,6 +9,7 @@ Fence syntax (the one every doc follows):
   ```python needs: MODULE [MODULE ...]       run where every MODULE imports in the venv, else reported as skipped
                                              (TensorFlow and JAX examples: the modern stack runs them)
   ```text, ```json, a bare ``` ...           never run (program output, file contents)
+With ``--require-needs`` such a block fails instead (the framework venv of scripts/user_tier.sh).
 A ``console`` block runs its ``$ `` lines only. Blocks of one file share that file's scratch folder (a plan
 written by one block is read by the next) but no Python state; files run side by side (``--jobs``). Before a
 file's first block the folder holds a small generated dataset at ``data/reviews``, ``reviews`` and
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheel", help="the wheel under test: `pip install petastorm-balanced[...]` installs it")
     parser.add_argument("--jobs", type=int, default=2, help="files run side by side (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders (printed)")
+    parser.add_argument("--require-needs", action="store_true",
+                        help="a block whose `needs:` module does not import fails instead of being skipped")
     args = parser.parse_args(argv)
     files = args.files or [str(root / "README.md")] + sorted(str(p) for p in (root / "docs").glob("*.md"))
     try:
@@ -221,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     unmet = [b for b in blocks if b.runnable and missing.intersection(b.needs)]
     for b in unmet:
         print(f"doc_blocks: {b.where:28} {b.lang:8} skipped: needs {', '.join(sorted(missing & set(b.needs)))}")
+    if unmet and args.require_needs:
+        print(f"doc_blocks: --require-needs, but {', '.join(sorted(missing))} cannot be imported with {python}",
+              file=sys.stderr)
+        return 1
     blocks = [b for b in blocks if b not in unmet]
     scratch = Path(tempfile.mkdtemp(prefix="pb-doc-blocks-"))
     started, failures, ran = time.perf_counter(), [], 0

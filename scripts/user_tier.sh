@@ -7,8 +7,9 @@
 #      code block of README.md and docs/*.md (scripts/doc_blocks.py; a stale example fails), among them the
 #      installed planning job under spark-submit (README's "The planning job on a cluster")
 #   4. the API reference: mkdocs build --strict (docs/api.md, mkdocstrings)
-# The user venv is cached outside the clone, keyed by a hash of the wheel's requirements and the extras
-# (${PB_CACHE:-~/.cache/petastorm-balanced}/user-<hash>); a rerun only reinstalls the wheel. scripts/test.sh runs
+#   5. docs/frameworks.md's TensorFlow and JAX examples, from the wheel in a second venv (numpy 2, no torch)
+# The user venvs are cached outside the clone, keyed by a hash of the wheel's requirements and the extras
+# (${PB_CACHE:-~/.cache/petastorm-balanced}/user-<hash>, frameworks-<hash>); a rerun only reinstalls the wheel. scripts/test.sh runs
 # this tier last; PB_USER_TIER=0 skips it there (daily work).
 #   scripts/user_tier.sh [doc_blocks.py arguments, e.g. --only docs/spark.md:29]
 set -euo pipefail
@@ -17,6 +18,7 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 EXTRAS=${PB_USER_EXTRAS:-petastorm,spark,torch,plot}
 TORCH=${PB_USER_TORCH:-torch==2.13.0}
+TF_CPU=tensorflow-cpu==2.21.0 TF_KERAS=tf-keras==2.21.0  # requirements/tf_jax.txt
 cache=${PB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/petastorm-balanced}
 work=$(mktemp -d "${TMPDIR:-/tmp}/pb-user-tier.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -43,8 +45,11 @@ grep -q '/petastorm_balanced/tools/spark_job.py$' <<<"$listing" || { echo "sdist
 grep -q '/LICENSE$' <<<"$listing" || { echo "sdist lacks LICENSE"; exit 1; }
 if grep -q '/tests/' <<<"$listing"; then echo "sdist ships tests"; exit 1; fi
 
-# The venv's key: the wheel's requirements that this install uses (the core and the chosen extras).
-key=$( ("$tools/bin/python" - "$wheel" "$EXTRAS" <<'EOF'
+# A user venv is cached by a key: the wheel's requirements that its install uses (the core and the chosen extras)
+# and what is installed before the wheel.
+venv_key() {  # venv_key EXTRAS FIRST...
+  local extras=$1; shift
+  ("$tools/bin/python" - "$wheel" "$extras" <<'EOF'
 import re, sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 extras = set(sys.argv[2].split(","))
@@ -54,20 +59,33 @@ for line in meta.splitlines():
     if line.startswith("Requires-Python:") or line.startswith("Requires-Dist:") and (not extra or extra[1] in extras):
         print(line)
 EOF
-  echo "$EXTRAS $TORCH"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
-venv=$cache/user-$key
-if [ ! -f "$venv/.complete" ]; then
-  step "fresh user venv $venv: $TORCH, then the wheel[$EXTRAS] (first time: a few minutes)"
-  rm -rf "$venv"; mkdir -p "$cache"
-  "$PY" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "$TORCH"
-  "$venv/bin/python" -m pip install -q "$wheel[$EXTRAS]"
-  touch "$venv/.complete"
-else
-  step "cached user venv $venv (same requirements): reinstall this wheel only"
-  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
-fi
+   echo "$extras $*"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16
+}
+# user_venv NAME EXTRAS FIRST... : a fresh venv (cached) that gets FIRST, then the wheel[EXTRAS] (torch's CPU build
+# first, as a user picks their torch); the words after a "--no-deps" in FIRST go in without their dependencies.
+user_venv() {
+  local name=$1 extras=$2; shift 2
+  local dir; dir=$cache/$name-$(venv_key "$extras" "$@")
+  if [ ! -f "$dir/.complete" ]; then
+    step "fresh venv $dir: $*, then the wheel[$extras] (first time: a few minutes)" >&2
+    rm -rf "$dir"; mkdir -p "$cache"
+    "$PY" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --upgrade pip >&2
+    local first=() nodeps=() word
+    for word in "$@"; do
+      if [ "$word" = --no-deps ] || [ ${#nodeps[@]} -gt 0 ]; then nodeps+=("$word"); else first+=("$word"); fi
+    done
+    if [ ${#first[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q "${first[@]}" >&2; fi
+    if [ ${#nodeps[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q "${nodeps[@]}" >&2; fi
+    "$dir/bin/python" -m pip install -q "$wheel[$extras]" >&2
+    touch "$dir/.complete"
+  else
+    step "cached venv $dir (same requirements): reinstall this wheel only" >&2
+    "$dir/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
+  fi
+  echo "$dir"
+}
+venv=$(user_venv user "$EXTRAS" "$TORCH")
 "$venv/bin/python" -m pip check
 "$venv/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm|petastorm-balanced|pyarrow|numpy|pandas|pyspark|torch) '
 
@@ -85,6 +103,16 @@ petastorm-balanced inspect plan --json > inspect.json
 petastorm-balanced verify plan --read --epochs 1 | tail -2
 step "every code block of README.md and docs/*.md (scripts/doc_blocks.py)"
 "$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" --wheel "$wheel" "$@"
+
+step "TensorFlow and JAX examples from the wheel (docs/frameworks.md): a second venv, numpy 2, no torch"
+# tensorflow-cpu is the CPU build of the [tf] extra's tensorflow (the same code, what CI's machines can run), and
+# tf-keras declares `tensorflow`, so it goes in without its dependencies; the wheel then takes [jax]. Every block of
+# frameworks.md must run here: a module that does not import fails the tier instead of skipping the block.
+fw=$(user_venv frameworks jax "$TF_CPU" --no-deps "$TF_KERAS")
+"$fw/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm-balanced|pyarrow|numpy|tensorflow.cpu|tf.keras|jax) '
+if "$fw/bin/python" -c 'import torch' 2>/dev/null; then echo "torch is in the framework venv"; exit 1; fi
+"$fw/bin/python" "$root/scripts/doc_blocks.py" --bin "$fw/bin" --wheel "$wheel" --require-needs \
+  "$root/docs/frameworks.md"
 
 step "API reference: mkdocs build --strict"
 (cd "$root" && "$tools/bin/mkdocs" build --strict --quiet --site-dir "$work/site")
