@@ -29,9 +29,11 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> i
     return max(1, -(-shuffle_window // batch_size)) * batch_size
 
 
-# Bytes a slot holds per byte of its window, measured (bench_shuffle.py's peak RSS, 4M rows): the chunks read for
-# the next window, that window joined and its permuted copy, the last window's permuted copy (the batch a training
-# loop still holds keeps it alive while the next window is made) and the reader's prefetch.
+# Bytes a slot may hold per byte of its window. A window of numbers is held once (``reading/batching.Filling``: each
+# chunk is interleaved into it as it arrives, and gathered a run of batches at a time): 3.8x its bytes at the peak
+# with the reader's prefetch, the run being cut and the Arrow pool (bench_shuffle.py's peak RSS, 4M rows); text and
+# list columns still hold their chunks, the window joined and a run, which the margin up to 6 covers. Lowering it
+# would change the default window, and so the order of every default loader.
 WINDOW_COPIES = 6
 
 
