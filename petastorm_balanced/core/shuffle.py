@@ -29,9 +29,11 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> i
     return max(1, -(-shuffle_window // batch_size)) * batch_size
 
 
-# Bytes a slot holds per byte of its window, measured (bench_shuffle.py's peak RSS, 4M rows): the chunks read for
-# the next window, that window joined and its permuted copy, the last window's permuted copy (the batch a training
-# loop still holds keeps it alive while the next window is made) and the reader's prefetch.
+# Bytes a slot may hold per byte of its window. A window of numbers is held once (``reading/batching.Filling``: each
+# chunk is interleaved into it as it arrives, and gathered a run of batches at a time): 3.8x its bytes at the peak
+# with the reader's prefetch, the run being cut and the Arrow pool (bench_shuffle.py's peak RSS, 4M rows); text and
+# list columns still hold their chunks, the window joined and a run, which the margin up to 6 covers. Lowering it
+# would change the default window, and so the order of every default loader.
 WINDOW_COPIES = 6
 
 
@@ -56,18 +58,20 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
 
     The rows are stably sorted by 48 bits of raw PCG64 words (``Generator.permutation`` is not guaranteed to stay
     the same across versions; the bit generator's stream is). A stable sort's result is defined by the keys alone,
-    whatever algorithm computes it: ``_by_radix`` and ``_by_unique_keys`` give the same permutation, each where
+    whatever algorithm computes it: ``_by_radix`` and ``_by_packed_keys`` give the same permutation, each where
     it is the faster one.
     """
     words = raw_words(key, num_rows)
     bits = max(1, (num_rows - 1).bit_length())
-    if _VECTOR_SORT and bits <= 16:
-        return _by_unique_keys(words, bits)
+    if _VECTOR_SORT or bits > 16:
+        return _by_packed_keys(words, bits)
     return _by_radix(words)
 
 
 # NumPy 2 sorts 64-bit integers with vectorized code (x86-simd-sort): 0.26 ms per 10,000 unique keys against
-# 0.41 ms for the three radix passes; NumPy 1.26's sort is the slower of the two (0.60 against 0.29 ms)
+# 0.41 ms for the three radix passes, 16 ms against 81 ms for 584,704 rows; NumPy 1.26's sort is the slower of the
+# two for 10,000 rows (0.5 against 0.3 ms) and the faster beyond 2**16 rows (55 against 76 ms for 584,704): the
+# radix passes' gathers over a large window miss the CPU caches.
 _VECTOR_SORT = int(np.__version__.split(".")[0]) >= 2
 _LOW48 = np.uint64((1 << 48) - 1)
 
@@ -81,12 +85,31 @@ def _by_radix(words: np.ndarray) -> np.ndarray:
     return order
 
 
-def _by_unique_keys(words: np.ndarray, bits: int) -> np.ndarray:
-    """One sort of ``(48-bit word << bits) | row`` (``bits`` <= 16 holds every row number): the keys are unique,
-    so any sort orders them as the stable sort by word does, ties by row; the low bits are then the rows."""
-    keys = ((words & _LOW48) << np.uint64(bits)) | np.arange(len(words), dtype=np.uint64)
+def _by_packed_keys(words: np.ndarray, bits: int) -> np.ndarray:
+    """One sort of ``(high bits of the 48-bit word << bits) | row`` (``bits`` holds every row number): the keys are
+    unique, so any sort orders them by word, ties by row, as the stable sort does; the low bits are then the rows.
+
+    Up to 2**16 rows the whole 48-bit word fits beside the row. Beyond, the key keeps the word's top ``64 - bits``
+    bits, and rows whose top bits are equal (a few pairs among millions of rows) are put back in the stable sort's
+    order, by the whole word and then the row.
+    """
+    rows = np.arange(len(words), dtype=np.uint64)
+    low = np.uint64(max(0, bits - 16))  # word bits left out of the key
+    words48 = words & _LOW48
+    keys = ((words48 >> low) << np.uint64(bits)) | rows
     keys.sort()
-    return (keys & np.uint64((1 << bits) - 1)).astype(np.intp)
+    order = (keys & np.uint64((1 << bits) - 1)).astype(np.intp)
+    if low:
+        high = keys >> np.uint64(bits)
+        same = np.flatnonzero(high[1:] == high[:-1])
+        if len(same):
+            tied = np.zeros(len(keys), dtype=bool)
+            tied[same] = tied[same + 1] = True
+            where = np.flatnonzero(tied)  # runs of equal top bits, each already in row order
+            run = np.cumsum(np.concatenate([[True], high[where][1:] != high[where][:-1]]))
+            members = order[where]
+            order[where] = members[np.lexsort((members, words48[members], run))]
+    return order
 
 
 def raw_words(key: Sequence[int], count: int) -> np.ndarray:

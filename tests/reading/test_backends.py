@@ -51,6 +51,21 @@ def test_backends_and_pools_give_identical_batches(plans, case, setting):
 
 
 @pytest.mark.parametrize("backend", ["arrow", pytest.param("petastorm", marks=petastorm_only)])
+@pytest.mark.parametrize("case", ["plain-drop", "hive"])
+def test_row_major_windows_give_the_same_batches(plans, case, backend):
+    """A window large enough to be held row-major (``batching.Filling``, gathered a run of batches at a time) gives
+    every batch of the column-by-column window, every column, on either backend: forced here on small windows."""
+    from unittest import mock
+
+    from petastorm_balanced.reading import batching
+    plan = plans[case][0]
+    options = dict(shuffle=True, padding_mask=True, backend=backend, shuffle_window=5 * BATCH)
+    reference = epoch_batches(plan, 0, plan.world_size, 1, **options)
+    with mock.patch.multiple(batching, ROW_MAJOR_BYTES=0, RUN_ROWS=2 * BATCH):
+        assert epoch_batches(plan, 0, plan.world_size, 1, **options) == reference
+
+
+@pytest.mark.parametrize("backend", ["arrow", pytest.param("petastorm", marks=petastorm_only)])
 @pytest.mark.parametrize("case", ["plain-drop", "plain-in-set", "hive"])
 def test_delivery_contract_per_backend(plans, plain_dataset, hive_dataset, case, backend):
     plan = plans[case][0]
