@@ -33,10 +33,11 @@ from ..core.params import check_int
 from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
 from ..world import World
+from . import mixture_elastic, stream
 from . import state as loader_state
-from . import stream
 from .device import NO_FEED, Feed, close_iterator, feed
 from .fragments import as_list
+from .mixture_elastic import Head
 from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
 from .options import LoaderOptions, resolve_backend, resolve_plan
 from .position import EXTRA_ROW_BYTES, EpochSampler, PlannedView
@@ -107,6 +108,13 @@ class MixtureSettings:
                                     "batch_size=")
         return size
 
+    def layout(self, index: int, world_size: int | None = None) -> mixture_elastic.SourceLayout:
+        """How source ``index`` is read by every rank of this world (or of ``world_size`` ranks)."""
+        world = self.world_size if world_size is None else world_size
+        assert self.shuffle_window is not None  # resolved in __init__
+        return mixture_elastic.SourceLayout(self.plans[index], world, self.shuffle, self.shuffle_window,
+                                            self.reshuffle)
+
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
@@ -142,6 +150,8 @@ class MixturePosition:
         self._steps = self.mixture.steps_of(self.anchor)
         self.resumed = False
         self._owner: MixtureRun | None = None
+        # each source's elastic rest after a resume at another world size (``mixture_elastic.py``), or None
+        self.heads: tuple[Head | None, ...] = (None,) * len(settings.plans)
 
     def point(self) -> Point:
         return self.mixture.advance(self.anchor, self.batches - self.anchor.batch)
@@ -154,7 +164,7 @@ class MixturePosition:
 
     def begin(self) -> MixtureRun:
         self._roll()
-        run = MixtureRun(self, self.point(), self._steps)
+        run = MixtureRun(self, self.point(), self._steps, self.heads)
         self._owner = run
         return run
 
@@ -188,8 +198,9 @@ class MixturePosition:
                 while point.epoch < epoch:
                     point = self.mixture.next_epoch(point)
                 self.anchor = point
-            else:
+            else:  # a fresh timeline from the first pass: no elastic rest applies
                 self.anchor = self.mixture.start(epoch)
+                self.heads = (None,) * len(self.heads)
             self.batches, self._steps, self.resumed = 0, self.mixture.steps_of(self.anchor), False
         self._owner = None
 
@@ -199,14 +210,16 @@ class MixturePosition:
         rows = self.mixture.rows_per_pass
         return {EPOCH: epoch, BATCHES: batch, **self.settings.identity(), **(extra or {}),
                 WEIGHTS: [str(w) for w in self.settings.weights], EPOCH_STEPS: self.settings.epoch_steps,
-                PHASE: point.phase, SOURCES: [list(divmod(c, r)) for c, r in zip(point.counters, rows,
-                                                                                          strict=True)]}
+                PHASE: point.phase, SOURCES: [mixture_elastic.encode(c, h, r) for c, h, r in
+                                              zip(point.counters, self.heads, rows, strict=True)]}
 
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
-        """Strict about keys and settings; ``workers`` (slots the state was saved with) changes nothing here."""
+        """Strict about keys and settings, except the world size: a state saved at another one continues every
+        source's pass elastically (``mixture_elastic.py``); ``workers`` (slots the state was saved with) changes
+        nothing here."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         state = loader_state.flat(state)
@@ -219,9 +232,7 @@ class MixturePosition:
             if state[key] == value:
                 continue
             if key == WORLD_SIZE:
-                raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this mixture loader has world_size="
-                                        f"{value}: an elastic resume of a mixture is not supported; resume with "
-                                        f"{state[key]} ranks, or start the next epoch at the new world size")
+                continue  # another world size: an elastic resume, below
             raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                     "position only resumes a loader with the same plans and settings")
         sources = state[SOURCES]
@@ -229,13 +240,13 @@ class MixturePosition:
         if not isinstance(sources, list) or len(sources) != len(rows):
             raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
                                     f"{len(rows)} sources")
-        counters = []
-        for i, (entry, per_pass) in enumerate(zip(sources, rows, strict=True)):
-            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-                raise InvalidValueError(f"state[{SOURCES!r}][{i}]={entry!r} must be [pass, row]")
-            p = check_int(f"state[{SOURCES!r}][{i}] pass", entry[0], minimum=0)
-            r = check_int(f"state[{SOURCES!r}][{i}] row", entry[1], minimum=0, maximum=per_pass - 1)
-            counters.append(p * per_pass + r)
+        saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
+        counters, heads = [], []
+        for i, entry in enumerate(sources):
+            counter, head = mixture_elastic.resume(entry, i, SOURCES, self.settings.layout(i, saved_world),
+                                                   self.settings.layout(i))
+            counters.append(counter)
+            heads.append(head)
         epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
         batch = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0)
         same = [str(w) for w in self.settings.weights] == state[WEIGHTS]
@@ -244,6 +255,7 @@ class MixturePosition:
         phase = check_int(f"state[{PHASE!r}]", state[PHASE], minimum=0,
                           maximum=period - 1) if same else 0
         self.anchor = Point(epoch, batch, phase, tuple(counters))
+        self.heads = tuple(heads)
         self.batches, self._steps = batch, self.mixture.steps_of(self.anchor)
         self._owner, self.resumed = None, True
 
@@ -251,21 +263,23 @@ class MixturePosition:
 class MixtureRun:
     """One iteration: where it started; ``delivered()`` counts its batches into the position."""
 
-    __slots__ = ("position", "point", "steps")
+    __slots__ = ("position", "point", "steps", "heads")
 
-    def __init__(self, position: MixturePosition, point: Point, steps: int):
-        self.position, self.point, self.steps = position, point, steps
+    def __init__(self, position: MixturePosition, point: Point, steps: int, heads: tuple):
+        self.position, self.point, self.steps, self.heads = position, point, steps, heads
 
     def delivered(self) -> None:
         self.position.delivered(self)
 
 
-def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None) -> Generator[dict, None, None]:
+def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None,
+               heads=None) -> Generator[dict, None, None]:
     """Runs of whole numpy batches, ``count`` batches from ``point`` on (``RUN_BATCHES`` per run), read from
-    ``sources`` (``SourceRows`` at ``point``'s counters, left open) or from sources opened and closed here."""
+    ``sources`` (``SourceRows`` at ``point``'s counters, left open) or from sources opened (with ``heads``, each
+    source's elastic rest) and closed here."""
     own = sources is None
     if sources is None:
-        sources = open_sources(settings, point.counters)
+        sources = open_sources(settings, point.counters, heads=heads)
     schedule = settings.mixture.schedule
     try:
         done = 0
@@ -314,9 +328,9 @@ class MixtureLoader(PlannedView):
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
-        if [s.counter for s in self._sources] != list(run.point.counters):
+        if [(s.counter, s.head) for s in self._sources] != list(zip(run.point.counters, run.heads, strict=True)):
             _close_all([], self._sources)
-            self._sources[:] = open_sources(settings, run.point.counters, self._keepers)
+            self._sources[:] = open_sources(settings, run.point.counters, self._keepers, run.heads)
         runs = numpy_runs(settings, run.point, run.steps - run.point.batch, self._sources)
 
         def tensors():
@@ -375,13 +389,13 @@ def _close_all(keepers, sources) -> None:
 
 
 def worker_batches(settings: MixtureSettings, point: Point, count: int, num_workers: int, worker: int,
-                   numpy_out: bool) -> Iterator[dict]:
+                   numpy_out: bool, heads=None) -> Iterator[dict]:
     """The batches of DataLoader worker ``worker`` of ``num_workers`` among ``count`` from ``point``: every
     ``num_workers``-th, from the ``worker``-th (the DataLoader takes them round robin). Each worker reads the rank's
     whole sequence of every source and keeps its own batches, so the batches are exactly ``make_loader``'s."""
     batch = settings.batch_size
     index = 0
-    for run in numpy_runs(settings, point, count):
+    for run in numpy_runs(settings, point, count, heads=heads):
         rows = len(run[SOURCE])
         for begin in range(0, rows, batch):
             if index % num_workers == worker:
@@ -406,12 +420,13 @@ def mixture_slot(dataset, num_workers: int, worker: int, numpy_out: bool, in_wor
             raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
                                     "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
         position.current()
-        point, steps, run = position.point(), position.steps(), None
+        point, steps, run, heads = position.point(), position.steps(), None, position.heads
         progress = dataset._in_worker = [point.epoch, point.batch, 0]
     else:
         run = position.begin()
-        point, steps = run.point, run.steps
-    for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out):
+        point, steps, heads = run.point, run.steps, run.heads
+    for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out,
+                                heads):
         if run is None:
             progress[2] += 1
         else:

@@ -24,6 +24,7 @@ from . import stream
 from .backends import BACKENDS
 from .convert import concat_arrays
 from .device import close_iterator
+from .mixture_elastic import Head, SourceLayout
 from .schema import MASK_SUFFIX, ColumnSchema
 
 SOURCE = "_source"  # the column naming each row's source (its index in plan=[...])
@@ -92,8 +93,9 @@ class SourceRows:
 
     def __init__(self, plan: ShardPlan, columns: SourceColumns, *, rank: int, world_size: int, rows_per_pass: int,
                  counter: int, shuffle: bool, shuffle_window: int, reshuffle: str, backend: str,
-                 reader_options: dict, keeper=None):
+                 reader_options: dict, keeper=None, head: Head | None = None):
         self.plan, self.columns = plan, columns
+        self.head = head  # inside an elastic rest (``mixture_elastic.py``): where its counters begin
         self.rank, self.world_size, self.rows_per_pass = rank, world_size, rows_per_pass
         self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
         self.backend, self.reader_options, self.keeper = backend, reader_options, keeper
@@ -104,12 +106,17 @@ class SourceRows:
         self._buffered = 0
 
     def _open(self):
-        fragments = self.plan.assignment(self.rank, epoch=self.pass_index, world_size=self.world_size,
-                                         batch_size=1, reshuffle=self.reshuffle, balance_by="rows")
+        layout = SourceLayout(self.plan, self.world_size, self.shuffle, self.shuffle_window, self.reshuffle)
+        head = self.head if self.head is not None and self.head.pass_index == self.pass_index else None
+        stages = () if head is None else head.stages
+        # inside an elastic rest, the row counts from the rest's first row (its counter ``head.begin``)
+        done = self.row if head is None else self.row - (head.begin - self.pass_index * self.rows_per_pass)
+        fragments = self.plan.assignment(self.rank, **layout.pieces_args(self.pass_index, stages))
         chunks = BACKENDS[self.backend].run(self.plan, self.columns.columns, self.reader_options, self.keeper)
         return stream.slot_runs(fragments, chunks, batch_size=1, shuffle=self.shuffle,
                                 shuffle_window=self.shuffle_window,
-                                key=slot_key(self.plan.seed, self.pass_index, self.rank, 0), batches_done=self.row)
+                                key=slot_key(self.plan.seed, self.pass_index, self.rank, 0, len(stages)),
+                                batches_done=done)
 
     def take(self, rows: int) -> dict:
         """The next ``rows`` rows as one chunk of columns (crossing into the next pass where this one ends)."""
@@ -185,13 +192,15 @@ def mixed_run(sources: Sequence[SourceRows], counts: np.ndarray, names: Sequence
     return run
 
 
-def open_sources(settings, counters: Sequence[int], keepers=None) -> list[SourceRows]:
-    """A ``SourceRows`` per source of ``settings`` (a ``MixtureSettings``) at ``counters``."""
+def open_sources(settings, counters: Sequence[int], keepers=None, heads=None) -> list[SourceRows]:
+    """A ``SourceRows`` per source of ``settings`` (a ``MixtureSettings``) at ``counters`` (``heads``: each
+    source's elastic rest, or None)."""
+    heads = heads or (None,) * len(counters)
     return [SourceRows(plan, columns, rank=settings.rank, world_size=settings.world_size, rows_per_pass=rows,
                        counter=counter, shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                        reshuffle=settings.reshuffle, backend=settings.backend, reader_options=settings.reader_options,
-                       keeper=None if keepers is None else keepers[i])
-            for i, (plan, columns, rows, counter) in enumerate(zip(settings.plans, settings.sources,
-                                                                   settings.mixture.rows_per_pass, counters,
-                                                                   strict=True))]
+                       keeper=None if keepers is None else keepers[i], head=head)
+            for i, (plan, columns, rows, counter, head) in enumerate(zip(settings.plans, settings.sources,
+                                                                         settings.mixture.rows_per_pass, counters,
+                                                                         heads, strict=True))]
 
