@@ -11,8 +11,9 @@ communication.
 **The position** is the epoch and batch, as for one plan, plus each source's pass and row and the schedule's
 phase (``state["mixture"]``): resuming reads only each source's current shuffle window again (G6), with no replay.
 Loading a state saved with other weights (a curriculum) keeps every source where it stood and starts the new
-weights' schedule there: no row of a source repeats in its pass. A state saved at another world size is refused
-(an elastic resume of a mixture is not supported: each source's pass would need its own elastic stage).
+weights' schedule there: no row of a source repeats in its pass. A state saved at another world size continues
+every source's pass elastically (``mixture_elastic.py``: the rows of it no old rank delivered, cut for the new
+world; G10).
 
 What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), cost balance
 and token budgets (a batch's rows are decided by the weights; pass ``balance="rows"``), ``transform_spec``.
