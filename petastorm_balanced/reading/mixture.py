@@ -39,15 +39,18 @@ from . import state as loader_state
 from .device import NO_FEED, Feed, close_iterator, feed
 from .fragments import as_list
 from .mixture_elastic import Head
-from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
-from .options import LoaderOptions, resolve_backend, resolve_plan
+from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
+from .options import LoaderOptions, resolve_backend, resolve_cost, resolve_plan
 from .position import EXTRA_ROW_BYTES, EpochSampler, PlannedView
 from .schema import batch_schema, extra_column
 from .state import (
+    BALANCE,
     BATCH_SIZE,
     BATCHES,
+    COST_REDUCE,
     EPOCH,
     EPOCH_STEPS,
+    MAX_BATCH_COST,
     PHASE,
     PLAN_CHECKSUM,
     RESHUFFLE,
@@ -91,6 +94,8 @@ class MixtureSettings:
             rows.append(plan.rows_per_rank(self.world_size, 1))
         self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
         self.sources, schemas = mixture_columns(self.plans, options.schema_fields)
+        self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
+        self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
         if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
             row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
             self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
@@ -98,6 +103,20 @@ class MixtureSettings:
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras)
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
+
+    def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
+        """A source balanced by cost (``balance="auto"`` and a plan with a cost, or ``"cost"``): its cost's
+        source column read along, each window arranged into the pieces its batches take."""
+        plan, options = self.plans[index], self.options
+        try:
+            cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce, max_batch_cost=None,
+                                batch_size=self.batch_size, shuffle=self.shuffle)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
+        if cost is None:
+            return source
+        columns, drop = stream.with_cost_source(source.columns, plan, cost)
+        return replace(source, columns=columns, cost=cost, drop=tuple(drop))
 
     def _batch_size(self, batch_size: int | None) -> int:
         if batch_size is not None:
@@ -114,19 +133,18 @@ class MixtureSettings:
         world = self.world_size if world_size is None else world_size
         assert self.shuffle_window is not None  # resolved in __init__
         return mixture_elastic.SourceLayout(self.plans[index], world, self.shuffle, self.shuffle_window,
-                                            self.reshuffle)
+                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost")
 
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
+        cost = {} if not self.balanced_cost else {BALANCE: "cost", COST_REDUCE: self.balanced_cost[0].reduce,
+                                                  MAX_BATCH_COST: None}
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
-                RESHUFFLE: self.reshuffle}
+                RESHUFFLE: self.reshuffle, **cost}
 
 
 def _refuse(options: LoaderOptions) -> None:
-    if options.balance not in ("auto", "rows"):
-        raise InvalidValueError(f"balance={options.balance!r} with a mixture: a batch's rows are decided by the "
-                                "weights, and each source is read by rows; pass balance='rows' (or 'auto')")
     if options.partition_epoch != 1:
         raise InvalidValueError(f"partition_epoch={options.partition_epoch} with a mixture: its epochs are already "
                                 "set by the scarcest source or epoch_steps=; pass epoch_steps= instead")
@@ -228,6 +246,11 @@ class MixturePosition:
         if isinstance(state.get(PLAN_CHECKSUM), str):
             raise InvalidValueError("state was saved by a loader of one plan; a mixture loader (plan=[...]) resumes "
                                     "only a mixture's state")
+        saved_balance, balance_now = state.get(BALANCE, "rows"), expected.get(BALANCE, "rows")
+        if saved_balance != balance_now:  # which rows a window delivered first depends on the arrangement
+            raise InvalidValueError(f"state[{BALANCE!r}]={saved_balance!r} but this mixture balances "
+                                    f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
+                                    f"balance={saved_balance!r} to resume that position")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
         for key, value in expected.items():
             if state[key] == value:
@@ -251,6 +274,12 @@ class MixturePosition:
         epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
         batch = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0)
         same = [str(w) for w in self.settings.weights] == state[WEIGHTS]
+        if not same and self.settings.balanced_cost:
+            raise InvalidValueError(f"state[{WEIGHTS!r}]={state[WEIGHTS]!r} but this mixture has weights "
+                                    f"{[str(w) for w in self.settings.weights]} and balances cost: a source's "
+                                    "window is arranged into the pieces its batches take, which the weights decide, "
+                                    "so a changed mixture would re-arrange the window in progress; resume with the "
+                                    "saved weights and change them at a pass start, or pass balance='rows'")
         period = self.mixture.schedule.period
         # the same weights continue their schedule; other ones (a curriculum) start theirs here
         phase = check_int(f"state[{PHASE!r}]", state[PHASE], minimum=0,
@@ -280,7 +309,7 @@ def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None
     source's elastic rest) and closed here."""
     own = sources is None
     if sources is None:
-        sources = open_sources(settings, point.counters, heads=heads)
+        sources = open_sources(settings, point.counters, heads=heads, phase=point.phase)
     schedule = settings.mixture.schedule
     try:
         done = 0
@@ -329,9 +358,12 @@ class MixtureLoader(PlannedView):
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
-        if [(s.counter, s.head) for s in self._sources] != list(zip(run.point.counters, run.heads, strict=True)):
+        schedule, point = settings.mixture.schedule, run.point
+        wanted = [(c, h, None if s.cost is None else schedule.origin(i, point.phase, c))
+                  for i, (c, h, s) in enumerate(zip(point.counters, run.heads, settings.sources, strict=True))]
+        if [(s.counter, s.head, s.origin) for s in self._sources] != wanted:
             _close_all([], self._sources)
-            self._sources[:] = open_sources(settings, run.point.counters, self._keepers, run.heads)
+            self._sources[:] = open_sources(settings, point.counters, self._keepers, run.heads, point.phase)
         runs = numpy_runs(settings, run.point, run.steps - run.point.batch, self._sources)
 
         def tensors():

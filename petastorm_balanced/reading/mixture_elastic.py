@@ -53,6 +53,7 @@ class SourceLayout:
     shuffle: bool
     shuffle_window: int
     reshuffle: str
+    balance_by: str = "rows"  # "cost": the plan's cost-dealt row group order (a source balanced by cost)
 
     @property
     def rows_per_pass(self) -> int:
@@ -64,7 +65,7 @@ class SourceLayout:
     def pieces_args(self, pass_index: int, stages: tuple[Stage, ...]) -> dict:
         """``plan.assignment`` / ``plan.pieces`` arguments of the pass (after ``stages``)."""
         return dict(epoch=pass_index, world_size=self.world_size, num_workers=1, batch_size=1,
-                    reshuffle=self.reshuffle, stages=stages, windows=self.windows(), balance_by="rows")
+                    reshuffle=self.reshuffle, stages=stages, windows=self.windows(), balance_by=self.balance_by)
 
     def rows_left(self, pass_index: int, stages: tuple[Stage, ...]) -> int:
         """Rows per rank of pass ``pass_index`` in this world after ``stages`` (the whole pass without any)."""
@@ -106,6 +107,11 @@ def resume(entry, index: int, key: str, saved: SourceLayout, now: SourceLayout) 
     pass_index, row, stages = decode(entry, index, key, saved)
     rows_per_pass = now.rows_per_pass
     if saved.world_size != now.world_size and (stages or row):
+        if now.balance_by == "cost":
+            raise InvalidValueError(
+                f"{key}[{index}]: source {index} balances cost and stands at row {row} of its pass {pass_index}; "
+                f"its rows per old rank follow the cost arrangement, so an elastic resume mid-pass is not supported "
+                f"for it: resume at world_size={saved.world_size}, or once that source starts a pass")
         stages = (*stages, Stage(saved.world_size, 1, 0, row))
         row = 0
     if not stages:

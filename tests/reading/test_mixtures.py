@@ -274,7 +274,7 @@ def test_refusals_name_the_parameter_and_the_fix(plans):
         (dict(weights=None), "needs weights="),
         (dict(weights=[1, 1]), "one weight per plan"),
         (dict(partition_epoch=2), "pass epoch_steps= instead"),
-        (dict(balance="cost"), "pass balance='rows'"),
+        (dict(balance="cost"), r"source 0 .*balance='cost' needs a plan made with a cost"),
         (dict(max_batch_cost=100, batch_size=None), "decided by the weights"),
         (dict(epoch_steps=0), "epoch_steps=0 must be >= 1"),
         (dict(batch_size=2000), "fewer than its share of one batch"),
