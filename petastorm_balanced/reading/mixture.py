@@ -15,8 +15,12 @@ weights' schedule there: no row of a source repeats in its pass. A state saved a
 every source's pass elastically (``mixture_elastic.py``: the rows of it no old rank delivered, cut for the new
 world; G10).
 
-What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), cost balance
-and token budgets (a batch's rows are decided by the weights; pass ``balance="rows"``), ``transform_spec``.
+**Cost balance.** A source whose plan has a cost (under ``balance="auto"`` or ``"cost"``) reads its plan's
+cost-dealt row group order and arranges each shuffle window into the pieces its batches take
+(``core/cost/pieces.py``), so every rank's part of a batch from it costs about the same.
+
+What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), token budgets
+(``max_batch_cost``: a batch's rows are decided by the weights), ``transform_spec``.
 """
 from __future__ import annotations
 
