@@ -18,7 +18,7 @@ from petastorm_balanced.core.mixture import make_schedule, parse_weights
 
 torch = pytest.importorskip("torch")
 
-from petastorm_balanced import make_loader  # noqa: E402
+from petastorm_balanced import BalancedIterableDataset, make_loader  # noqa: E402
 
 SIZES = (6000, 3000, 2000)
 WORLD, BATCH = 4, 16
@@ -141,6 +141,11 @@ def test_cost_mixture_refusals(cost_plans):
         make_loader(0, 2, plan=cost_plans, weights=[5, 3, 2], balance="rows", **kwargs).load_state_dict(state)
     with pytest.raises(ValueError, match="source 0 balances cost .* resume at world_size=2"):
         make_loader(0, 3, plan=cost_plans, weights=[5, 3, 2], **kwargs).load_state_dict(state)
+    by_rows = make_loader(0, 2, plan=cost_plans, weights=[5, 3, 2], balance="rows", **kwargs)
+    batches(by_rows, 3)
+    with pytest.raises(ValueError, match=r"state\['balance'\]='rows' but this mixture balances 'cost'.*balance='rows'"):
+        # a state of a mixture read by rows (every mixture state saved before cost balance) in a cost mixture
+        make_loader(0, 2, plan=cost_plans, weights=[5, 3, 2], **kwargs).load_state_dict(by_rows.state_dict())
     fresh = make_loader(0, 2, plan=cost_plans, weights=[5, 3, 2], **kwargs).state_dict()
     elastic = make_loader(0, 3, plan=cost_plans, weights=[5, 3, 2], **kwargs)
     elastic.load_state_dict(fresh)  # at every source's pass start: nothing was arranged yet, so it loads
@@ -148,3 +153,13 @@ def test_cost_mixture_refusals(cost_plans):
     with pytest.raises(ValueError, match="decided by the weights"):
         make_loader(0, 2, plan=cost_plans, weights=[5, 3, 2], max_batch_cost=1000, backend="arrow",
                     batch_size=None)
+
+
+def test_dataloader_workers_give_make_loaders_cost_balanced_batches(cost_plans):
+    kwargs = dict(weights=[5, 3, 2], batch_size=10, shuffle_window=300, backend="arrow", epoch_steps=30,
+                  cost_reduce="max")
+    expected = batches(make_loader(1, 2, plan=cost_plans, workers_count=1, **kwargs))
+    ds = BalancedIterableDataset(cost_plans, 1, 2, **kwargs)
+    got = [list(zip(b["_source"].tolist(), b["id"].tolist(), b["length"].tolist(), strict=True))
+           for b in ds.dataloader(num_workers=2)]
+    assert got == expected
