@@ -106,7 +106,8 @@ def test_the_slowest_ranks_batch_cost_is_near_the_mean_as_with_one_plan(cost_pla
 
 
 def test_shares_passes_and_exact_resume_with_cost(cost_plans):
-    kwargs = dict(weights=[5, 3, 2], batch_size=10, shuffle_window=300, backend="arrow", workers_count=1)
+    # shares 6, 2.5 and 1.5 rows: pieces of two sizes, and a schedule phase the resume must keep
+    kwargs = dict(weights=[0.6, 0.25, 0.15], batch_size=10, shuffle_window=300, backend="arrow", workers_count=1)
     ranks = [make_loader(r, 2, plan=cost_plans, **kwargs) for r in range(2)]
     schedule = ranks[0]._settings.mixture.schedule
     per_pass = ranks[0]._settings.mixture.rows_per_pass
@@ -122,7 +123,7 @@ def test_shares_passes_and_exact_resume_with_cost(cost_plans):
         assert len(set(first)) == len(first), f"source {s}: a row twice in pass 0"
         if all(len(i) == rows for i in ids):
             assert SIZES[s] - len(first) < 2
-    for cut in (1, 37, len(epochs[1]) // 2 - 1):  # exact resume, also inside a window being arranged
+    for cut in (1, 37, 38, len(epochs[1]) // 2 - 1):  # exact resume, also inside a window being arranged
         loader = make_loader(1, 2, plan=cost_plans, **kwargs)
         head = batches(loader, cut)
         resumed = make_loader(1, 2, plan=cost_plans, **kwargs)
