@@ -119,5 +119,9 @@ def resume(entry, index: int, key: str, saved: SourceLayout, now: SourceLayout) 
     left = now.rows_left(pass_index, stages)
     if left == 0:  # drop left fewer rows than the new world needs for one row per rank: the pass is over
         return (pass_index + 1) * rows_per_pass, None
+    if left > rows_per_pass:  # the rest of a pass never holds more rows per rank than a whole pass
+        raise InvalidValueError(f"{key}[{index}]: source {index} would have {left} rows per rank left in pass "
+                                f"{pass_index}, more than a whole pass's {rows_per_pass}; the state does not belong to "
+                                "these plans")
     head = Head(pass_index, stages, (pass_index + 1) * rows_per_pass - left)
     return head.begin + row, head
