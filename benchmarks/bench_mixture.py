@@ -8,6 +8,12 @@ Both loaders are made before the rounds, as a training loop has them; rounds alt
 each), and the medians of rows per CPU-second (``process_time``: every thread of the process) are compared.
 Goal: >= 0.9x. (A mixture's first epoch also reads the shuffle window that each source's next pass starts with,
 which the next epoch then uses; ``--fresh`` builds a loader per round to show that too.)
+
+``--cost``: cost balance instead of speed. Three cost plans (``cost="length"``, lognormal lengths, sigma 1, medians
+16, 64 and 256) mixed 5:3:2 at 8 ranks with batches of 16; the straggler ratio (mean over the steps of epoch 1 of
+the slowest rank's batch cost over the mean rank's, as ``bench_cost.py`` measures it) of the mixture balanced by
+rows and by cost, against one cost plan (the middle source) balanced by cost, for ``cost_reduce="sum"`` (a batch
+costs the sum of its lengths) and ``"max"`` (batch rows x its longest row).
 """
 from __future__ import annotations
 
@@ -53,6 +59,44 @@ def epoch_rate(loader) -> tuple[float, int]:
     return rows / (time.process_time() - start), rows
 
 
+def cost_balance(root: str) -> None:
+    """The straggler ratios of ``--cost`` (see the module docstring)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from petastorm_balanced import make_loader, plan_shards
+    world, batch = 8, 16
+    plans = []
+    for i, n in enumerate((24_000, 12_000, 8_000)):
+        rng = np.random.default_rng(i)
+        length = np.maximum(1, np.round(np.exp(rng.normal(np.log(16 * 4 ** i), 1.0, n)))).astype(np.int64)
+        folder = os.path.join(root, f"cost{i}")
+        os.makedirs(folder)
+        for f, part in enumerate(np.array_split(np.arange(n), 4)):
+            pq.write_table(pa.table({"id": part, "length": length[part]}), os.path.join(folder, f"part-{f}.parquet"),
+                           row_group_size=2000)
+        plans.append(plan_shards("file://" + folder, world, batch_size=batch, cost="length", seed=i, engine="local"))
+
+    def straggler(plan, reduce, **kwargs) -> float:
+        per_rank = []
+        for rank in range(world):
+            loader = make_loader(rank, world, plan=plan, batch_size=batch, backend="arrow", workers_count=1,
+                                 cost_reduce=reduce, schema_fields=["id", "length"], **kwargs)
+            loader.set_epoch(1)
+            per_rank.append([float(b["length"].sum()) if reduce == "sum" else
+                             float(len(b["length"]) * b["length"].max()) for b in loader])
+        costs = np.array(per_rank)
+        return float(np.mean(costs.max(axis=0) / costs.mean(axis=0)))
+
+    for reduce in ("sum", "max"):
+        rows = straggler(plans, reduce, weights=[5, 3, 2], balance="rows")
+        mixed = straggler(plans, reduce, weights=[5, 3, 2])
+        single = straggler(plans[1], reduce)
+        print(f"cost_reduce={reduce}: slowest rank's batch cost / mean: mixture by cost {mixed:.3f}, one cost plan "
+              f"{single:.3f}, mixture by rows {rows:.3f} ({world} ranks, batches of {batch})")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=300_000)
@@ -61,7 +105,12 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="arrow")
     parser.add_argument("--columns", choices=["numeric", "all"], default="numeric")
     parser.add_argument("--fresh", action="store_true", help="a new loader per round (its setup and first epoch)")
+    parser.add_argument("--cost", action="store_true", help="cost balance of a mixture of cost plans, not speed")
     args = parser.parse_args(argv)
+    if args.cost:
+        with tempfile.TemporaryDirectory() as root:
+            cost_balance(root)
+        return 0
     from petastorm_balanced import make_loader, plan_shards
     fields = ["id", "value", "label"] if args.columns == "numeric" else None
     with tempfile.TemporaryDirectory() as root:

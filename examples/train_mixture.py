@@ -11,6 +11,8 @@ completes a pass; ``--epoch-steps`` sets the length instead.
 ``--checkpoint FILE --stop-after-steps N`` saves the model and ``loader.state_dict()`` (rank 0; the state is the
 same on every rank) after N steps and stops; ``--resume`` loads them and continues with exactly the batches that
 would have come next. ``--weights`` may differ on resume (a curriculum): each source continues where it stood.
+The resumed job may run on another number of ranks (an elastic resume): each source continues its pass with the
+rows no old rank delivered, split evenly over the new ranks.
 ``--record DIR`` writes ``rank<R>.json``: every batch's epoch, sources and ids, for the tests.
 """
 from __future__ import annotations

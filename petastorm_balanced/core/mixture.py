@@ -109,6 +109,21 @@ class Schedule:
         whole, rest = np.divmod(t, self.period)
         return (t[..., None] * self.base + whole[..., None] * self.prefix[-1] + self.prefix[rest])
 
+    def origin(self, source: int, phase: int, counter: int) -> int:
+        """Where ``source``'s batch boundaries lie when batch ``phase`` (of a period) starts at ``counter``: every
+        boundary is ``origin + consumed(t)`` for some integer ``t``, and two points of one timeline give the same
+        origin (it is taken modulo the rows of one period)."""
+        return int(counter - self.consumed(phase)[source]) % int(self.consumed(self.period)[source])
+
+    def cuts(self, source: int, origin: int, lo: int, hi: int) -> np.ndarray:
+        """The counters of ``source`` in ``lo..hi`` at which a batch starts on the timeline of ``origin``
+        (sorted, distinct)."""
+        share = float(self.shares[source])
+        margin = int(2 / share) + 2  # the lag bound: t batches take within two rows of share x t
+        ts = np.arange(int((lo - origin) / share) - margin, int((hi - origin) / share) + margin + 1)
+        bounds = origin + self.consumed(ts)[:, source]
+        return np.unique(bounds[(bounds >= lo) & (bounds <= hi)])
+
     def counts(self, start: int, stop: int) -> np.ndarray:
         """(stop - start, sources) rows of each source in batches ``start..stop-1``."""
         rows = np.arange(start, stop, dtype=np.int64) % self.period

@@ -11,11 +11,16 @@ communication.
 **The position** is the epoch and batch, as for one plan, plus each source's pass and row and the schedule's
 phase (``state["mixture"]``): resuming reads only each source's current shuffle window again (G6), with no replay.
 Loading a state saved with other weights (a curriculum) keeps every source where it stood and starts the new
-weights' schedule there: no row of a source repeats in its pass. A state saved at another world size is refused
-(an elastic resume of a mixture is not supported: each source's pass would need its own elastic stage).
+weights' schedule there: no row of a source repeats in its pass. A state saved at another world size continues
+every source's pass elastically (``mixture_elastic.py``: the rows of it no old rank delivered, cut for the new
+world; G10).
 
-What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), cost balance
-and token budgets (a batch's rows are decided by the weights; pass ``balance="rows"``), ``transform_spec``.
+**Cost balance.** A source whose plan has a cost (under ``balance="auto"`` or ``"cost"``) reads its plan's
+cost-dealt row group order and arranges each shuffle window into the pieces its batches take
+(``core/cost/pieces.py``), so every rank's part of a batch from it costs about the same.
+
+What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), token budgets
+(``max_batch_cost``: a batch's rows are decided by the weights), ``transform_spec``.
 """
 from __future__ import annotations
 
@@ -33,19 +38,23 @@ from ..core.params import check_int
 from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
 from ..world import World
+from . import mixture_elastic, stream
 from . import state as loader_state
-from . import stream
 from .device import NO_FEED, Feed, close_iterator, feed
 from .fragments import as_list
-from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
-from .options import LoaderOptions, resolve_backend, resolve_plan
+from .mixture_elastic import Head
+from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
+from .options import LoaderOptions, resolve_backend, resolve_cost, resolve_plan
 from .position import EXTRA_ROW_BYTES, EpochSampler, PlannedView
 from .schema import batch_schema, extra_column
 from .state import (
+    BALANCE,
     BATCH_SIZE,
     BATCHES,
+    COST_REDUCE,
     EPOCH,
     EPOCH_STEPS,
+    MAX_BATCH_COST,
     PHASE,
     PLAN_CHECKSUM,
     RESHUFFLE,
@@ -89,6 +98,8 @@ class MixtureSettings:
             rows.append(plan.rows_per_rank(self.world_size, 1))
         self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
         self.sources, schemas = mixture_columns(self.plans, options.schema_fields)
+        self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
+        self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
         if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
             row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
             self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
@@ -96,6 +107,20 @@ class MixtureSettings:
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras)
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
+
+    def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
+        """A source balanced by cost (``balance="auto"`` and a plan with a cost, or ``"cost"``): its cost's
+        source column read along, each window arranged into the pieces its batches take."""
+        plan, options = self.plans[index], self.options
+        try:
+            cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce, max_batch_cost=None,
+                                batch_size=self.batch_size, shuffle=self.shuffle)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
+        if cost is None:
+            return source
+        columns, drop = stream.with_cost_source(source.columns, plan, cost)
+        return replace(source, columns=columns, cost=cost, drop=tuple(drop))
 
     def _batch_size(self, batch_size: int | None) -> int:
         if batch_size is not None:
@@ -107,17 +132,23 @@ class MixtureSettings:
                                     "batch_size=")
         return size
 
+    def layout(self, index: int, world_size: int | None = None) -> mixture_elastic.SourceLayout:
+        """How source ``index`` is read by every rank of this world (or of ``world_size`` ranks)."""
+        world = self.world_size if world_size is None else world_size
+        assert self.shuffle_window is not None  # resolved in __init__
+        return mixture_elastic.SourceLayout(self.plans[index], world, self.shuffle, self.shuffle_window,
+                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost")
+
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
+        cost = {} if not self.balanced_cost else {BALANCE: "cost", COST_REDUCE: self.balanced_cost[0].reduce,
+                                                  MAX_BATCH_COST: None}
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
-                RESHUFFLE: self.reshuffle}
+                RESHUFFLE: self.reshuffle, **cost}
 
 
 def _refuse(options: LoaderOptions) -> None:
-    if options.balance not in ("auto", "rows"):
-        raise InvalidValueError(f"balance={options.balance!r} with a mixture: a batch's rows are decided by the "
-                                "weights, and each source is read by rows; pass balance='rows' (or 'auto')")
     if options.partition_epoch != 1:
         raise InvalidValueError(f"partition_epoch={options.partition_epoch} with a mixture: its epochs are already "
                                 "set by the scarcest source or epoch_steps=; pass epoch_steps= instead")
@@ -142,6 +173,8 @@ class MixturePosition:
         self._steps = self.mixture.steps_of(self.anchor)
         self.resumed = False
         self._owner: MixtureRun | None = None
+        # each source's elastic rest after a resume at another world size (``mixture_elastic.py``), or None
+        self.heads: tuple[Head | None, ...] = (None,) * len(settings.plans)
 
     def point(self) -> Point:
         return self.mixture.advance(self.anchor, self.batches - self.anchor.batch)
@@ -154,7 +187,7 @@ class MixturePosition:
 
     def begin(self) -> MixtureRun:
         self._roll()
-        run = MixtureRun(self, self.point(), self._steps)
+        run = MixtureRun(self, self.point(), self._steps, self.heads)
         self._owner = run
         return run
 
@@ -188,8 +221,9 @@ class MixturePosition:
                 while point.epoch < epoch:
                     point = self.mixture.next_epoch(point)
                 self.anchor = point
-            else:
+            else:  # a fresh timeline from the first pass: no elastic rest applies
                 self.anchor = self.mixture.start(epoch)
+                self.heads = (None,) * len(self.heads)
             self.batches, self._steps, self.resumed = 0, self.mixture.steps_of(self.anchor), False
         self._owner = None
 
@@ -199,14 +233,16 @@ class MixturePosition:
         rows = self.mixture.rows_per_pass
         return {EPOCH: epoch, BATCHES: batch, **self.settings.identity(), **(extra or {}),
                 WEIGHTS: [str(w) for w in self.settings.weights], EPOCH_STEPS: self.settings.epoch_steps,
-                PHASE: point.phase, SOURCES: [list(divmod(c, r)) for c, r in zip(point.counters, rows,
-                                                                                          strict=True)]}
+                PHASE: point.phase, SOURCES: [mixture_elastic.encode(c, h, r) for c, h, r in
+                                              zip(point.counters, self.heads, rows, strict=True)]}
 
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
-        """Strict about keys and settings; ``workers`` (slots the state was saved with) changes nothing here."""
+        """Strict about keys and settings, except the world size: a state saved at another one continues every
+        source's pass elastically (``mixture_elastic.py``); ``workers`` (slots the state was saved with) changes
+        nothing here."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         state = loader_state.flat(state)
@@ -214,14 +250,17 @@ class MixturePosition:
         if isinstance(state.get(PLAN_CHECKSUM), str):
             raise InvalidValueError("state was saved by a loader of one plan; a mixture loader (plan=[...]) resumes "
                                     "only a mixture's state")
+        saved_balance, balance_now = state.get(BALANCE, "rows"), expected.get(BALANCE, "rows")
+        if saved_balance != balance_now:  # which rows a window delivered first depends on the arrangement
+            raise InvalidValueError(f"state[{BALANCE!r}]={saved_balance!r} but this mixture balances "
+                                    f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
+                                    f"balance={saved_balance!r} to resume that position")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
         for key, value in expected.items():
             if state[key] == value:
                 continue
             if key == WORLD_SIZE:
-                raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this mixture loader has world_size="
-                                        f"{value}: an elastic resume of a mixture is not supported; resume with "
-                                        f"{state[key]} ranks, or start the next epoch at the new world size")
+                continue  # another world size: an elastic resume, below
             raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                     "position only resumes a loader with the same plans and settings")
         sources = state[SOURCES]
@@ -229,21 +268,28 @@ class MixturePosition:
         if not isinstance(sources, list) or len(sources) != len(rows):
             raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
                                     f"{len(rows)} sources")
-        counters = []
-        for i, (entry, per_pass) in enumerate(zip(sources, rows, strict=True)):
-            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-                raise InvalidValueError(f"state[{SOURCES!r}][{i}]={entry!r} must be [pass, row]")
-            p = check_int(f"state[{SOURCES!r}][{i}] pass", entry[0], minimum=0)
-            r = check_int(f"state[{SOURCES!r}][{i}] row", entry[1], minimum=0, maximum=per_pass - 1)
-            counters.append(p * per_pass + r)
+        saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
+        counters, heads = [], []
+        for i, entry in enumerate(sources):
+            counter, head = mixture_elastic.resume(entry, i, SOURCES, self.settings.layout(i, saved_world),
+                                                   self.settings.layout(i))
+            counters.append(counter)
+            heads.append(head)
         epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
         batch = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0)
         same = [str(w) for w in self.settings.weights] == state[WEIGHTS]
+        if not same and self.settings.balanced_cost:
+            raise InvalidValueError(f"state[{WEIGHTS!r}]={state[WEIGHTS]!r} but this mixture has weights "
+                                    f"{[str(w) for w in self.settings.weights]} and balances cost: a source's "
+                                    "window is arranged into the pieces its batches take, which the weights decide, "
+                                    "so a changed mixture would re-arrange the window in progress; resume with the "
+                                    "saved weights and change them at a pass start, or pass balance='rows'")
         period = self.mixture.schedule.period
         # the same weights continue their schedule; other ones (a curriculum) start theirs here
         phase = check_int(f"state[{PHASE!r}]", state[PHASE], minimum=0,
                           maximum=period - 1) if same else 0
         self.anchor = Point(epoch, batch, phase, tuple(counters))
+        self.heads = tuple(heads)
         self.batches, self._steps = batch, self.mixture.steps_of(self.anchor)
         self._owner, self.resumed = None, True
 
@@ -251,21 +297,23 @@ class MixturePosition:
 class MixtureRun:
     """One iteration: where it started; ``delivered()`` counts its batches into the position."""
 
-    __slots__ = ("position", "point", "steps")
+    __slots__ = ("position", "point", "steps", "heads")
 
-    def __init__(self, position: MixturePosition, point: Point, steps: int):
-        self.position, self.point, self.steps = position, point, steps
+    def __init__(self, position: MixturePosition, point: Point, steps: int, heads: tuple):
+        self.position, self.point, self.steps, self.heads = position, point, steps, heads
 
     def delivered(self) -> None:
         self.position.delivered(self)
 
 
-def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None) -> Generator[dict, None, None]:
+def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None,
+               heads=None) -> Generator[dict, None, None]:
     """Runs of whole numpy batches, ``count`` batches from ``point`` on (``RUN_BATCHES`` per run), read from
-    ``sources`` (``SourceRows`` at ``point``'s counters, left open) or from sources opened and closed here."""
+    ``sources`` (``SourceRows`` at ``point``'s counters, left open) or from sources opened (with ``heads``, each
+    source's elastic rest) and closed here."""
     own = sources is None
     if sources is None:
-        sources = open_sources(settings, point.counters)
+        sources = open_sources(settings, point.counters, heads=heads, phase=point.phase)
     schedule = settings.mixture.schedule
     try:
         done = 0
@@ -314,9 +362,12 @@ class MixtureLoader(PlannedView):
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
-        if [s.counter for s in self._sources] != list(run.point.counters):
+        schedule, point = settings.mixture.schedule, run.point
+        wanted = [(c, h, None if s.cost is None else schedule.origin(i, point.phase, c))
+                  for i, (c, h, s) in enumerate(zip(point.counters, run.heads, settings.sources, strict=True))]
+        if [(s.counter, s.head, s.origin) for s in self._sources] != wanted:
             _close_all([], self._sources)
-            self._sources[:] = open_sources(settings, run.point.counters, self._keepers)
+            self._sources[:] = open_sources(settings, point.counters, self._keepers, run.heads, point.phase)
         runs = numpy_runs(settings, run.point, run.steps - run.point.batch, self._sources)
 
         def tensors():
@@ -375,13 +426,13 @@ def _close_all(keepers, sources) -> None:
 
 
 def worker_batches(settings: MixtureSettings, point: Point, count: int, num_workers: int, worker: int,
-                   numpy_out: bool) -> Iterator[dict]:
+                   numpy_out: bool, heads=None) -> Iterator[dict]:
     """The batches of DataLoader worker ``worker`` of ``num_workers`` among ``count`` from ``point``: every
     ``num_workers``-th, from the ``worker``-th (the DataLoader takes them round robin). Each worker reads the rank's
     whole sequence of every source and keeps its own batches, so the batches are exactly ``make_loader``'s."""
     batch = settings.batch_size
     index = 0
-    for run in numpy_runs(settings, point, count):
+    for run in numpy_runs(settings, point, count, heads=heads):
         rows = len(run[SOURCE])
         for begin in range(0, rows, batch):
             if index % num_workers == worker:
@@ -406,12 +457,13 @@ def mixture_slot(dataset, num_workers: int, worker: int, numpy_out: bool, in_wor
             raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
                                     "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
         position.current()
-        point, steps, run = position.point(), position.steps(), None
+        point, steps, run, heads = position.point(), position.steps(), None, position.heads
         progress = dataset._in_worker = [point.epoch, point.batch, 0]
     else:
         run = position.begin()
-        point, steps = run.point, run.steps
-    for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out):
+        point, steps, heads = run.point, run.steps, run.heads
+    for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out,
+                                heads):
         if run is None:
             progress[2] += 1
         else:

@@ -59,3 +59,26 @@ def test_three_sources_train_with_equal_steps_and_resume_exactly(plan_urls, tmp_
     for r, (a, b) in enumerate(zip(records(tmp_path / "a"), records(tmp_path / "b"), strict=True)):
         assert len(a) == stop
         assert a + b == full[r], f"rank {r}: the resumed run delivers exactly the uninterrupted run's batches"
+
+
+def test_a_mixture_stopped_on_two_ranks_resumes_elastically_on_three(plan_urls, tmp_path):
+    """G10 for mixtures under torchrun: 2 ranks stop mid-epoch, 3 ranks resume from the checkpoint; every rank of
+    the new world takes the same steps, and in each source's pass no row comes twice across the two worlds."""
+    common = ["--plans", *plan_urls, "--weights", WEIGHTS, "--batch-size", BATCH, "--epochs", 1]
+    checkpoint = tmp_path / "ckpt.pt"
+    stop = 25  # of epoch 0's 63 steps at 2 ranks
+    torchrun(2, SCRIPT, *common, "--record", tmp_path / "a", "--checkpoint", checkpoint, "--stop-after-steps", stop)
+    torchrun(3, SCRIPT, *common, "--record", tmp_path / "b", "--checkpoint", checkpoint, "--resume")
+    before = records(tmp_path / "a")
+    after = [json.loads((tmp_path / "b" / f"rank{r}.json").read_text()) for r in range(3)]
+    assert len({len(rank) for rank in after}) == 1 and len(after[0]) > 0, "equal steps on every new rank"
+    schedule = make_schedule(parse_weights([0.5, 0.3, 0.2], 3), BATCH)
+    for rank in after:  # the schedule continues where the two ranks stopped
+        expected = schedule.counts(stop, stop + len(rank))
+        assert [np.bincount(b["source"], minlength=3).tolist() for b in rank] == expected.tolist()
+    for source, n in enumerate(SIZES):  # epoch 0 stays in every source's pass 0 (the scarcest one ends it)
+        ids = [i for rank in before + after for b in rank for s, i in zip(b["source"], b["id"], strict=True)
+               if s == source]
+        assert len(ids) == len(set(ids)), f"source {source}: a row twice in its pass across the two worlds"
+        if source == 2:  # the scarcest source completed its pass: fewer than 3 rows left out
+            assert n - len(ids) < 3
