@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 from ..core.quality import clustered_columns
 from ..io import footer as footer_io
 from ..io import fs as fsutil
-from ..io import retry
+from ..io import retry, tables
 from ..io.dataset import dataset_root
-from ..io.partitions import arrow_type, partition_types, partition_values
+from ..io.partitions import arrow_type, partition_values
 from ..io.stats import value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
@@ -193,9 +193,10 @@ def _leaves(t: pa.DataType) -> int:
     return 1
 
 
-def partition_columns(paths: Sequence[str], names: Sequence[str]) -> dict[str, tuple[str, ColumnSchema]]:
-    """``{name: (kind, ColumnSchema)}`` of the hive partition columns among ``names``."""
-    kinds = partition_types(paths)
+def partition_columns(paths: Sequence[str], names: Sequence[str], table=None) -> dict[str, tuple[str, ColumnSchema]]:
+    """``{name: (kind, ColumnSchema)}`` of the hive partition columns among ``names`` (typed as ``table``'s schema
+    declares them, for a Delta table: ``io.tables.partition_types``)."""
+    kinds = tables.partition_types(table, paths)
     with_nulls = {k for path in paths for k, v in partition_values(path).items() if v is None}
     return {name: (kind, column_schema(name, arrow_type(kind), nullable=name in with_nulls))
             for name, kind in kinds.items() if name in names}

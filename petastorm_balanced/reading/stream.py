@@ -74,7 +74,7 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
         if PADDING in names:
             raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
                                     "flags")
-        hive = partition_columns(paths, names)
+        hive = partition_columns(paths, names, plan.table)
         stored_columns = columns_of_footers(footers, [n for n in names if n not in hive])
         plain = [n for n in names if n not in hive and not (fields and n in fields)]
         unknown = sorted(lists.named() - set(plain))

@@ -48,7 +48,8 @@ from ...core.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_ca
 from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
 from ...io.dataset import list_data_files, relative_path
-from ...io.partitions import partition_types, partition_values
+from ...io.partitions import partition_values
+from ...io.tables import partition_types
 from ...unischema.storage import has_unischema, load_unischema
 from ..filters import check_fields, row_group_mask
 from ..scan import footer_error, listed_mtime, read_footer
@@ -195,7 +196,7 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
         fields = check_fields(predicate, columns, url)
-        matches = _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path)
+        matches = _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path, table)
         what = f"predicate on {fields}"
     catalog = Catalog(tuple(files), RowGroups.from_matches(sorted(matches, key=lambda m: (m.path, m.row_group))),
                       kind, partition_columns)
@@ -311,7 +312,7 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     with the partition types of every path."""
     started = time.perf_counter()
     schema = _footer_schema(spark, url, root, schema_from) if schema_from is not None else None
-    frame = read_for_where(spark, url, partition_types(every_path or [f.path for f in files]),
+    frame = read_for_where(spark, url, partition_types(table, every_path or [f.path for f in files]),
                             files if table is not None or every_path is not None else None, schema=schema)
     columns = frame.columns
     if "_metadata" in columns:
@@ -553,14 +554,15 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
 
 # ---------------------------------------------------------------------------------------------- Petastorm predicate
 
-def _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path) -> list[RowGroupMatch]:
+def _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path, table=None
+                       ) -> list[RowGroupMatch]:
     ship_package(spark)
     sc = spark.sparkContext
     work = [(f.path, f.row_group_rows) for f in files if f.num_rows > 0]
     if not work:
         return []
     slices = max(1, min(len(work), sc.defaultParallelism * 4))
-    types = partition_types(every_path)  # the whole dataset's, as the local engine passes them
+    types = partition_types(table, every_path)  # the whole dataset's, as the local engine passes them
     out = sc.parallelize(work, slices).mapPartitions(_predicate_task(url, root, predicate, fields, kind,
                                                                      types)).collect()
     errors = [r for r in out if r[0] is None]
