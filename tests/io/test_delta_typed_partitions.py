@@ -135,3 +135,33 @@ def test_a_predicate_over_a_partition_column_sees_the_typed_value(tmp_path, colu
     plan = plan_shards(path, 1, engine="local", batch_size=1, predicate=in_lambda([column], test))
     got = sorted(int(i) for b in make_loader(0, 1, plan=plan, batch_size=1, workers_count=1) for i in b["id"])
     assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("column", "where"), [
+    ("s", "s = '01'"),
+    ("s", "s IS NULL"),
+    ("d", "d >= '2020-01-01'"),
+    ("ts", "ts >= '2020-01-01T00:00:00Z' AND ts < '2021-01-01T00:00:00Z'"),
+    ("dec", "dec > 2"),
+    ("b", "b = false"),
+    ("f", "f > 1.75"),
+])
+def test_a_spark_where_over_a_partition_column_sees_the_typed_value(tmp_path, spark, column, where):
+    """The Spark engine reads the snapshot's files with the declared types (a UTC timestamp read as UTC in any
+    session time zone); the same SQL in deltalake's DataFusion is the oracle."""
+    path = str(tmp_path / "table")
+    deltalake.write_deltalake(path, ROWS, partition_by=[column])
+    table = deltalake.DeltaTable(path)
+    reader = deltalake.QueryBuilder().register("t", table).execute(f"select id from t where {where}")
+    want = sorted(pa.RecordBatchReader._import_from_c_capsule(reader.__arrow_c_stream__()).read_all()
+                  .column("id").to_pylist())
+    assert want, "the oracle selects no row: the test would not tell types apart"
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        plan = plan_shards(path, 1, engine="spark", spark=spark, batch_size=1, where=where)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    got = sorted(int(i) for b in make_loader(0, 1, plan=plan, batch_size=1, workers_count=1) for i in b["id"])
+    assert got == want

@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -528,6 +529,10 @@ def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
                 schema = StructType([StructField(f.name, IntegerType(), True) if f.name in ints else f
                                      for f in frame.schema.fields])
                 frame = read(spark.read.schema(schema))
+            for name, kind in hive_types.items():  # a table's declared types: the folder text cast as declared
+                if kind not in ("int32", "string") and name in frame.columns:
+                    from pyspark.sql import functions as F
+                    frame = frame.withColumn(name, F.expr(_spark_cast(f"`{name}`", kind)))
         return frame
     except Exception as exc:  # noqa: BLE001 - py4j wraps Hadoop's ClassNotFoundException / UnsupportedFileSystem
         text = str(exc)
@@ -539,6 +544,20 @@ def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
                                          "org.apache.hadoop:hadoop-aws:3.4.1; see docs/remote.md); or plan with "
                                          "engine='local' and a Petastorm predicate=") from None
         raise
+
+
+def _spark_cast(column: str, kind: str) -> str:
+    """Spark SQL giving a partition folder's text (a string column) the value ``io.partitions.parse`` gives it: a
+    UTC timestamp without a zone offset is read as UTC whatever the session's time zone."""
+    decimal = re.fullmatch(r"decimal128\((\d+), (\d+)\)", kind)
+    if decimal:
+        return f"CAST({column} AS DECIMAL({decimal.group(1)}, {decimal.group(2)}))"
+    if kind == "timestamp[us, tz=UTC]":
+        return (f"CAST(CASE WHEN {column} RLIKE '(Z|[+-][0-9][0-9]:?[0-9][0-9])$' THEN {column} "
+                f"ELSE concat({column}, 'Z') END AS TIMESTAMP)")
+    sql = {"int8": "TINYINT", "int16": "SMALLINT", "int64": "BIGINT", "bool": "BOOLEAN", "float": "FLOAT",
+           "double": "DOUBLE", "date32[day]": "DATE", "timestamp[us]": "TIMESTAMP_NTZ"}[kind]
+    return f"CAST({column} AS {sql})"
 
 
 def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_files: Sequence[str]) -> None:
