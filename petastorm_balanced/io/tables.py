@@ -87,6 +87,7 @@ class TableSnapshot:
     ref: TableRef
     files: tuple[TableFile, ...]
     partition_types: tuple[tuple[str, str], ...] = ()  # (column, kind) a Delta schema declares (io.partitions)
+    columns: tuple[str, ...] = ()  # a Delta schema's columns stored in the files (the partition columns are not)
 
     def deleted_rows(self) -> dict[str, Any]:
         """File path -> positions (an int64 array) of the rows deletes removed, for files with any."""
@@ -215,11 +216,11 @@ def _log_stamp(ref: TableRef) -> tuple:
 
 @functools.lru_cache(maxsize=16)
 def _snapshot(ref: TableRef, stamp: tuple) -> TableSnapshot:
-    files, kinds = _delta_files(ref) if ref.format == DELTA else (_iceberg_files(ref), {})
+    files, kinds, stored = _delta_files(ref) if ref.format == DELTA else (_iceberg_files(ref), {}, ())
     if not files:
         raise InvalidValueError(f"{ref.describe()} holds no data file; nothing to plan")
     _check_partition_folders(ref, files)
-    return TableSnapshot(ref, tuple(sorted(files, key=lambda f: f.path)), tuple(sorted(kinds.items())))
+    return TableSnapshot(ref, tuple(sorted(files, key=lambda f: f.path)), tuple(sorted(kinds.items())), stored)
 
 
 def partition_types(table: TableRef | None, paths) -> dict[str, str]:
@@ -250,7 +251,7 @@ def _delta_latest(location: str) -> int:
     return int(_deltalake().DeltaTable(_delta_uri(location)).version())
 
 
-def _delta_files(ref: TableRef) -> tuple[list[TableFile], dict[str, str]]:
+def _delta_files(ref: TableRef) -> tuple[list[TableFile], dict[str, str], tuple[str, ...]]:
     import pyarrow as pa
     deltalake = _deltalake()
     try:
@@ -281,7 +282,8 @@ def _delta_files(ref: TableRef) -> tuple[list[TableFile], dict[str, str]]:
              for p, s, v in zip(paths, sizes, parts, strict=True)]
     kinds = _delta_partition_kinds(ref, table, columns)
     _check_partition_parse(ref, kinds, files, parts)
-    return files, kinds
+    stored = tuple(f.name for f in table.schema().fields if f.name not in set(columns))
+    return files, kinds, stored
 
 
 # Delta primitive types -> partition kinds (``io.partitions``): the Arrow types deltalake reads them as

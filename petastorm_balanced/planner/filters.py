@@ -57,8 +57,9 @@ def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unis
     frame = pd.DataFrame(index=range(rows))
     if stored:
         table = parquet.read_row_group(row_group, columns=stored)
-        for name in stored:
-            frame[name] = _series(table.column(name), pd)
+        for name in stored:  # a column added to a Delta table after this file was written: nulls, as read
+            frame[name] = _series(table.column(name), pd) if name in table.column_names else \
+                pd.Series([None] * rows, dtype=object)
     for name in fields:
         if name in partitions:
             frame[name] = pd.Series([partitions[name]] * rows, dtype=object) if partitions[name] is None or \
