@@ -111,32 +111,41 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None,
 
 
 def _delta_columns(url, files, schemas, first: pa.Schema, table) -> pa.Schema:
-    """The stored columns of a Delta snapshot (``schemas``: each file's Arrow schema, None where it equals the
-    first file's ``first``): a file may lack columns added to the table after it was written (read as nulls, as
-    deltalake reads them), but every column must be the table's, and every table column in some file."""
+    """The stored columns of a Delta snapshot, in the table's order (``schemas``: each file's Arrow schema, None
+    where it equals the first file's ``first``); ``check_delta_columns`` says which files may differ."""
+    names = [set(first.names) if other is None else set(other.names) for other in schemas]
+    declared = check_delta_columns(url, table, [f.path for f in files], names)
+    fields = {f.name: f for f in first}
+    for other in schemas:
+        for field in other or ():
+            fields.setdefault(field.name, field)
+    return pa.schema([fields[name] for name in declared])
+
+
+def check_delta_columns(url, table, paths, names_per_file) -> tuple[str, ...]:
+    """The table's stored columns, after checking each file's column names (``names_per_file``): a file may lack
+    columns added to the table after it was written (read as nulls, as deltalake reads them), but every column must
+    be the table's, and every table column in some file."""
     from ..io.tables import snapshot
     declared = snapshot(table).columns
-    fields = {f.name: f for f in first}
-    for f, other in zip(files, schemas, strict=True):
-        if other is None:
-            continue
-        extra = sorted(set(other.names) - set(declared))
+    held: set = set()
+    for path, names in zip(paths, names_per_file, strict=True):
+        extra = sorted(set(names) - set(declared))
         if extra:
-            raise InvalidValueError(f"dataset_url={url!r}: {f.path!r} of {table.describe()} stores column(s) {extra} "
+            raise InvalidValueError(f"dataset_url={url!r}: {path!r} of {table.describe()} stores column(s) {extra} "
                                     f"that the table's schema does not have ({list(declared)}); such a file cannot "
                                     "be read as the table: rewrite the table (write_deltalake(path, "
                                     "DeltaTable(path).to_pyarrow_table(), mode='overwrite', schema_mode='overwrite')) "
                                     "and plan the new version")
-        for field in other:
-            fields.setdefault(field.name, field)
-    extra = sorted(set(fields) - set(declared))
-    missing = [name for name in declared if name not in fields]
-    if extra or missing:
-        raise InvalidValueError(f"dataset_url={url!r}: {table.describe()} declares columns {list(declared)}, but its "
-                                f"files store {sorted(fields)}: no file holds {missing}, the schema lacks {extra}; "
-                                "write a version whose files hold every column (write_deltalake(path, "
-                                "DeltaTable(path).to_pyarrow_table(), mode='overwrite')) and plan it")
-    return pa.schema([fields[name] for name in declared])
+        held.update(names)
+    missing = [name for name in declared if name not in held]
+    if missing:
+        raise InvalidValueError(f"dataset_url={url!r}: {table.describe()} declares columns {missing} that none of "
+                                "its files holds (added without data), which deltalake reads as nulls but "
+                                "petastorm-balanced cannot type from the files: write a version whose files hold "
+                                "every column (write_deltalake(path, DeltaTable(path).to_pyarrow_table(), "
+                                "mode='overwrite')) and plan it")
+    return declared
 
 
 def _check_same_columns(url, files, names_per_file, names, table=None):

@@ -99,3 +99,17 @@ def test_string_partitions_that_read_the_same_are_served(tmp_path):
     got = sorted((int(i), p) for b in make_loader(0, 1, plan=plan, batch_size=2, workers_count=1)
                  for i, p in zip(b["id"].tolist(), b["p"], strict=True))
     assert got == [(0, "a"), (1, "b"), (2, "007"), (3, "c")]
+
+
+@pytest.mark.slow
+def test_a_spark_where_over_an_added_column_sees_nulls_in_older_files(tmp_path, spark):
+    """Spark reads the snapshot's files with their schemas merged, whichever file it would have taken the schema of."""
+    path = str(tmp_path / "table")
+    evolved_table(path)
+    rows_now = delta_rows(path, ["y", "z"], 2)[0]
+    for where, test in [("y IS NULL", lambda r: r["y"] is None), ("z IS NULL", lambda r: r["z"] is None),
+                        ("z > 3", lambda r: r["z"] is not None and r["z"] > 3)]:
+        want = sorted(i for i, r in rows_now.items() if test(r))
+        plan = plan_shards(path, 1, engine="spark", spark=spark, batch_size=1, where=where, table_version=2)
+        got = sorted(int(i) for b in make_loader(0, 1, plan=plan, batch_size=1, workers_count=1) for i in b["id"])
+        assert got == want and want, where

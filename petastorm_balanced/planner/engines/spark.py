@@ -53,7 +53,7 @@ from ...io.partitions import partition_values
 from ...io.tables import partition_types
 from ...unischema.storage import has_unischema, load_unischema
 from ..filters import check_fields, row_group_mask
-from ..scan import footer_error, listed_mtime, read_footer
+from ..scan import check_delta_columns, footer_error, listed_mtime, read_footer
 
 try:
     from pyspark.errors import (
@@ -179,7 +179,7 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
         results = sc.parallelize(relpaths, slices).mapPartitions(_footer_task(url, root)).collect()
     else:
         results = read_footers(url, root, relpaths)
-    files = _file_infos(url, results, sizes, mtimes)
+    files = _file_infos(url, results, sizes, mtimes, table)
     kind = "petastorm" if has_unischema(url) else "plain"
     partition_columns = tuple(sorted({k for p in every_path for k in partition_values(p)}))
     timings["footers"] = time.perf_counter() - listed - timings["session"]
@@ -238,14 +238,18 @@ def _footer_task(url, root):
 
 
 def _file_infos(url: str, results: Sequence[tuple], sizes: dict[str, int],
-                mtimes: dict[str, int | None]) -> list[FileInfo]:
-    """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns."""
+                mtimes: dict[str, int | None], table=None) -> list[FileInfo]:
+    """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns (a
+    Delta table's: its columns, some files lacking the columns added after them)."""
     results = sorted(results, key=lambda r: r[0])
     for relpath, rows, detail, *_ in results:
         if rows is None:
             raise footer_error(relpath, url, detail)
     first = results[0]
-    for relpath, _, names, *_ in results:
+    delta = table is not None and table.format == "delta"
+    if delta:
+        check_delta_columns(url, table, [r[0] for r in results], [r[2] for r in results])
+    for relpath, _, names, *_ in [] if delta else results:
         if set(names) != set(first[2]):
             raise InvalidValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} "
                                     f"has {sorted(first[2])}; all files of a dataset must share one schema")
@@ -314,7 +318,8 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     started = time.perf_counter()
     schema = _footer_schema(spark, url, root, schema_from) if schema_from is not None else None
     frame = read_for_where(spark, url, partition_types(table, every_path or [f.path for f in files]),
-                            files if table is not None or every_path is not None else None, schema=schema)
+                            files if table is not None or every_path is not None else None, schema=schema,
+                            table=table)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
@@ -496,7 +501,7 @@ def _footer_schema(spark, url: str, root: str, relpath: str):
 
 
 def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
-                    files: Sequence[FileInfo] | None = None, schema=None):
+                    files: Sequence[FileInfo] | None = None, schema=None, table=None):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
     have no S3A) is reported as what to install instead of a Java stack trace.
 
@@ -508,12 +513,18 @@ def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
     ``files`` (a table snapshot's): Spark reads exactly those, partitions discovered below ``url`` as for a folder;
     no Delta or Iceberg jar is involved.
 
-    ``schema`` (``_footer_schema``): the schema Spark would infer, given so that no inference job runs."""
+    ``schema`` (``_footer_schema``): the schema Spark would infer, given so that no inference job runs.
+
+    ``table`` (a Delta snapshot's ``TableRef``): its files' schemas are merged, so that a column added to the table
+    reads as nulls in the files written before it (as deltalake reads them) rather than Spark taking one file's
+    columns."""
     base = spark_url(url)
     paths = [f"{base}/{f.path}" for f in files] if files is not None else [base]
 
     def read(reader):
         reader = reader.option("__globPaths__", "false")  # a path, not a pattern (``q?x`` would read ``qAx`` too)
+        if table is not None and table.format == "delta":
+            reader = reader.option("mergeSchema", "true")
         return (reader.option("basePath", base) if files is not None else reader).parquet(*paths)
 
     try:

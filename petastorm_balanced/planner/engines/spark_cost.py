@@ -40,7 +40,8 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
     (an update), which Spark then reads by name with the partition types of every path."""
     types = partition_types(table, every_path or [f.path for f in files])  # as the loader types them
     frame = read_for_where(spark, url, types,
-                            files if table is not None or every_path is not None else None)  # a table: its files
+                            files if table is not None or every_path is not None else None,  # a table: its files
+                            table=table)
     columns = frame.columns
     lookup = {f.path: f.row_group_rows for f in files if f.num_rows > 0}
     # Spark Connect has no broadcast: the lookup (row group sizes per file) travels inside the function instead.
