@@ -74,10 +74,13 @@ def _infer(values: set) -> str:
 
 
 def typed_partition_values(relative_path: str, types: Mapping[str, str]) -> dict[str, Value]:
-    """The path's partition values converted to ``types`` (from ``partition_types``): Python values or None."""
+    """The path's partition values converted to ``types`` (from ``partition_types``): Python values or None; a
+    folder ``types`` does not name is no partition column (an Iceberg identity partition, read from the file)."""
     out: dict[str, Value] = {}
     for key, value in partition_values(relative_path).items():
-        kind = types.get(key, "string")
+        if key not in types:
+            continue
+        kind = types[key]
         out[key] = value if value is None or kind == "string" else parse(value, kind)
     return out
 

@@ -226,7 +226,11 @@ def _snapshot(ref: TableRef, stamp: tuple) -> TableSnapshot:
 def partition_types(table: TableRef | None, paths) -> dict[str, str]:
     """The hive partition columns' kinds (``io.partitions``) of a dataset's files ``paths``: as a Delta table's
     schema types them, else as the folder names are inferred. Planning (predicates, where) and the reader take
-    them from here, so both see one value (G13)."""
+    them from here, so both see one value (G13). An Iceberg table has none: its identity partition columns are
+    stored in the files too (other transforms are refused), and are read from there, as pyiceberg reads them, never
+    from the folder text (which would make a string ``'007'`` the int 7)."""
+    if table is not None and table.format == ICEBERG:
+        return {}
     declared = dict(snapshot(table).partition_types) if table is not None and table.format == DELTA else None
     return partitions.partition_types(paths, declared)
 
@@ -528,15 +532,15 @@ def _inside(ref: TableRef, url: str) -> str:
 
 def _check_partition_folders(ref: TableRef, files: list[TableFile]) -> None:
     """The reader takes hive partition values from ``key=value`` folder names: refuse a file whose folders would
-    give other values than the log or manifest records (a missing or different key, an encoded value). A Delta
-    file's values are compared as typed (``_check_partition_parse``): here its folders must name its columns."""
+    give other values than the log records (a missing or different key, an encoded value). A Delta file's values
+    are compared as typed (``_check_partition_parse``): here its folders must name its columns. An Iceberg table's
+    folders are not read at all (its files store every column)."""
+    if ref.format == ICEBERG:
+        return  # every column is read from the files (partition_types), never from folder names
     for f in files:
         folders = partition_values(f.path)
         recorded = dict(f.partition_values)
-        if ref.format == DELTA:
-            expected = {k: folders.get(k, v) for k, v in recorded.items()}
-        else:  # Iceberg stores every column in the file; only identity partition folders are harmless
-            expected = {k: v for k, v in recorded.items() if k in folders}
+        expected = {k: folders.get(k, v) for k, v in recorded.items()}
         if folders != expected:
             raise InvalidValueError(f"{ref.describe()}: {f.path!r} records partition values {recorded} but its "
                                     f"folder names give {folders}, which is what the reader would deliver; only "

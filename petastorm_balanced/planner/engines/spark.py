@@ -525,7 +525,10 @@ def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
         reader = reader.option("__globPaths__", "false")  # a path, not a pattern (``q?x`` would read ``qAx`` too)
         if table is not None and table.format == "delta":
             reader = reader.option("mergeSchema", "true")
-        return (reader.option("basePath", base) if files is not None else reader).parquet(*paths)
+        # an Iceberg file stores its identity partition columns: without a basePath Spark reads them from the file,
+        # as pyiceberg does, and no folder text ('s=007', pyiceberg's 'a+b' for 'a b') becomes a column
+        iceberg = table is not None and table.format == "iceberg"
+        return (reader.option("basePath", base) if files is not None and not iceberg else reader).parquet(*paths)
 
     try:
         if schema is not None and not hive_types:
