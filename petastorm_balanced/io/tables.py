@@ -10,8 +10,9 @@ snapshot id (Iceberg) and its data files relative to the location, with sizes an
 manifest records. Iceberg position deletes (Parquet) are read into each file's ``deleted_rows``, which planning
 removes from the plan's selections (``core/deletes.py``). What this package cannot deliver exactly (Delta deletion
 vectors and column mapping, Iceberg equality deletes and Puffin deletion vectors, files outside the table's
-location, partition values the reader would take differently from the folder names) is refused with an
-``InvalidValueError`` naming the version and the fix, never ignored.
+location, Delta partition values that would read otherwise from the folder names than deltalake reads them) is
+refused with an ``InvalidValueError`` naming the version and the fix, never ignored. A Delta table's partition
+columns are typed as its schema declares them (``partition_types``); an Iceberg table's are read from its files.
 
 ``deltalake`` (delta-rs, extra ``[delta]``) and ``pyiceberg`` (extra ``[iceberg]``) are imported only for a table.
 Snapshots are cached per process: a version's file list is immutable, so resolving it twice (planning, then both
