@@ -6,6 +6,8 @@ read each footer once per epoch (the loader's schema pass
 and the first epoch's G15 check share one read; every later epoch reads and checks them again), and read each row
 group's columns in one coalesced request. The ids are the local loader's.
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -40,3 +42,20 @@ def test_one_open_and_one_footer_read_per_file_per_epoch(remote, plain_dataset, 
         # a footer per file, a request per row group (two where the columns lie far apart)
         assert files + groups <= gets <= files + 2 * groups, counts
         remote.proxy.configure()
+
+
+def test_a_rewrite_that_keeps_the_footer_is_refused_by_the_next_epoch(remote, tmp_path):
+    """The listing's modification times still tell a rewrite that keeps the file's size and footer bytes (G15)."""
+    from petastorm_balanced import StalePlanError
+    from tests.io.test_silent_g15 import HALF, reorder_keeping_the_footer, write_files
+    local = write_files(tmp_path / "ds")
+    url = remote.prefix.upload(local, "ds")
+    plan = plan_shards(url, 1, batch_size=10, predicate=HALF, engine="local")
+    loader = make_loader(0, 1, plan=plan, batch_size=10, backend="arrow", workers_count=1)
+    assert sorted(int(i) for b in loader for i in b["id"]) == [i for i in range(600) if i % 100 < 50]
+    time.sleep(1.1)  # S3 modification times count seconds
+    reorder_keeping_the_footer(f"{local}/part-1.parquet")
+    remote.prefix.upload(local, "ds")
+    loader.set_epoch(1)
+    with pytest.raises(StalePlanError, match="'part-1.parquet'.*modified since planning"):
+        list(loader)
