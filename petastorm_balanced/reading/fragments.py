@@ -39,7 +39,7 @@ class ReadSpec:
     """What a worker reads for every fragment: stored columns, and hive partition columns typed once."""
 
     columns: tuple[str, ...]  # output column order
-    partition_types: tuple[tuple[str, str], ...] = ()  # (name, 'int32' | 'string'), io.partitions
+    partition_types: tuple[tuple[str, str], ...] = ()  # (name, kind): 'int32', 'string' or a table's, io.partitions
     fields: dict | None = field(default=None, compare=False)  # Unischema fields by name, to decode
     target: pa.Schema | None = field(default=None, compare=False)  # delivered types of the stored columns
     # pyarrow's own decode threads: off where our reader threads already run reads side by side (its pool on top
