@@ -268,8 +268,12 @@ def _delta_files(ref: TableRef) -> tuple[list[TableFile], dict[str, str], tuple[
                                 "table_version the log still holds (see DeltaTable.history())") from None
     mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
     if mode != "none":
+        physical = [(f.name, (f.metadata or {}).get("delta.columnMapping.physicalName", f.name))
+                    for f in table.schema().fields]
+        renamed = ", ".join(f"{name!r} as {stored!r}" for name, stored in physical if stored != name)
         raise InvalidValueError(f"{ref.describe()} uses column mapping (delta.columnMapping.mode={mode!r}): its "
-                                "Parquet column names are not the table's, which this reader does not translate; "
+                                f"Parquet files store the table's fields under other names ({renamed or 'none yet'}), "
+                                "which this reader does not translate; "
                                 "rewrite the table without column mapping (e.g. write_deltalake(..., "
                                 "mode='overwrite') of DeltaTable(...).to_pyarrow_table()) and plan the new version")
     features = set(table.protocol().reader_features or ())

@@ -113,3 +113,11 @@ def test_a_spark_where_over_an_added_column_sees_nulls_in_older_files(tmp_path, 
         plan = plan_shards(path, 1, engine="spark", spark=spark, batch_size=1, where=where, table_version=2)
         got = sorted(int(i) for b in make_loader(0, 1, plan=plan, batch_size=1, workers_count=1) for i in b["id"])
         assert got == want and want, where
+
+
+def test_column_mapping_is_refused_naming_the_table_and_each_stored_field(tmp_path):
+    path = str(tmp_path / "table")
+    deltalake.write_deltalake(path, rows(0, 10), configuration={"delta.columnMapping.mode": "name"})
+    with pytest.raises(InvalidValueError, match=r"Delta table .*table version 0 uses column mapping .*'name'.*"
+                                                r"'id' as 'col-[0-9a-f-]+', 'x' as 'col-.*rewrite the table"):
+        plan_shards(path, 1, engine="local", batch_size=5)
