@@ -14,7 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from ..errors import StalePlanError
 
 TAIL_READ = 1 << 16  # bytes read from a file's end: most footers fit, as in Arrow's own first read
 _MAGIC = b"PAR1"
@@ -158,7 +161,10 @@ class CheckedFooters:
     object store file is positional reads only, safe from several threads), so a file costs one open (a HEAD)
     and one footer read per reader, not one per thread, and none when the loader's schema pass just read it
     (``FRESH_FOOTERS``); ``pre_buffer`` makes each row group's column chunks one
-    coalesced read, issued at once, instead of one request per column chunk in series.
+    coalesced read, issued at once, instead of one request per column chunk in series. The modification times
+    come from one listing per folder per reader (a request per 1,000 files) instead of a HEAD per file: a file
+    rewritten before its folder was listed shows a new time, one rewritten later is refused by the next epoch's
+    reader, as one rewritten after a per-file look-up would be.
     """
 
     def __init__(self, filesystem, check, *, pre_buffer: bool = False, shared: bool = False):
@@ -168,6 +174,24 @@ class CheckedFooters:
         self._handles: dict[str, object] = {}  # name -> open file, shared by the threads (shared=True)
         self._locks: dict[str, threading.Lock] = {}  # shared=True: one thread opens a file, the others wait for it
         self._locks_lock = threading.Lock()
+        self._listed: dict[str, dict[str, int | None]] = {}  # shared=True: folder -> {location: mtime_ns}
+
+    def _modification_time(self, location: str) -> int | None:
+        """``modification_time``; on a remote filesystem from its folder's listing, listed once per reader."""
+        if not self._shared:
+            return modification_time(self._filesystem, location)
+        folder = location.rsplit("/", 1)[0] if "/" in location else ""
+        with self._locks_lock:
+            lock = self._locks.setdefault("\0" + folder, threading.Lock())  # no file name starts with NUL
+        with lock:
+            listed = self._listed.get(folder)
+            if listed is None:
+                entries = self._filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+                listed = self._listed[folder] = {e.path: e.mtime_ns for e in entries
+                                                 if e.type == pafs.FileType.File}
+        if location in listed:
+            return listed[location]
+        return modification_time(self._filesystem, location)  # not listed (created since): look it up
 
     def open(self, name: str, location: str) -> pq.ParquetFile:
         """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked."""
@@ -200,8 +224,16 @@ class CheckedFooters:
         try:
             if fresh is None:
                 footer = read_footer(handle, READ_FOOTERS)
-            footer = replace(footer, mtime_ns=modification_time(self._filesystem, location))
-            self._check(name, footer)
+            try:
+                footer = replace(footer, mtime_ns=self._modification_time(location))
+                self._check(name, footer)
+            except StalePlanError:
+                if not self._shared:
+                    raise
+                # a listing's time may be rounded otherwise than a file look-up's (what a table's plan recorded):
+                # the look-up decides, so a refusal is a rewrite, never a rounding
+                footer = replace(footer, mtime_ns=modification_time(self._filesystem, location))
+                self._check(name, footer)
         except BaseException:
             handle.close()
             raise

@@ -10,8 +10,9 @@ snapshot id (Iceberg) and its data files relative to the location, with sizes an
 manifest records. Iceberg position deletes (Parquet) are read into each file's ``deleted_rows``, which planning
 removes from the plan's selections (``core/deletes.py``). What this package cannot deliver exactly (Delta deletion
 vectors and column mapping, Iceberg equality deletes and Puffin deletion vectors, files outside the table's
-location, partition values the reader would take differently from the folder names) is refused with an
-``InvalidValueError`` naming the version and the fix, never ignored.
+location, Delta partition values that would read otherwise from the folder names than deltalake reads them) is
+refused with an ``InvalidValueError`` naming the version and the fix, never ignored. A Delta table's partition
+columns are typed as its schema declares them (``partition_types``); an Iceberg table's are read from its files.
 
 ``deltalake`` (delta-rs, extra ``[delta]``) and ``pyiceberg`` (extra ``[iceberg]``) are imported only for a table.
 Snapshots are cached per process: a version's file list is immutable, so resolving it twice (planning, then both
@@ -20,6 +21,7 @@ engines' listing, then ``load_plan``'s check) costs one log read.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +30,8 @@ import pyarrow.fs as pafs
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from . import fs as fsutil
-from . import retry
-from .partitions import partition_values  # the reader's own rule (decoded, None for a null)
+from . import partitions, retry
+from .partitions import parse, partition_values  # the reader's own rule (decoded, None for a null)
 
 DELTA, ICEBERG, PARQUET = "delta", "iceberg", "parquet"
 TABLE_FORMATS = (DELTA, ICEBERG, PARQUET)  # PARQUET: a table folder read as its raw files, on purpose
@@ -85,6 +87,8 @@ class TableFile:
 class TableSnapshot:
     ref: TableRef
     files: tuple[TableFile, ...]
+    partition_types: tuple[tuple[str, str], ...] = ()  # (column, kind) a Delta schema declares (io.partitions)
+    columns: tuple[str, ...] = ()  # a Delta schema's columns stored in the files (the partition columns are not)
 
     def deleted_rows(self) -> dict[str, Any]:
         """File path -> positions (an int64 array) of the rows deletes removed, for files with any."""
@@ -213,11 +217,23 @@ def _log_stamp(ref: TableRef) -> tuple:
 
 @functools.lru_cache(maxsize=16)
 def _snapshot(ref: TableRef, stamp: tuple) -> TableSnapshot:
-    files = _delta_files(ref) if ref.format == DELTA else _iceberg_files(ref)
+    files, kinds, stored = _delta_files(ref) if ref.format == DELTA else (_iceberg_files(ref), {}, ())
     if not files:
         raise InvalidValueError(f"{ref.describe()} holds no data file; nothing to plan")
     _check_partition_folders(ref, files)
-    return TableSnapshot(ref, tuple(sorted(files, key=lambda f: f.path)))
+    return TableSnapshot(ref, tuple(sorted(files, key=lambda f: f.path)), tuple(sorted(kinds.items())), stored)
+
+
+def partition_types(table: TableRef | None, paths) -> dict[str, str]:
+    """The hive partition columns' kinds (``io.partitions``) of a dataset's files ``paths``: as a Delta table's
+    schema types them, else as the folder names are inferred. Planning (predicates, where) and the reader take
+    them from here, so both see one value (G13). An Iceberg table has none: its identity partition columns are
+    stored in the files too (other transforms are refused), and are read from there, as pyiceberg reads them, never
+    from the folder text (which would make a string ``'007'`` the int 7)."""
+    if table is not None and table.format == ICEBERG:
+        return {}
+    declared = dict(snapshot(table).partition_types) if table is not None and table.format == DELTA else None
+    return partitions.partition_types(paths, declared)
 
 
 # ---------------------------------------------------------------------------------------------- Delta Lake
@@ -240,7 +256,7 @@ def _delta_latest(location: str) -> int:
     return int(_deltalake().DeltaTable(_delta_uri(location)).version())
 
 
-def _delta_files(ref: TableRef) -> list[TableFile]:
+def _delta_files(ref: TableRef) -> tuple[list[TableFile], dict[str, str], tuple[str, ...]]:
     import pyarrow as pa
     deltalake = _deltalake()
     try:
@@ -252,8 +268,12 @@ def _delta_files(ref: TableRef) -> list[TableFile]:
                                 "table_version the log still holds (see DeltaTable.history())") from None
     mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
     if mode != "none":
+        physical = [(f.name, (f.metadata or {}).get("delta.columnMapping.physicalName", f.name))
+                    for f in table.schema().fields]
+        renamed = ", ".join(f"{name!r} as {stored!r}" for name, stored in physical if stored != name)
         raise InvalidValueError(f"{ref.describe()} uses column mapping (delta.columnMapping.mode={mode!r}): its "
-                                "Parquet column names are not the table's, which this reader does not translate; "
+                                f"Parquet files store the table's fields under other names ({renamed or 'none yet'}), "
+                                "which this reader does not translate; "
                                 "rewrite the table without column mapping (e.g. write_deltalake(..., "
                                 "mode='overwrite') of DeltaTable(...).to_pyarrow_table()) and plan the new version")
     features = set(table.protocol().reader_features or ())
@@ -269,27 +289,59 @@ def _delta_files(ref: TableRef) -> list[TableFile]:
     parts = actions.column("partition").to_pylist() if columns else [{} for _ in paths]
     files = [TableFile(_delta_relative(ref, p), int(s), tuple((c, _text((v or {}).get(c))) for c in columns))
              for p, s, v in zip(paths, sizes, parts, strict=True)]
-    _check_string_partitions(ref, table, files)
-    return files
+    kinds = _delta_partition_kinds(ref, table, columns)
+    _check_partition_parse(ref, kinds, files, parts)
+    stored = tuple(f.name for f in table.schema().fields if f.name not in set(columns))
+    return files, kinds, stored
 
 
-def _check_string_partitions(ref: TableRef, table, files: list[TableFile]) -> None:
-    """Refuse a string partition column whose values the reader would type as int32 and change ('007' is 7, and
-    '1' and '01' merge): the reader types partition folders as ``pyarrow.dataset`` infers them (G13), while the
-    Delta schema declares them strings, which deltalake delivers as they are."""
-    from .partitions import _infer
-    kinds = {f.name: getattr(f.type, "type", None) for f in table.schema().fields}
-    for column in {c for f in files for c, _ in f.partition_values}:
-        if kinds.get(column) != "string":
-            continue
-        values = {v for f in files for c, v in f.partition_values if c == column and v is not None}
-        changed = sorted(v for v in values if _infer({v}) == "int32" and str(int(v)) != v)
-        if values and _infer(values) == "int32" and changed:
-            raise InvalidValueError(f"{ref.describe()}: partition column {column!r} is a string column of the table, "
-                                    f"but its values {changed[:5]} look like integers and would be read as "
-                                    f"{[int(v) for v in changed[:5]]} (as pyarrow.dataset types partition folders), "
-                                    "so values such as '1' and '01' would merge; rewrite the table with values that "
-                                    "are not integers (e.g. a prefix: 'v007'), or partition it by another column")
+# Delta primitive types -> partition kinds (``io.partitions``): the Arrow types deltalake reads them as
+_DELTA_KINDS = {"string": "string", "byte": "int8", "short": "int16", "integer": "int32", "long": "int64",
+                "boolean": "bool", "float": "float", "double": "double", "date": "date32[day]",
+                "timestamp": "timestamp[us, tz=UTC]", "timestamp_ntz": "timestamp[us]"}
+
+
+def _delta_partition_kinds(ref: TableRef, table, columns: list[str]) -> dict[str, str]:
+    """The partition columns' kinds as the table's schema types them (a partition folder's ``'007'`` is the
+    string ``'007'`` in a string column, the int 7 in a long one), as ``DeltaTable.to_pyarrow_table`` delivers."""
+    declared = {f.name: str(getattr(f.type, "type", f.type)) for f in table.schema().fields}
+    kinds = {}
+    for column in columns:
+        name = declared.get(column, "")
+        decimal = re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", name)
+        kind = f"decimal128({decimal.group(1)}, {decimal.group(2)})" if decimal else _DELTA_KINDS.get(name)
+        if kind is None:
+            raise InvalidValueError(f"{ref.describe()}: partition column {column!r} is of Delta type {name!r}, "
+                                    f"which petastorm-balanced does not read from partition folders (it reads "
+                                    f"{sorted(_DELTA_KINDS)} and decimal); rewrite the table partitioned by a "
+                                    "column of one of those types")
+        kinds[column] = kind
+    return kinds
+
+
+def _check_partition_parse(ref: TableRef, kinds: dict[str, str], files: list[TableFile], typed: list) -> None:
+    """Every file's folder value, parsed as its column's kind (what planning and the reader use), must equal the
+    value deltalake gives for it (``typed``: its add actions' partition structs), or the table is refused."""
+    for f, values in zip(files, typed, strict=True):
+        for column, text in partition_values(f.path).items():
+            if column not in kinds:
+                continue  # a folder that is no partition column of the table: _check_partition_folders refuses it
+            want = (values or {}).get(column)
+            try:
+                got = None if text is None else parse(text, kinds[column])
+            except (ValueError, TypeError, ArithmeticError) as exc:  # ArrowInvalid is a ValueError
+                got = exc
+            if not _same_value(got, want):
+                raise InvalidValueError(f"{ref.describe()}: {f.path!r} has partition {column}={text!r}, which reads as "
+                                        f"{got!r} as a {kinds[column]} but deltalake reads {want!r}; such a table "
+                                        "cannot be planned exactly: rewrite it (write_deltalake(..., "
+                                        "mode='overwrite')) and plan the new version")
+
+
+def _same_value(got, want) -> bool:
+    if isinstance(got, float) and isinstance(want, float) and got != got and want != want:
+        return True  # NaN
+    return type(got) is type(want) and got == want or (got is None and want is None)
 
 
 def _deletion_vectors_refused(ref: TableRef, where: str) -> InvalidValueError:
@@ -485,14 +537,15 @@ def _inside(ref: TableRef, url: str) -> str:
 
 def _check_partition_folders(ref: TableRef, files: list[TableFile]) -> None:
     """The reader takes hive partition values from ``key=value`` folder names: refuse a file whose folders would
-    give other values than the log or manifest records (a missing or different key, an encoded value)."""
+    give other values than the log records (a missing or different key, an encoded value). A Delta file's values
+    are compared as typed (``_check_partition_parse``): here its folders must name its columns. An Iceberg table's
+    folders are not read at all (its files store every column)."""
+    if ref.format == ICEBERG:
+        return  # every column is read from the files (partition_types), never from folder names
     for f in files:
         folders = partition_values(f.path)
         recorded = dict(f.partition_values)
-        if ref.format == DELTA:
-            expected = {k: v for k, v in recorded.items()}
-        else:  # Iceberg stores every column in the file; only identity partition folders are harmless
-            expected = {k: v for k, v in recorded.items() if k in folders}
+        expected = {k: folders.get(k, v) for k, v in recorded.items()}
         if folders != expected:
             raise InvalidValueError(f"{ref.describe()}: {f.path!r} records partition values {recorded} but its "
                                     f"folder names give {folders}, which is what the reader would deliver; only "

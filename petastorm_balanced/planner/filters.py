@@ -57,12 +57,13 @@ def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unis
     frame = pd.DataFrame(index=range(rows))
     if stored:
         table = parquet.read_row_group(row_group, columns=stored)
-        for name in stored:
-            frame[name] = _series(table.column(name), pd)
+        for name in stored:  # a column added to a Delta table after this file was written: nulls, as read
+            frame[name] = _series(table.column(name), pd) if name in table.column_names else \
+                pd.Series([None] * rows, dtype=object)
     for name in fields:
         if name in partitions:
-            frame[name] = pd.Series([partitions[name]] * rows, dtype=object) if partitions[name] is None or \
-                isinstance(partitions[name], str) else partitions[name]
+            value = partitions[name]  # numbers as numbers; anything else as Python objects, as _series gives them
+            frame[name] = value if isinstance(value, (int, float)) else pd.Series([value] * rows, dtype=object)
     if unischema is not None:
         return _per_row(frame, predicate, unischema)
     try:

@@ -98,7 +98,7 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
         from ..core.catalog import merge_catalogs
         from . import update as updates
         updates.check_added(old, catalog, every_path, reads_partitions=where is not None or predicate is not None
-                            or cost_spec is not None)
+                            or cost_spec is not None, table=table)
         catalog = merge_catalogs(old.catalog, catalog)
     started = time.perf_counter()
     plan = make_plan(url, catalog, world_size=world_size, batch_size=batch_size, policy=policy, seed=seed,

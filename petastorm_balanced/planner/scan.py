@@ -85,7 +85,7 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None,
         for entry in chunk:
             info, meta = read(entry)
             same = meta.schema.equals(reference)  # the common case, compared in C++ without an Arrow schema
-            out.append((info, None if same else set(meta.schema.to_arrow_schema().names)))
+            out.append((info, None if same else meta.schema.to_arrow_schema()))
         return out
 
     rest = entries[1:]
@@ -100,25 +100,61 @@ def scan(url: str, *, threads: int = FOOTER_THREADS, progress=None, table=None,
             if progress is not None:
                 progress(len(items))
     files = tuple(r[0] for r in results)
-    _check_same_columns(url, files, [r[1] for r in results], set(schema.names), table)
+    if table is not None and table.format == "delta":
+        schema = _delta_columns(url, files, [r[1] for r in results], schema, table)
+    else:
+        _check_same_columns(url, files, [None if r[1] is None else set(r[1].names) for r in results],
+                            set(schema.names), table)
     columns = sorted({k for p in paths for k in partition_values(p)})
     return DatasetListing(url, files, "petastorm" if has_unischema(url) else "plain", tuple(columns),
                           schema, paths)
 
 
+def _delta_columns(url, files, schemas, first: pa.Schema, table) -> pa.Schema:
+    """The stored columns of a Delta snapshot, in the table's order (``schemas``: each file's Arrow schema, None
+    where it equals the first file's ``first``); ``check_delta_columns`` says which files may differ."""
+    names = [set(first.names) if other is None else set(other.names) for other in schemas]
+    declared = check_delta_columns(url, table, [f.path for f in files], names)
+    fields = {f.name: f for f in first}
+    for other in schemas:
+        for field in other or ():
+            fields.setdefault(field.name, field)
+    return pa.schema([fields[name] for name in declared])
+
+
+def check_delta_columns(url, table, paths, names_per_file) -> tuple[str, ...]:
+    """The table's stored columns, after checking each file's column names (``names_per_file``): a file may lack
+    columns added to the table after it was written (read as nulls, as deltalake reads them), but every column must
+    be the table's, and every table column in some file."""
+    from ..io.tables import snapshot
+    declared = snapshot(table).columns
+    held: set = set()
+    for path, names in zip(paths, names_per_file, strict=True):
+        extra = sorted(set(names) - set(declared))
+        if extra:
+            raise InvalidValueError(f"dataset_url={url!r}: {path!r} of {table.describe()} stores column(s) {extra} "
+                                    f"that the table's schema does not have ({list(declared)}); such a file cannot "
+                                    "be read as the table: rewrite the table (write_deltalake(path, "
+                                    "DeltaTable(path).to_pyarrow_table(), mode='overwrite', schema_mode='overwrite')) "
+                                    "and plan the new version")
+        held.update(names)
+    missing = [name for name in declared if name not in held]
+    if missing:
+        raise InvalidValueError(f"dataset_url={url!r}: {table.describe()} declares columns {missing} that none of "
+                                "its files holds (added without data), which deltalake reads as nulls but "
+                                "petastorm-balanced cannot type from the files: write a version whose files hold "
+                                "every column (write_deltalake(path, DeltaTable(path).to_pyarrow_table(), "
+                                "mode='overwrite')) and plan it")
+    return declared
+
+
 def _check_same_columns(url, files, names_per_file, names, table=None):
-    """Every file must have the first file's column names (``None``: its schema equals the first file's); for a
-    table snapshot the message says how to bring its files to one schema."""
+    """Every file must have the first file's column names (``None``: its schema equals the first file's); for an
+    Iceberg snapshot the message says how to bring its files to one schema (Delta: ``_delta_columns``)."""
     for f, other in zip(files, names_per_file, strict=True):
         if other is not None and other != names:
             fix = "all files of a dataset must share one schema"
-            if table is not None and table.format == "delta":
-                fix = (f"the table's schema evolved between its files ({table.describe()}; columns "
-                       f"{sorted(other ^ names)} are in some files only), and petastorm-balanced serves one schema "
-                       "per plan: rewrite the table under its current schema (e.g. write_deltalake(path, "
-                       "DeltaTable(path).to_pyarrow_table(), mode='overwrite', schema_mode='overwrite')) and plan "
-                       "the new version, or plan a version from before the change (table_version=N)")
-            elif table is not None and table.format == "iceberg":
+            if table is not None and table.format == "iceberg":
                 fix = (f"the table's schema evolved between its files ({table.describe()}); rewrite the data files "
                        "(Spark: CALL system.rewrite_data_files) and plan the new snapshot")
             raise InvalidValueError(f"dataset_url={url!r}: {f.path!r} has columns {sorted(other)} but "

@@ -32,7 +32,6 @@ from ..errors import PlanUpdateError
 from ..io import fs as fsutil
 from ..io import tables
 from ..io.dataset import list_data_files, relative_path
-from ..io.partitions import partition_types
 from ..plan.model import ShardPlan
 
 if TYPE_CHECKING:
@@ -119,7 +118,8 @@ def _check_no_new_deletes(old: ShardPlan, snapshot: TableSnapshot) -> None:
                                   f"delete), and an update only adds files; {FROM_SCRATCH}")
 
 
-def check_added(old: ShardPlan, added: Catalog, every_path: Sequence[str], *, reads_partitions: bool) -> None:
+def check_added(old: ShardPlan, added: Catalog, every_path: Sequence[str], *, reads_partitions: bool,
+                table=None) -> None:
     """``PlanUpdateError`` when the added files' catalog would not merge into the one planning from scratch builds:
     another dataset kind, a new partition column, a partition column whose type the added values change (when the
     filter or cost reads partition values), or a schema other than the planned files'."""
@@ -132,7 +132,8 @@ def check_added(old: ShardPlan, added: Catalog, every_path: Sequence[str], *, re
         raise PlanUpdateError(f"the added files change the hive partition columns ({list(planned.partition_columns)}"
                               f" -> {list(added.partition_columns)}: {new[0]!r}); {FROM_SCRATCH}")
     if reads_partitions:
-        before, after = partition_types([f.path for f in planned.files]), partition_types(every_path)
+        before = tables.partition_types(old.table, [f.path for f in planned.files])
+        after = tables.partition_types(table, every_path)
         for column, kind in sorted(before.items()):
             if after.get(column) != kind:
                 raise PlanUpdateError(f"the added files' values of partition column {column!r} change its type from "

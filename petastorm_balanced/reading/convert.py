@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from ..core.narrowing import checked_astype
 from ..errors import InvalidValueError, RowShapeError
+from ..io import partitions
 from .schema import LIST, ColumnSchema
 
 Values: TypeAlias = np.ndarray | pa.Array
@@ -188,4 +189,5 @@ def partition_array(value, kind: str, rows: int) -> pa.Array:
         if value is None:
             return pa.nulls(rows, pa.int32())
         return pa.array(np.full(rows, value, dtype=np.int32))
-    return pa.array([value] * rows, type=pa.string())
+    target = partitions.arrow_type(kind)
+    return pa.nulls(rows, target) if value is None else pa.repeat(pa.scalar(value, type=target), rows)

@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 from ..core.quality import clustered_columns
 from ..io import footer as footer_io
 from ..io import fs as fsutil
-from ..io import retry
+from ..io import retry, tables
 from ..io.dataset import dataset_root
-from ..io.partitions import arrow_type, partition_types, partition_values
+from ..io.partitions import arrow_type, partition_values
 from ..io.stats import value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
@@ -79,6 +79,15 @@ def read_footers(dataset_url: str, paths: Sequence[str], threads: int | None = N
     return list(zip(paths, metas, strict=True))
 
 
+def stored_names(footers: Sequence[tuple[str, pq.FileMetaData]]) -> list[str]:
+    """The stored column names of ``footers``: the first file's, then any a later file adds (``stored_columns``)."""
+    schemas: list = []
+    for _, meta in footers:
+        if not any(meta.schema.equals(known) for known in schemas):
+            schemas.append(meta.schema)
+    return list(dict.fromkeys(n for schema in schemas for n in schema.to_arrow_schema().names))
+
+
 def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
                    names: Sequence[str] | None = None) -> StoredColumns:
     """``StoredColumns`` from ``(path, footer)`` pairs (the first file's column order)."""
@@ -94,14 +103,18 @@ def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
             arrow = meta.schema.to_arrow_schema()
             distinct.append((meta, arrow, path))
         _null_flags(meta, arrow, names, nullable)
-    first = distinct[0][1]
-    wanted = list(first.names) if names is None else [n for n in first.names if n in set(names)]
+    # the first file's columns, then any a later file adds (a Delta table's added columns: planning refuses files
+    # with other columns in any other dataset), which the files without them give as nulls
+    union = list(dict.fromkeys(n for _, arrow, _ in distinct for n in arrow.names))
+    wanted = union if names is None else [n for n in union if n in set(names)]
     fields = []
     for name in wanted:
         typed = [(path, arrow.field(name).type) for _, arrow, path in distinct if name in arrow.names]
-        nullable_field = any(arrow.field(name).nullable for _, arrow, _ in distinct if name in arrow.names)
+        everywhere = len(typed) == len(distinct)
+        nullable_field = not everywhere or any(arrow.field(name).nullable for _, arrow, _ in distinct
+                                               if name in arrow.names)
         fields.append(pa.field(name, unify_types(name, typed), nullable_field))
-        nullable[name] = nullable_field and nullable.get(name, False)
+        nullable[name] = nullable_field and (not everywhere or nullable.get(name, False))
     schema = pa.schema(fields)
     sample = [meta for _, meta in sorted(footers, key=lambda pair: pair[0])[:ROW_BYTES_FILES]]
     return StoredColumns(schema, {n: nullable[n] for n in wanted}, row_bytes(schema, sample),
@@ -193,12 +206,14 @@ def _leaves(t: pa.DataType) -> int:
     return 1
 
 
-def partition_columns(paths: Sequence[str], names: Sequence[str]) -> dict[str, tuple[str, ColumnSchema]]:
-    """``{name: (kind, ColumnSchema)}`` of the hive partition columns among ``names``."""
-    kinds = partition_types(paths)
+def partition_columns(paths: Sequence[str], names: Sequence[str], table=None) -> dict[str, tuple[str, ColumnSchema]]:
+    """``{name: (kind, ColumnSchema)}`` of the hive partition columns among ``names`` (typed as ``table``'s schema
+    declares them, for a Delta table: ``io.tables.partition_types``)."""
+    kinds = tables.partition_types(table, paths)
     with_nulls = {k for path in paths for k, v in partition_values(path).items() if v is None}
     return {name: (kind, column_schema(name, arrow_type(kind), nullable=name in with_nulls))
             for name, kind in kinds.items() if name in names}
 
 
-__all__ = ["StoredColumns", "delivered_type", "partition_columns", "read_stored_columns", "stored_columns"]
+__all__ = ["StoredColumns", "delivered_type", "partition_columns", "read_stored_columns", "stored_columns",
+           "stored_names"]

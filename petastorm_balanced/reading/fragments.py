@@ -39,7 +39,7 @@ class ReadSpec:
     """What a worker reads for every fragment: stored columns, and hive partition columns typed once."""
 
     columns: tuple[str, ...]  # output column order
-    partition_types: tuple[tuple[str, str], ...] = ()  # (name, 'int32' | 'string'), io.partitions
+    partition_types: tuple[tuple[str, str], ...] = ()  # (name, kind): 'int32', 'string' or a table's, io.partitions
     fields: dict | None = field(default=None, compare=False)  # Unischema fields by name, to decode
     target: pa.Schema | None = field(default=None, compare=False)  # delivered types of the stored columns
     # pyarrow's own decode threads: off where our reader threads already run reads side by side (its pool on top
@@ -102,7 +102,8 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
     else:
         table = _cut(table, fragment.row_indices() if indices is None else indices)
     target = spec.target
-    if not spec.partition_types and (target is None or table.schema.equals(target)):
+    whole = table.num_columns == len(spec.stored_columns)  # pyarrow skips a column the file lacks
+    if whole and not spec.partition_types and (target is None or table.schema.equals(target)):
         return table
     kinds = dict(spec.partition_types)
     values = partitions.typed_partition_values(fragment.path, kinds)
@@ -111,6 +112,13 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
         kind = kinds.get(name)
         if kind is not None:
             arrays.append(convert.partition_array(values.get(name), kind, table.num_rows))
+            continue
+        if not whole and table.schema.get_field_index(name) < 0:
+            if target is None:
+                raise StalePlanError(f"{fragment.path!r} has no column {name!r}; the file changed since planning, "
+                                     "re-run planning")
+            # a column added to a Delta table after this file was written: nulls, as deltalake reads it
+            arrays.append(pa.nulls(table.num_rows, target.field(name).type))
             continue
         column = table.column(name)
         wanted = target.field(name).type if target is not None else column.type

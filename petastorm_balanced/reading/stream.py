@@ -22,7 +22,7 @@ from ..plan.model import Fragment, ShardPlan
 from ..unischema.storage import load_unischema
 from . import fragments as fr
 from .batching import WindowBatcher, start_point
-from .dataset_schema import partition_columns, read_footers
+from .dataset_schema import partition_columns, read_footers, stored_names
 from .dataset_schema import stored_columns as columns_of_footers
 from .list_scan import scan_lists
 from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
@@ -68,13 +68,13 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
             unischema = load_unischema(plan.dataset_url)
             names, fields = list(unischema.fields), dict(unischema.fields)
         else:
-            stored = footers[0][1].schema.to_arrow_schema().names
+            stored = stored_names(footers)  # a Delta table's added columns included
             names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
         names = fr.select_columns(names, schema_fields)
         if PADDING in names:
             raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
                                     "flags")
-        hive = partition_columns(paths, names)
+        hive = partition_columns(paths, names, plan.table)
         stored_columns = columns_of_footers(footers, [n for n in names if n not in hive])
         plain = [n for n in names if n not in hive and not (fields and n in fields)]
         unknown = sorted(lists.named() - set(plain))

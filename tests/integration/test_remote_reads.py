@@ -1,10 +1,13 @@
 """How many requests a remote epoch makes, counted by the proxy in front of a real S3 server (slow tier, G18).
 
 An object store charges a round trip per request, so the Arrow backend must open each file once per epoch (shared
-by its threads) and look up its modification time (G15), read each footer once per epoch (the loader's schema pass
+by its threads) and take its modification time (G15) from one listing per folder per epoch (not a HEAD per file),
+read each footer once per epoch (the loader's schema pass
 and the first epoch's G15 check share one read; every later epoch reads and checks them again), and read each row
 group's columns in one coalesced request. The ids are the local loader's.
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -20,6 +23,7 @@ def test_one_open_and_one_footer_read_per_file_per_epoch(remote, plain_dataset, 
     plan = plan_shards(url, 1, batch_size=32, engine="local")
     local = plan_shards(plain_dataset.url, 1, batch_size=32, engine="local")
     files = len({g.path for g in plan.catalog.row_groups})
+    folders = len({g.path.rpartition("/")[0] for g in plan.catalog.row_groups})
     groups = len(plan.catalog.row_groups)
     remote.proxy.configure()
     loader = make_loader(0, 1, plan=plan, backend="arrow", schema_fields=columns)
@@ -30,10 +34,28 @@ def test_one_open_and_one_footer_read_per_file_per_epoch(remote, plain_dataset, 
         ids = np.concatenate([b["id"].numpy() for b in loader])
         assert np.array_equal(ids, np.concatenate([b["id"].numpy() for b in expected]))
         counts = dict(remote.proxy.counts)
-        # per file per epoch one open, whatever the threads, and one look-up of its modification time (G15: a
-        # rewrite that keeps the footer's bytes); the first epoch also locates the dataset root (once)
-        assert 2 * files <= counts.get("HEAD", 0) <= 2 * files + (epoch == 0), counts
-        gets = counts.get("GET", 0)
+        # per file per epoch one open, whatever the threads, and the first epoch also locates the dataset root
+        # (once); the modification times (G15: a rewrite that keeps the footer's bytes) from one listing per folder
+        assert files <= counts.get("HEAD", 0) <= files + (epoch == 0), counts
+        assert counts.get("list", 0) == folders, counts
+        gets = counts.get("GET", 0) - counts.get("list", 0)
         # a footer per file, a request per row group (two where the columns lie far apart)
         assert files + groups <= gets <= files + 2 * groups, counts
         remote.proxy.configure()
+
+
+def test_a_rewrite_that_keeps_the_footer_is_refused_by_the_next_epoch(remote, tmp_path):
+    """The listing's modification times still tell a rewrite that keeps the file's size and footer bytes (G15)."""
+    from petastorm_balanced import StalePlanError
+    from tests.io.test_silent_g15 import HALF, reorder_keeping_the_footer, write_files
+    local = write_files(tmp_path / "ds")
+    url = remote.prefix.upload(local, "ds")
+    plan = plan_shards(url, 1, batch_size=10, predicate=HALF, engine="local")
+    loader = make_loader(0, 1, plan=plan, batch_size=10, backend="arrow", workers_count=1)
+    assert sorted(int(i) for b in loader for i in b["id"]) == [i for i in range(600) if i % 100 < 50]
+    time.sleep(1.1)  # S3 modification times count seconds
+    reorder_keeping_the_footer(f"{local}/part-1.parquet")
+    remote.prefix.upload(local, "ds")
+    loader.set_epoch(1)
+    with pytest.raises(StalePlanError, match="'part-1.parquet'.*modified since planning"):
+        list(loader)

@@ -96,3 +96,49 @@ def test_a_type_promotion_is_served_as_pyiceberg_scans_it(table):
     expected = scan(t)
     got = delivered(plan_shards(t, 1, engine="local", batch_size=10), ["id", "a", "b", "n"])
     assert got == {c: expected.column(c).to_pylist() for c in ["id", "a", "b", "n"]}
+
+
+def test_identity_partitions_are_read_from_the_files_as_pyiceberg_reads_them(tmp_path):
+    """A string identity partition holding '007', '01' and '1' sits in folders s=007, s=01, s=1; the values are the
+    files' own ('007', not 7), and a predicate over the partition columns sees them too."""
+    from petastorm_balanced.predicates import in_lambda
+    catalog = iceberg_catalog(tmp_path)
+    data = pa.table({"id": pa.array(range(7), pa.int64()), "s": ["007", "01", "1", "1", "a b", "007", None],
+                     "k": pa.array([5, 5, 7, 8, 8, 9, None], pa.int64())})
+    t = catalog.create_table("db.p", schema=data.schema)
+    with t.update_spec() as update:
+        update.add_identity("s")
+        update.add_identity("k")
+    t = catalog.load_table("db.p")
+    t.append(data)
+    want = scan(t)
+    got = {c: [] for c in ["id", "s", "k"]}
+    for batch in make_loader(0, 1, plan=plan_shards(t, 1, engine="local", batch_size=1), batch_size=1,
+                             shuffle=False, workers_count=1):
+        for c in got:
+            got[c].extend(np.asarray(batch[c]).tolist())
+    order = np.argsort(got["id"])
+    got = {c: np.asarray(v, dtype=object)[order].tolist() for c, v in got.items()}
+    assert got["s"] == want.column("s").to_pylist() and got["id"] == list(range(7))
+    assert got["k"][:6] == want.column("k").to_pylist()[:6] and want.column("k")[6].as_py() is None
+    plan = plan_shards(t, 1, engine="local", batch_size=1, predicate=in_lambda(["s", "k"], lambda s, k: s == "01"
+                                                                                  or k == 9))
+    assert sorted(int(i) for b in make_loader(0, 1, plan=plan, batch_size=1, workers_count=1) for i in b["id"]) \
+        == [1, 5]
+
+
+@pytest.mark.slow
+def test_a_spark_where_over_identity_partitions_sees_the_files_values(tmp_path, spark):
+    """Spark reads the snapshot's files without a basePath: the identity partition columns are the files' own (no
+    folder text: '007' stays a string, pyiceberg's 'a+b' folder is 'a b')."""
+    catalog = iceberg_catalog(tmp_path)
+    data = pa.table({"id": pa.array(range(6), pa.int64()), "s": ["007", "01", "1", "1", "a b", "007"]})
+    t = catalog.create_table("db.p", schema=data.schema)
+    with t.update_spec() as update:
+        update.add_identity("s")
+    t = catalog.load_table("db.p")
+    t.append(data)
+    for where, want in [("s = '007'", [0, 5]), ("s = 'a b'", [4]), ("s = '1'", [2, 3])]:
+        plan = plan_shards(t, 1, engine="spark", spark=spark, batch_size=1, where=where)
+        got = sorted(int(i) for b in make_loader(0, 1, plan=plan, batch_size=1, workers_count=1) for i in b["id"])
+        assert got == want, where

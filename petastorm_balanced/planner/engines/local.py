@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ...core.catalog import Catalog, RowGroups, full_catalog, match_from_mask
 from ...io import fs as fsutil
 from ...io.dataset import dataset_root
-from ...io.partitions import partition_types
+from ...io.tables import partition_types
 from ...unischema.storage import load_unischema
 from ..filters import check_fields, row_group_mask
 from ..scan import scan
@@ -26,7 +26,7 @@ def build_catalog(url: str, *, predicate=None, threads: int = 8, progress=None, 
     fields = check_fields(predicate, stored + list(listing.partition_columns), url)
     unischema = load_unischema(url) if listing.kind == "petastorm" else None
     filesystem, root = dataset_root(url)
-    types = partition_types(listing.paths)  # one type per hive column for the whole dataset
+    types = partition_types(table, listing.paths)  # one type per hive column for the whole dataset
 
     def evaluate(file):
         with filesystem.open_input_file(fsutil.join(root, file.path)) as handle:

@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -48,10 +49,11 @@ from ...core.catalog import Catalog, FileInfo, RowGroupMatch, RowGroups, full_ca
 from ...errors import InvalidTypeError, InvalidValueError, InvalidWhereError, MissingDependencyError
 from ...io import fs as fsutil
 from ...io.dataset import list_data_files, relative_path
-from ...io.partitions import partition_types, partition_values
+from ...io.partitions import partition_values
+from ...io.tables import partition_types
 from ...unischema.storage import has_unischema, load_unischema
 from ..filters import check_fields, row_group_mask
-from ..scan import footer_error, listed_mtime, read_footer
+from ..scan import check_delta_columns, footer_error, listed_mtime, read_footer
 
 try:
     from pyspark.errors import (
@@ -177,7 +179,7 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
         results = sc.parallelize(relpaths, slices).mapPartitions(_footer_task(url, root)).collect()
     else:
         results = read_footers(url, root, relpaths)
-    files = _file_infos(url, results, sizes, mtimes)
+    files = _file_infos(url, results, sizes, mtimes, table)
     kind = "petastorm" if has_unischema(url) else "plain"
     partition_columns = tuple(sorted({k for p in every_path for k in partition_values(p)}))
     timings["footers"] = time.perf_counter() - listed - timings["session"]
@@ -195,7 +197,7 @@ def build_catalog(url: str, *, where: str | None = None, predicate=None, spark=N
     else:
         columns = list(results[0][2]) + list(partition_columns) if results else list(partition_columns)
         fields = check_fields(predicate, columns, url)
-        matches = _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path)
+        matches = _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path, table)
         what = f"predicate on {fields}"
     catalog = Catalog(tuple(files), RowGroups.from_matches(sorted(matches, key=lambda m: (m.path, m.row_group))),
                       kind, partition_columns)
@@ -236,14 +238,18 @@ def _footer_task(url, root):
 
 
 def _file_infos(url: str, results: Sequence[tuple], sizes: dict[str, int],
-                mtimes: dict[str, int | None]) -> list[FileInfo]:
-    """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns."""
+                mtimes: dict[str, int | None], table=None) -> list[FileInfo]:
+    """FileInfos sorted by path, after the checks ``scan.scan`` makes: readable footers, one set of columns (a
+    Delta table's: its columns, some files lacking the columns added after them)."""
     results = sorted(results, key=lambda r: r[0])
     for relpath, rows, detail, *_ in results:
         if rows is None:
             raise footer_error(relpath, url, detail)
     first = results[0]
-    for relpath, _, names, *_ in results:
+    delta = table is not None and table.format == "delta"
+    if delta:
+        check_delta_columns(url, table, [r[0] for r in results], [r[2] for r in results])
+    for relpath, _, names, *_ in [] if delta else results:
         if set(names) != set(first[2]):
             raise InvalidValueError(f"dataset_url={url!r}: {relpath!r} has columns {sorted(names)} but {first[0]!r} "
                                     f"has {sorted(first[2])}; all files of a dataset must share one schema")
@@ -311,8 +317,9 @@ def _where_matches(spark, url: str, root: str, files: Sequence[FileInfo], where:
     with the partition types of every path."""
     started = time.perf_counter()
     schema = _footer_schema(spark, url, root, schema_from) if schema_from is not None else None
-    frame = read_for_where(spark, url, partition_types(every_path or [f.path for f in files]),
-                            files if table is not None or every_path is not None else None, schema=schema)
+    frame = read_for_where(spark, url, partition_types(table, every_path or [f.path for f in files]),
+                            files if table is not None or every_path is not None else None, schema=schema,
+                            table=table)
     columns = frame.columns
     if "_metadata" in columns:
         raise InvalidValueError(f"dataset_url={url!r} has a column named '_metadata', which hides Spark's file "
@@ -494,7 +501,7 @@ def _footer_schema(spark, url: str, root: str, relpath: str):
 
 
 def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
-                    files: Sequence[FileInfo] | None = None, schema=None):
+                    files: Sequence[FileInfo] | None = None, schema=None, table=None):
     """The dataset as a Spark DataFrame; a Hadoop filesystem missing for the URL's scheme (offline pyspark wheels
     have no S3A) is reported as what to install instead of a Java stack trace.
 
@@ -506,13 +513,22 @@ def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
     ``files`` (a table snapshot's): Spark reads exactly those, partitions discovered below ``url`` as for a folder;
     no Delta or Iceberg jar is involved.
 
-    ``schema`` (``_footer_schema``): the schema Spark would infer, given so that no inference job runs."""
+    ``schema`` (``_footer_schema``): the schema Spark would infer, given so that no inference job runs.
+
+    ``table`` (a Delta snapshot's ``TableRef``): its files' schemas are merged, so that a column added to the table
+    reads as nulls in the files written before it (as deltalake reads them) rather than Spark taking one file's
+    columns."""
     base = spark_url(url)
     paths = [f"{base}/{f.path}" for f in files] if files is not None else [base]
 
     def read(reader):
         reader = reader.option("__globPaths__", "false")  # a path, not a pattern (``q?x`` would read ``qAx`` too)
-        return (reader.option("basePath", base) if files is not None else reader).parquet(*paths)
+        if table is not None and table.format == "delta":
+            reader = reader.option("mergeSchema", "true")
+        # an Iceberg file stores its identity partition columns: without a basePath Spark reads them from the file,
+        # as pyiceberg does, and no folder text ('s=007', pyiceberg's 'a+b' for 'a b') becomes a column
+        iceberg = table is not None and table.format == "iceberg"
+        return (reader.option("basePath", base) if files is not None and not iceberg else reader).parquet(*paths)
 
     try:
         if schema is not None and not hive_types:
@@ -527,6 +543,10 @@ def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
                 schema = StructType([StructField(f.name, IntegerType(), True) if f.name in ints else f
                                      for f in frame.schema.fields])
                 frame = read(spark.read.schema(schema))
+            for name, kind in hive_types.items():  # a table's declared types: the folder text cast as declared
+                if kind not in ("int32", "string") and name in frame.columns:
+                    from pyspark.sql import functions as F
+                    frame = frame.withColumn(name, F.expr(_spark_cast(f"`{name}`", kind)))
         return frame
     except Exception as exc:  # noqa: BLE001 - py4j wraps Hadoop's ClassNotFoundException / UnsupportedFileSystem
         text = str(exc)
@@ -538,6 +558,20 @@ def read_for_where(spark, url: str, hive_types: dict[str, str] | None = None,
                                          "org.apache.hadoop:hadoop-aws:3.4.1; see docs/remote.md); or plan with "
                                          "engine='local' and a Petastorm predicate=") from None
         raise
+
+
+def _spark_cast(column: str, kind: str) -> str:
+    """Spark SQL giving a partition folder's text (a string column) the value ``io.partitions.parse`` gives it: a
+    UTC timestamp without a zone offset is read as UTC whatever the session's time zone."""
+    decimal = re.fullmatch(r"decimal128\((\d+), (\d+)\)", kind)
+    if decimal:
+        return f"CAST({column} AS DECIMAL({decimal.group(1)}, {decimal.group(2)}))"
+    if kind == "timestamp[us, tz=UTC]":
+        return (f"CAST(CASE WHEN {column} RLIKE '(Z|[+-][0-9][0-9]:?[0-9][0-9])$' THEN {column} "
+                f"ELSE concat({column}, 'Z') END AS TIMESTAMP)")
+    sql = {"int8": "TINYINT", "int16": "SMALLINT", "int64": "BIGINT", "bool": "BOOLEAN", "float": "FLOAT",
+           "double": "DOUBLE", "date32[day]": "DATE", "timestamp[us]": "TIMESTAMP_NTZ"}[kind]
+    return f"CAST({column} AS {sql})"
 
 
 def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_files: Sequence[str]) -> None:
@@ -553,14 +587,15 @@ def _check_same_files(url: str, root: str, files: Sequence[FileInfo], spark_file
 
 # ---------------------------------------------------------------------------------------------- Petastorm predicate
 
-def _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path) -> list[RowGroupMatch]:
+def _predicate_matches(spark, url, root, files, predicate, fields, kind, every_path, table=None
+                       ) -> list[RowGroupMatch]:
     ship_package(spark)
     sc = spark.sparkContext
     work = [(f.path, f.row_group_rows) for f in files if f.num_rows > 0]
     if not work:
         return []
     slices = max(1, min(len(work), sc.defaultParallelism * 4))
-    types = partition_types(every_path)  # the whole dataset's, as the local engine passes them
+    types = partition_types(table, every_path)  # the whole dataset's, as the local engine passes them
     out = sc.parallelize(work, slices).mapPartitions(_predicate_task(url, root, predicate, fields, kind,
                                                                      types)).collect()
     errors = [r for r in out if r[0] is None]

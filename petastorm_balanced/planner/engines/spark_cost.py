@@ -16,7 +16,7 @@ import pandas as pd
 from ...core.catalog import FileInfo
 from ...core.cost.spec import CostSpec, check_costs
 from ...errors import InvalidValueError, InvalidWhereError
-from ...io.partitions import partition_types
+from ...io.tables import partition_types
 from ..cost_stats import Stats
 from .spark import (
     AnalysisException,
@@ -38,8 +38,10 @@ def spark_cost_stats(spark, url: str, root: str, files: Sequence[FileInfo], spec
     """``(sum, max)`` of the cost of the rows ``where`` keeps, per row group; a NULL, negative or fractional cost
     is a ``ValueError`` naming file and row group. ``every_path``: given when ``files`` are some of the dataset's
     (an update), which Spark then reads by name with the partition types of every path."""
-    frame = read_for_where(spark, url, partition_types(every_path or [f.path for f in files]),  # as the loader types
-                            files if table is not None or every_path is not None else None)  # a table: its files
+    types = partition_types(table, every_path or [f.path for f in files])  # as the loader types them
+    frame = read_for_where(spark, url, types,
+                            files if table is not None or every_path is not None else None,  # a table: its files
+                            table=table)
     columns = frame.columns
     lookup = {f.path: f.row_group_rows for f in files if f.num_rows > 0}
     # Spark Connect has no broadcast: the lookup (row group sizes per file) travels inside the function instead.
