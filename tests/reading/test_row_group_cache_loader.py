@@ -116,3 +116,19 @@ def test_cache_arguments_are_checked_where_given(dataset, kwargs, message):
     plan = plan_shards(dataset.path, 1, batch_size=32, engine="local")
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         make_loader(0, 1, plan=plan, backend="arrow", **kwargs)
+
+
+def test_make_reader_on_the_arrow_backend_takes_the_cache_too(dataset, tmp_path, monkeypatch):
+    from petastorm_balanced import make_reader
+    plan = plan_shards(dataset.path, 1, batch_size=32, engine="local")
+    kwargs = {"backend": "arrow", "cache_type": "local-disk", "cache_location": str(tmp_path / "cache")}
+
+    def ids():
+        with make_reader(0, 1, plan=plan, **kwargs) as reader:
+            return np.concatenate([np.asarray(b.id) for b in reader])
+    first = ids()
+
+    def no_reads(*args, **kwargs):
+        raise AssertionError("a row group was read from the dataset, not the cache")
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", no_reads)
+    assert np.array_equal(ids(), first)
