@@ -8,6 +8,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from petastorm_balanced.io.row_group_cache import LocalDiskCache, entry_key
 
@@ -147,3 +149,31 @@ def test_a_temporary_file_of_a_killed_writer_is_never_read_and_cleaned_up(tmp_pa
     os.utime(temp, (old, old))
     cache.evict()
     assert not os.path.exists(temp)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "get"]), st.integers(0, 11), st.integers(1000, 3000)),
+                min_size=1, max_size=40),
+       st.integers(1, 4))
+def test_any_sequence_of_puts_and_gets_stays_bounded_and_exact(tmp_path_factory, operations, entries_in_limit):
+    """Whatever is stored and looked up, in any order: the folder never holds more than the limit after a put,
+    and a get gives None or exactly what was stored under that key."""
+    folder = tmp_path_factory.mktemp("cache")
+    probe = LocalDiskCache(str(folder / "probe"), 1 << 30)
+    probe.put("p" * 64, _sized(0, 3000))
+    limit = entries_in_limit * os.path.getsize(probe.path("p" * 64))
+    cache = LocalDiskCache(str(folder / "cache"), limit)
+    stored = {}
+    for op, key_number, rows in operations:
+        key = f"{key_number:064x}"
+        if op == "put":
+            stored[key] = _sized(key_number, rows)
+            cache.put(key, stored[key])
+            assert _size(folder / "cache") <= limit
+        else:
+            got = cache.get(key)
+            assert got is None or got.equals(stored[key])
+
+
+def _sized(seed: int, rows: int) -> pa.Table:
+    return pa.table({"id": np.arange(rows, dtype=np.int64) + seed, "text": [f"{seed}:{i}" for i in range(rows)]})
