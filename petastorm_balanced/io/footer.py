@@ -242,6 +242,11 @@ class CheckedFooters:
             self._handles[name] = handle
         return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
 
+    def checked(self, name: str) -> Footer | None:
+        """The footer of ``name`` as read and checked by this reader (with the file's modification time), or None
+        before its first open."""
+        return self._footers.get(name)
+
     def check_all(self, names_locations, threads: int = 16) -> None:
         """Read and check the footer of every ``(name, location)`` now, ``threads`` at a time (each a small,
         latency-bound read), closing the files: for a reader whose reading happens elsewhere (Petastorm's pool

@@ -86,8 +86,9 @@ def select_columns(available: Sequence[str], schema_fields) -> list[str]:
 
 
 def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSpec, *,
-                  indices: np.ndarray | None = None) -> pa.Table:
-    """The fragment's rows (``indices`` overrides its ``row_indices()``), requested columns in ``spec`` order."""
+                  indices: np.ndarray | None = None, cache: Callable | None = None) -> pa.Table:
+    """The fragment's rows (``indices`` overrides its ``row_indices()``), requested columns in ``spec`` order.
+    ``cache(fragment, columns, load)``: the row group's stored columns from a cache, or ``load()`` (the read)."""
     meta = parquet_file.metadata
     if fragment.row_group >= meta.num_row_groups:
         raise StalePlanError(f"{fragment.path!r} has {meta.num_row_groups} row groups but the plan reads row group "
@@ -96,7 +97,11 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
     if rows_in_file != fragment.total_rows:
         raise StalePlanError(f"{fragment.path!r} row group {fragment.row_group} has {rows_in_file} rows but the plan "
                              f"recorded {fragment.total_rows}; the file changed since planning, re-run planning")
-    table = parquet_file.read_row_group(fragment.row_group, columns=spec.stored_columns, use_threads=spec.use_threads)
+    columns = spec.stored_columns
+
+    def load() -> pa.Table:
+        return parquet_file.read_row_group(fragment.row_group, columns=columns, use_threads=spec.use_threads)
+    table = load() if cache is None else cache(fragment, columns, load)
     if indices is None and not fragment.selection:  # every row matches: the fragment is one run
         table = table.slice(fragment.start, fragment.num_rows)
     else:

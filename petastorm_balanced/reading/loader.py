@@ -24,6 +24,7 @@ from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import (
     SHUFFLE_BUDGET,
     LoaderOptions,
+    arrow_cache,
     arrow_retry_policy,
     check_arrow_kwargs,
     check_petastorm_kwargs,
@@ -231,7 +232,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
         reader_options: dict[str, Any] = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
-                                          "retry_policy": arrow_retry_policy(petastorm_kwargs)}
+                                          "retry_policy": arrow_retry_policy(petastorm_kwargs),
+                                          "cache": arrow_cache(petastorm_kwargs)}
     else:
         reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
     return BalancedLoader(plan, resolve_world(rank, world), options, epoch=epoch, reader_options=reader_options,

@@ -482,14 +482,15 @@ def make_mixture_loader(world: World, plans, weights, options: LoaderOptions, *,
                         backend: str, workers_count: int, reader_pool_type: str, petastorm_kwargs: dict,
                         feeding: Feed) -> MixtureLoader:
     """``make_loader``'s mixture: the same reader options, checked the same way, for every source."""
-    from .options import check_arrow_kwargs, check_pool_options
+    from .options import arrow_cache, arrow_retry_policy, check_arrow_kwargs, check_pool_options
     resolved = [resolve_plan(p) for p in plans] if isinstance(plans, (list, tuple)) else plans
     tables = [p.table for p in resolved if p.table is not None]
     chosen = resolve_backend(backend, tables[0] if tables else None)
     check_pool_options(reader_pool_type, workers_count, chosen)
     if chosen == "arrow":
         check_arrow_kwargs(petastorm_kwargs)
-        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type}
+        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
+                          "retry_policy": arrow_retry_policy(petastorm_kwargs), "cache": arrow_cache(petastorm_kwargs)}
     else:
         reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
     settings = MixtureSettings(resolved, weights, world, options, epoch_steps=epoch_steps, backend=chosen,

@@ -18,6 +18,7 @@ from ..core.cost.spec import parse_cost
 from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from ..io import retry
+from ..io.row_group_cache import CacheSettings
 from ..plan.model import ShardPlan
 from .list_shapes import ListOptions
 from .tensors import TORCH, check_batch_format
@@ -150,16 +151,54 @@ def resolve_backend(backend, table=None) -> str:
     return backend
 
 
+# The Arrow backend's local-disk row group cache takes Petastorm's names (io/row_group_cache.py)
+ARROW_CACHE = ("cache_type", "cache_location", "cache_size_limit")
+CACHE_SIZE_LIMIT = 10 * 2**30  # the Arrow backend's default cache_size_limit with cache_type="local-disk"
+
+
 def check_arrow_kwargs(kwargs: dict) -> None:
     """The Petastorm reader arguments the Arrow backend cannot honour, refused with what to do instead
-    (``storage_options`` holding only the retry policy's ``retry_*`` keys is honoured: ``arrow_retry_policy``)."""
+    (``storage_options`` holding only the retry policy's ``retry_*`` keys is honoured: ``arrow_retry_policy``;
+    ``cache_type``, ``cache_location`` and ``cache_size_limit`` are: ``arrow_cache``)."""
+    arrow_cache(kwargs)
     for name, value in kwargs.items():
         if name == "storage_options" and isinstance(value, dict) and not retry.split_options(value)[1]:
             continue
+        if name in ARROW_CACHE:
+            continue
+        if name in ("cache_row_size_estimate", "cache_extra_settings"):
+            raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': it sets Petastorm's "
+                                    "diskcache; the Arrow backend's cache (cache_type='local-disk') is sized by "
+                                    "cache_size_limit alone")
         if name in ("storage_options", "filesystem"):
             raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_STORAGE}")
         if name != "results_queue_size":  # the Arrow backend bounds its prefetch by workers_count instead
             raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_REFUSED}")
+
+
+def arrow_cache(kwargs: dict) -> CacheSettings | None:
+    """The Arrow backend's local-disk row group cache that ``cache_type="local-disk"``, ``cache_location`` and
+    ``cache_size_limit`` (bytes or a string such as ``"10GiB"``; default 10 GiB) ask for, or None (``cache_type``
+    left out, None or ``"null"``, as in Petastorm)."""
+    kind = kwargs.get("cache_type")
+    location, limit = kwargs.get("cache_location"), kwargs.get("cache_size_limit")
+    if kind in (None, "null"):
+        given = [n for n in ("cache_location", "cache_size_limit") if kwargs.get(n) is not None]
+        if given:
+            raise InvalidValueError(f"{given[0]}={kwargs[given[0]]!r} is given but cache_type={kind!r} caches "
+                                    "nothing; pass cache_type='local-disk' too, or leave it out")
+        return None
+    if kind != "local-disk":
+        raise InvalidValueError(f"cache_type={kind!r} is not 'null' or 'local-disk' (row groups kept on a local "
+                                "disk for later epochs)")
+    if not isinstance(location, (str, os.PathLike)) or not os.fspath(location):
+        raise InvalidValueError(f"cache_location={location!r}: cache_type='local-disk' needs a local folder to keep "
+                                "row groups in (shared by the ranks of a node), e.g. cache_location='/local/cache'")
+    location = os.fspath(location)
+    if "://" in location:
+        raise InvalidValueError(f"cache_location={location!r} is a URL; the cache is a local folder (a path)")
+    size = CACHE_SIZE_LIMIT if limit is None else parse_bytes("cache_size_limit", limit)
+    return CacheSettings(location, size)
 
 
 def arrow_retry_policy(kwargs: dict) -> retry.RetryPolicy:

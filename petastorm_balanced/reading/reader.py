@@ -19,17 +19,18 @@ import pyarrow as pa
 from ..core.params import check_int
 from ..core.shuffle import window_permutation
 from ..errors import InvalidTypeError, InvalidValueError
+from ..io.row_group_cache import CacheSettings
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
 from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
 from . import stream
 from .backends.arrow import BundleReader, in_order
-from .options import check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
+from .options import arrow_cache, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
 from .transform import as_spec, check_rows, transformed_unischema
 
 ARROW_READER_ARGUMENTS = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size",
-                          "shuffle_rows", "seed", "transform_spec")
+                          "shuffle_rows", "seed", "transform_spec", "cache_type", "cache_location", "cache_size_limit")
 
 
 class ArrowReader:
@@ -38,7 +39,7 @@ class ArrowReader:
 
     def __init__(self, plan: ShardPlan, fragments: list[Fragment], *, schema_fields: Sequence[Any] | None = None,
                  workers_count: int = 10, reader_pool_type: str = "thread", shuffle_key: Sequence[int] | None = None,
-                 transform_spec: Any = None):
+                 transform_spec: Any = None, cache: CacheSettings | None = None):
         check_pool_options(reader_pool_type, workers_count, "arrow")
         self.fragments = list(fragments)
         self._columns = stream.dataset_columns(plan, schema_fields)
@@ -47,7 +48,7 @@ class ArrowReader:
         self._transform = as_spec(transform_spec)
         if self._transform is not None:  # Petastorm's transform_schema: the rows' fields after the transform
             self.schema = transformed_unischema(self.schema, self._transform)
-        self._reader = BundleReader(plan, self._columns.spec, self._columns.fields)
+        self._reader = BundleReader(plan, self._columns.spec, self._columns.fields, cache=cache)
         self._shuffle_key = shuffle_key
         self._results = in_order(self._read, list(enumerate(self.fragments)),
                                  workers_count=0 if reader_pool_type == "dummy" else workers_count,
@@ -199,7 +200,7 @@ def make_reader(rank: int | None = None, world: int | None = None, *, plan: Shar
         schema_fields = [re.escape(cast(Any, f).name) if isinstance(f, tuple) else f for f in schema_fields]
     return ArrowReader(plan, frags, schema_fields=schema_fields, workers_count=reader_kwargs.get("workers_count", 10),
                        reader_pool_type=reader_kwargs.get("reader_pool_type", "thread"), shuffle_key=key,
-                       transform_spec=reader_kwargs.get("transform_spec"))
+                       transform_spec=reader_kwargs.get("transform_spec"), cache=arrow_cache(reader_kwargs))
 
 
 __all__ = ["ArrowReader", "make_reader"]

@@ -45,6 +45,25 @@ def test_every_row_exactly_once_under_faults(remote, on_remote, plain_dataset, f
     assert injected > 0, remote.proxy.counts
 
 
+def test_the_local_disk_cache_under_faults_stores_only_whole_row_groups(remote, on_remote, plain_dataset, tmp_path):
+    """Every fault at once while the first epoch fills the cache: a read that failed stores nothing, so both
+    epochs deliver the local loader's rows exactly."""
+    local = plan_shards(plain_dataset.url, 1, batch_size=BATCH, engine="local")
+    plan = plan_shards(on_remote, 1, batch_size=BATCH, engine="local")
+    expected = make_loader(0, 1, plan=local, backend="arrow")
+    loader = make_loader(0, 1, plan=plan, backend="arrow", cache_type="local-disk",
+                         cache_location=str(tmp_path / "cache"))
+    remote.proxy.configure(**FAULTS["all at once"], seed=13)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        expected.set_epoch(epoch)
+        for got, want in zip(loader, expected, strict=True):  # every column's values
+            assert got.keys() == want.keys()
+            for name in got:
+                assert np.array_equal(np.asarray(got[name]), np.asarray(want[name])), (epoch, name)
+    assert sum(v for k, v in remote.proxy.counts.items() if k.startswith("fault:") and k != "fault:ok") > 0
+
+
 def test_endpoint_in_the_url_gets_the_same_retries(remote, on_remote, plain_dataset, monkeypatch):
     expected = _ids(plain_dataset.url)
     monkeypatch.delenv("AWS_ENDPOINT_URL")

@@ -59,3 +59,28 @@ def test_a_rewrite_that_keeps_the_footer_is_refused_by_the_next_epoch(remote, tm
     loader.set_epoch(1)
     with pytest.raises(StalePlanError, match="'part-1.parquet'.*modified since planning"):
         list(loader)
+
+
+def test_with_the_local_disk_cache_a_second_epoch_reads_only_footers(remote, plain_dataset, tmp_path):
+    """cache_type='local-disk': the first epoch stores each row group it reads; the next one still opens every file
+    and reads and checks its footer (G15), and reads no row group from the storage; the ids are the local ones."""
+    url = remote.prefix.upload(plain_dataset.path, "plain")
+    plan = plan_shards(url, 1, batch_size=32, engine="local")
+    local = plan_shards(plain_dataset.url, 1, batch_size=32, engine="local")
+    files = len({g.path for g in plan.catalog.row_groups})
+    folders = len({g.path.rpartition("/")[0] for g in plan.catalog.row_groups})
+    remote.proxy.configure()
+    loader = make_loader(0, 1, plan=plan, backend="arrow", cache_type="local-disk",
+                         cache_location=str(tmp_path / "cache"), cache_size_limit="256MiB")
+    expected = make_loader(0, 1, plan=local, backend="arrow")
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        expected.set_epoch(epoch)
+        ids = np.concatenate([b["id"].numpy() for b in loader])
+        assert np.array_equal(ids, np.concatenate([b["id"].numpy() for b in expected]))
+        counts = dict(remote.proxy.counts)
+        assert files <= counts.get("HEAD", 0) <= files + (epoch == 0), counts
+        if epoch:  # the footers, checked again, and the listing of modification times; no row group
+            assert counts.get("GET", 0) - counts.get("list", 0) == files, counts
+            assert counts.get("list", 0) == folders, counts
+        remote.proxy.configure()

@@ -107,7 +107,7 @@ def test_arrow_worker_fault_names_file_and_row_group(tmp_path):
 @pytest.mark.parametrize("name, value, pattern", [
     ("backend", "spark", "backend='spark' is not one of"),
     ("reader_pool_type", "process", "use backend='petastorm' for Petastorm's process pool"),
-    ("cache_type", "local-disk", "cache_type='local-disk' is not accepted with backend='arrow'"),
+    ("cache_extra_settings", {}, "cache_extra_settings={} is not accepted with backend='arrow'"),
     ("storage_options", {"anon": True}, "reads through pyarrow.fs"),
 ])
 def test_arrow_backend_refuses_what_it_cannot_honour(plans, name, value, pattern):

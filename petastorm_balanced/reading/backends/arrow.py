@@ -31,6 +31,7 @@ from ...io import fs as fsutil
 from ...io import retry
 from ...io.dataset import dataset_root
 from ...io.footer import CheckedFooters
+from ...io.row_group_cache import CacheSettings, entry_key, local_disk_cache
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from .. import fragments as fr
@@ -69,7 +70,7 @@ class BundleReader:
     costs about one round trip rather than one per fragment."""
 
     def __init__(self, plan: ShardPlan, spec: fr.ReadSpec, fields=None, schemas=(), transform=None, *,
-                 retry_policy: retry.RetryPolicy | None = None):
+                 retry_policy: retry.RetryPolicy | None = None, cache: CacheSettings | None = None):
         self._plan = plan
         self._transform = transform  # a transform.Transform: run here, in the reading thread, on the decoded rows
         filesystem, self._root = dataset_root(plan.dataset_url)
@@ -82,12 +83,24 @@ class BundleReader:
         # every footer read, hashed and compared with the planned one (G15) before a row of its file is used, once
         # per reader (per epoch): the threads' later opens of the file reuse it
         self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self._remote, shared=self._remote)
+        # row groups kept on the local disk (io/row_group_cache.py), keyed by the footer this reader just checked
+        self._cache = local_disk_cache(cache) if cache is not None else None
 
     def close(self) -> None:
         """Nothing to stop: the remote read threads are the process's (``remote_pool``)."""
 
     def _check(self, path: str, footer) -> None:
         check_file(self._plan, self._planned[path], footer=footer.digest, mtime_ns=footer.mtime_ns)
+
+    def _cached(self, fragment: Fragment, columns: list[str], load: Callable[[], pa.Table]) -> pa.Table:
+        """The row group's columns from the local-disk cache, or read (``load``) and stored there; the entry is
+        the one of the file's footer as checked against the plan in this epoch (G15)."""
+        footer = self._footers.checked(fragment.path)
+        if self._cache is None or footer is None:
+            return load()
+        key = entry_key(f"{self._plan.dataset_url}/{fragment.path}", footer.digest, footer.file_size,
+                        footer.mtime_ns, fragment.row_group, columns)
+        return self._cache.read(key, load)
 
     def _files(self) -> fr.FileCache:
         files = getattr(self._local, "files", None)
@@ -126,24 +139,28 @@ class BundleReader:
         except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
             raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
         try:
-            return retry.call(lambda: fr.read_fragment(handle, fragment, self._spec, indices=indices),
+            cache = self._cached if self._cache is not None else None
+            return retry.call(lambda: fr.read_fragment(handle, fragment, self._spec, indices=indices, cache=cache),
                               url=location, policy=self._retry)
         except (OSError, pa.ArrowException) as exc:  # name the file and row group
             raise fr.read_error(fragment, exc) from exc
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
-                 max_ahead=None, transform=None, retry_policy: retry.RetryPolicy | None = None):
+                 max_ahead=None, transform=None, retry_policy: retry.RetryPolicy | None = None,
+                 cache: CacheSettings | None = None):
     """A ``stream.Chunks`` reading bundles in ``workers_count`` threads (or inline for ``"dummy"``), in order;
     the pool options were checked when the loader was made (``options.check_pool_options``). ``transform`` (a
-    ``transform.Transform``) runs in the threads too, on each bundle's rows."""
+    ``transform.Transform``) runs in the threads too, on each bundle's rows; ``cache``: row groups kept on the
+    local disk (``io/row_group_cache.py``)."""
     inline = reader_pool_type == "dummy"
     ahead = max_ahead or workers_count + 2
 
     def chunks(todo: list[Fragment]):
         threads = 0 if inline else workers_count
         spec = columns.spec if threads < 2 else replace(columns.spec, use_threads=False)  # our threads decode
-        reader = BundleReader(plan, spec, columns.fields, columns.schemas, transform, retry_policy=retry_policy)
+        reader = BundleReader(plan, spec, columns.fields, columns.schemas, transform, retry_policy=retry_policy,
+                              cache=cache)
         bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
         results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead)
         try:
