@@ -18,6 +18,7 @@ from ..core.catalog import Catalog
 from ..core.cost.order import ROW_GROUP_ORDERS
 from ..core.cost.spec import resolve_balance
 from ..errors import InvalidValueError
+from ..io.location import DatasetLocation
 from ..io.tables import TableRef
 from ..world import check_rank_world
 
@@ -176,6 +177,17 @@ class ShardPlan:
         """sha256 over the plan's content; equal plans have equal checksums, whichever engine made them."""
         from .format import content_checksum
         return content_checksum(self)
+
+    @cached_property
+    def location(self) -> DatasetLocation:
+        """The dataset's filesystem and root, resolved once for this plan in this process (``io/location.py``): the
+        loader's schema pass, its list scan and every epoch's readers share it. Not pickled (``__getstate__``)."""
+        return DatasetLocation.of(self.dataset_url)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("location", None)  # a filesystem of this process; the receiver resolves its own
+        return state
 
     @cached_property
     def _counts(self) -> np.ndarray:

@@ -29,16 +29,18 @@ from .state import (
 
 class Layout:
     """What decides which rows each slot delivers in an epoch, and in what order: the plan, the world, the batch
-    size, the window shuffle and the sub-epochs. The loaders' ``Settings`` extend it; the CLI builds one from a
+    size, the window shuffle and the sub-epochs. The loaders' ``Settings`` hold one; the CLI builds one from a
     saved state (``Layout.of_state``) to show or check an elastic resume without a loader."""
 
     def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int | None, shuffle: bool,
-                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1, balance_by: str = "rows"):
+                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1, balance_by: str = "rows",
+                 steps: int | None = None):
         self.plan, self.world_size, self.rank = plan, world_size, rank
         self.batch_size: int | None = batch_size  # None: a token budget (max_batch_cost), rows assigned one by one
         self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
         self.balance_by = balance_by  # "rows", or "cost" (the plan's cost order: ``plan.pieces``)
-        self.steps = plan.steps_per_epoch(world_size, batch_size)  # of a whole pass
+        # of a whole pass; ``steps`` when batches are not of fixed rows (a token budget counts its own)
+        self.steps = plan.steps_per_epoch(world_size, batch_size) if steps is None else steps
         self.partition_epoch = check_partition_epoch(partition_epoch, self.steps)
         # (epoch, stages, world) -> steps, for positions after an elastic resume
         self._stage_steps: dict[tuple, int] = {}

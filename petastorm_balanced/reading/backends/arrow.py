@@ -29,7 +29,6 @@ import pyarrow.fs as pafs
 from ...errors import StalePlanError
 from ...io import fs as fsutil
 from ...io import retry
-from ...io.dataset import dataset_root
 from ...io.footer import CheckedFooters
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
@@ -72,7 +71,7 @@ class BundleReader:
                  retry_policy: retry.RetryPolicy | None = None):
         self._plan = plan
         self._transform = transform  # a transform.Transform: run here, in the reading thread, on the decoded rows
-        filesystem, self._root = dataset_root(plan.dataset_url)
+        filesystem, self._root = plan.location.filesystem, plan.location.root
         self._planned = {f.path: f for f in plan.catalog.files}
         self._spec, self._fields, self._schemas = spec, fields, schemas
         self._local = threading.local()
