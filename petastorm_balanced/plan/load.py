@@ -26,7 +26,6 @@ from ..errors import (
 )
 from ..io import fs as fsutil
 from ..io.tables import TableRef
-from ..unischema.storage import load_unischema
 from .format import (
     ASSIGNMENT,
     CATALOG,
@@ -69,7 +68,7 @@ def load_plan(plan_url: str | PathLike[str] | ShardPlan, *, check_dataset: bool 
     if check_dataset:
         _check_dataset(plan)
         if plan.catalog.kind == "petastorm":
-            load_unischema(plan.dataset_url)  # UnsafeDatasetError for a stored schema off the allow-list
+            plan.unischema  # noqa: B018  (UnsafeDatasetError for a stored schema off the allow-list)
     return plan
 
 

@@ -20,6 +20,7 @@ from ..core.cost.spec import resolve_balance
 from ..errors import InvalidValueError
 from ..io.location import DatasetLocation
 from ..io.tables import TableRef
+from ..unischema.storage import load_unischema
 from ..world import check_rank_world
 
 if TYPE_CHECKING:
@@ -184,9 +185,16 @@ class ShardPlan:
         loader's schema pass, its list scan and every epoch's readers share it. Not pickled (``__getstate__``)."""
         return DatasetLocation.of(self.dataset_url)
 
+    @cached_property
+    def unischema(self):
+        """The dataset's stored Unischema (None for plain Parquet), loaded once for this plan through the allow-list
+        (``unischema/storage.load_unischema``): ``load_plan`` checks it, the loader's columns read it. Not pickled."""
+        return load_unischema(self.location.url) if self.catalog.kind == "petastorm" else None
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("location", None)  # a filesystem of this process; the receiver resolves its own
+        for resolved in ("location", "unischema"):  # of this process (a filesystem); the receiver resolves its own
+            state.pop(resolved, None)
         return state
 
     @cached_property

@@ -15,10 +15,9 @@ import pyarrow as pa
 
 from ..core.cost.options import CostOptions
 from ..core.cost.spec import COST_COLUMN
-from ..errors import InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError
 from ..io.partitions import partition_values
 from ..plan.model import ShardPlan
-from ..unischema.storage import load_unischema
 from . import fragments as fr
 from .dataset_schema import partition_columns, read_footers
 from .dataset_schema import stored_columns as columns_of_footers
@@ -59,12 +58,12 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
     try:
         footers = read_footers(plan.location, read)  # each footer once, side by side
         if plan.catalog.kind == "petastorm":
-            unischema = load_unischema(plan.dataset_url)
+            unischema = plan.unischema
             names, fields = list(unischema.fields), dict(unischema.fields)
         else:
             stored = footers[0][1].schema.to_arrow_schema().names
             names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
-        names = fr.select_columns(names, schema_fields)
+        names = select_columns(names, schema_fields)
         if PADDING in names:
             raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
                                     "flags")
@@ -129,3 +128,30 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None
     return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields, target,
                    columns.schemas + source.schemas, columns.row_bytes + source.row_bytes,
                    {**columns.clustered, **source.clustered}), source.names
+
+
+def select_columns(available: Sequence[str], schema_fields) -> list[str]:
+    """Resolve ``schema_fields`` like Petastorm: names, regular expressions matching a whole name, or
+    UnischemaFields; ``None`` means every column. Keeps the dataset's column order."""
+    if schema_fields is None:
+        return list(available)
+    if isinstance(schema_fields, (str, bytes)) or not hasattr(schema_fields, "__iter__"):
+        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of column names or patterns")
+    wanted = set()
+    schema_fields = list(schema_fields)
+    if not schema_fields:
+        raise InvalidValueError("schema_fields=[] selects no column; pass None for every column, or name some")
+    for item in schema_fields:
+        name = getattr(item, "name", item)
+        if not isinstance(name, str):
+            raise InvalidTypeError(f"schema_fields item {item!r} is neither a column name nor a UnischemaField")
+        try:
+            matches = [c for c in available if c == name or re.fullmatch(name, c)]
+        except re.error as exc:
+            raise InvalidValueError(f"schema_fields item {name!r} is not a column name and not a valid regular "
+                                    f"expression ({exc}); escape it with re.escape or name the column exactly"
+                                    ) from None
+        if not matches:
+            raise InvalidValueError(f"schema_fields item {name!r} matches no column; the dataset has {list(available)}")
+        wanted.update(matches)
+    return [c for c in available if c in wanted]

@@ -41,7 +41,9 @@ class Layout:
         self.balance_by = balance_by  # "rows", or "cost" (the plan's cost order: ``plan.pieces``)
         # of a whole pass; ``steps`` when batches are not of fixed rows (a token budget counts its own)
         self.steps = plan.steps_per_epoch(world_size, batch_size) if steps is None else steps
-        self.partition_epoch = check_partition_epoch(partition_epoch, self.steps)
+        balance.check_params(partition_epoch=partition_epoch)
+        balance.check_partition(self.steps, partition_epoch)  # every part of a pass needs a step
+        self.partition_epoch = int(partition_epoch)
         # (epoch, stages, world) -> steps, for positions after an elastic resume
         self._stage_steps: dict[tuple, int] = {}
 
@@ -83,13 +85,6 @@ class Layout:
             args = {**self.pieces_args(epoch, 1, stages), "world_size": world}
             self._stage_steps[key] = self.plan.pieces(**args).steps_per_rank
         return self._stage_steps[key]
-
-
-def check_partition_epoch(partition_epoch, steps: int) -> int:
-    """``partition_epoch`` checked against the pass's steps (every part needs one)."""
-    balance.check_params(partition_epoch=partition_epoch)
-    balance.check_partition(steps, partition_epoch)
-    return int(partition_epoch)
 
 
 def carry(stages: tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_epoch: int, *,

@@ -43,6 +43,7 @@ class Settings:
         budget = self.cost is not None and self.cost.budget is not None
         rows_batch = _rows_batch(plan, options, budget)  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(plan.total_rows, self.world_size, rows_batch)
+        rank_rows = plan.rows_per_rank(self.world_size, rows_batch)  # a rank's rows per pass, padding included
         # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
         self.columns, self.drop = columns.with_cost_source(columns.dataset_columns(plan, options.schema_fields,
                                                                                    options.lists), plan, self.cost)
@@ -55,14 +56,14 @@ class Settings:
             shuffle_window = budget_window(self.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES, rows_batch)
         steps = None
         if budget and self.cost is not None:
-            steps = self.cost.budget_steps(plan.rows_per_rank(self.world_size, 1), shuffle_window)
+            steps = self.cost.budget_steps(rank_rows, shuffle_window)
         self.layout = Layout(plan, self.world_size, self.rank, batch_size=None if budget else rows_batch,
                              shuffle=options.shuffle, shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                              partition_epoch=options.partition_epoch,
                              balance_by="rows" if self.cost is None else "cost", steps=steps)
         self.padding_mask = options.padding_mask
         if options.shuffle:
-            warn_stored_order(self.columns.clustered, plan.rows_per_rank(self.world_size, rows_batch), shuffle_window)
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
