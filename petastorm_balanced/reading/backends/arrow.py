@@ -134,7 +134,7 @@ class BundleReader:
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
                  max_ahead=None, transform=None, retry_policy: retry.RetryPolicy | None = None):
     """A ``stream.Chunks`` reading bundles in ``workers_count`` threads (or inline for ``"dummy"``), in order;
-    the pool options were checked when the loader was made (``options.check_pool_options``). ``transform`` (a
+    the pool options were checked when the loader was made (``reader_arguments.check_pool_options``). ``transform`` (a
     ``transform.Transform``) runs in the threads too, on each bundle's rows."""
     inline = reader_pool_type == "dummy"
     ahead = max_ahead or workers_count + 2
