@@ -127,7 +127,7 @@ def main(argv=None):
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_decode_")
     url = write(os.path.join(workdir, f"images_{args.rows}_{args.side}"), args.rows, args.side)
     rows = (args.rows // 4) * 4
-    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.reading.backends import petastorm_importable
     from petastorm_balanced.unischema.codecs import image_library
     readers = {"make_loader[arrow]": ours_loader(url, args.workers, args.batch),
                "BalancedIterableDataset+DataLoader(workers)": ours_iterable(url, args.workers, args.batch)}

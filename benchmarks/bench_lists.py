@@ -132,7 +132,7 @@ def check_vec(url: str, plan, batch: int) -> dict:
 
 def vec_case(url: str, args) -> dict:
     from petastorm_balanced import plan_shards
-    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.reading.backends import petastorm_importable
     plan = plan_shards(url, 1, batch_size=args.batch, engine="local")
     w, b = args.workers, args.batch
     out = {"rows": plan.total_rows, "row_groups": len(plan.catalog.row_groups), "workers": w, "batch_size": b,
@@ -200,7 +200,7 @@ def main(argv=None):
     parser.add_argument("--workdir", default=None, help="keep the generated dataset here between runs")
     parser.add_argument("--skip-per-value", action="store_true")
     args = parser.parse_args(argv)
-    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.reading.backends import petastorm_importable
     args.backends = ["arrow", "petastorm"] if petastorm_importable() else ["arrow"]
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_lists_")
     url = vec_dataset(os.path.join(workdir, f"vec_{args.rows}"), args.rows)

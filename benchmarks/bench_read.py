@@ -199,7 +199,7 @@ def throughput(url, args):
     out = {"rows": plan.total_rows, "row_groups": len(plan.catalog.row_groups), "workers": args.workers,
            "batch_size": args.batch, "shuffle_rows": args.window}
     w, b, q = args.workers, args.batch, args.window
-    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.reading.backends import petastorm_importable
     backends = ["arrow", "petastorm"] if petastorm_importable() else ["arrow"]
     conformance_url = conformance_dataset(os.path.join(args.workdir_path, f"conformance_{args.rows}"), args.rows)
     conformance_plan = plan_shards(conformance_url, 1, batch_size=args.batch, engine="local")
@@ -374,7 +374,7 @@ def list_costs(workdir, args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_lists
 
-    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.reading.backends import petastorm_importable
     url = bench_lists.vec_dataset(os.path.join(workdir, f"lists_{args.rows}"), args.rows)
     options = argparse.Namespace(workers=args.workers, batch=args.batch, repeats=args.repeats,
                                  backends=["arrow", "petastorm"] if petastorm_importable() else ["arrow"])
@@ -404,7 +404,7 @@ def main(argv=None):
     if args.throughput_only:
         print(json.dumps(results, indent=1))
         return results
-    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.reading.backends import petastorm_importable
     if petastorm_importable():  # codec decoding is Petastorm's
         pet_url = dataset(os.path.join(workdir, f"petastorm_{args.rows // 10}"), args.rows // 10, kind="petastorm")
         results["decode"] = decode_work(url, pet_url, args)

@@ -28,6 +28,7 @@ from ..errors import InvalidValueError, PlanIntegrityError, StalePlanError, Stor
 from ..io import fs as fsutil
 from ..io import retry
 from ..io.dataset import list_data_files
+from ..io.location import DatasetLocation
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -266,10 +267,12 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
         current = {f.path: f for f in files}
     else:
         try:
-            _, root, entries = list_data_files(plan.dataset_url, table=plan.table)
+            filesystem, root, entries = list_data_files(plan.dataset_url, table=plan.table)
         except ValueError as exc:
             what = "dataset is gone" if plan.table is None else "table snapshot can no longer be served"
             raise StalePlanError(f"the plan's {what}: {exc}") from None
+        # the listing resolved the location: the plan keeps it (``ShardPlan.location``) rather than stat again
+        plan.__dict__.setdefault("location", DatasetLocation(plan.dataset_url, root, filesystem))
         current = {e.path[len(root):].lstrip("/"): FileInfo(e.path[len(root):].lstrip("/"), e.size, (),
                                                             mtime_ns=e.mtime_ns)
                    for e in entries}

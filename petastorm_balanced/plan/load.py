@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +16,16 @@ from .._version import __version__
 from ..core import balance
 from ..core.catalog import Catalog, FileInfo
 from ..core.predicate_info import PredicateInfo, predicate_info
-from ..errors import InvalidValueError, PlanError, PlanIntegrityError, PlanVersionError, StalePlanError
+from ..errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    PlanError,
+    PlanIntegrityError,
+    PlanVersionError,
+    StalePlanError,
+)
 from ..io import fs as fsutil
 from ..io.tables import TableRef
-from ..unischema.storage import load_unischema
 from .format import (
     ASSIGNMENT,
     CATALOG,
@@ -61,8 +68,20 @@ def load_plan(plan_url: str | PathLike[str] | ShardPlan, *, check_dataset: bool 
     if check_dataset:
         _check_dataset(plan)
         if plan.catalog.kind == "petastorm":
-            load_unischema(plan.dataset_url)  # UnsafeDatasetError for a stored schema off the allow-list
+            plan.unischema  # noqa: B018  (UnsafeDatasetError for a stored schema off the allow-list)
     return plan
+
+
+def resolve_plan(plan) -> ShardPlan:
+    """A ShardPlan as is, or a plan URL loaded and checked against its dataset (``StalePlanError``)."""
+    if isinstance(plan, ShardPlan):
+        return plan
+    if plan is None:
+        raise InvalidValueError("plan=None: pass a ShardPlan or the URL of a saved plan (plan_shards(output_url=...))")
+    if not isinstance(plan, (str, os.PathLike)) or isinstance(plan, bytes) or not plan:
+        raise InvalidTypeError(f"plan={plan!r} ({type(plan).__name__}) must be a ShardPlan or the URL or path of a "
+                               "saved plan (plan_shards(output_url=...))")
+    return load_plan(plan)
 
 
 def _dataset_names(plan: ShardPlan, dataset_url) -> str:

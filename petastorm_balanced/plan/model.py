@@ -18,7 +18,9 @@ from ..core.catalog import Catalog
 from ..core.cost.order import ROW_GROUP_ORDERS
 from ..core.cost.spec import resolve_balance
 from ..errors import InvalidValueError
+from ..io.location import DatasetLocation
 from ..io.tables import TableRef
+from ..unischema.storage import load_unischema
 from ..world import check_rank_world
 
 if TYPE_CHECKING:
@@ -176,6 +178,24 @@ class ShardPlan:
         """sha256 over the plan's content; equal plans have equal checksums, whichever engine made them."""
         from .format import content_checksum
         return content_checksum(self)
+
+    @cached_property
+    def location(self) -> DatasetLocation:
+        """The dataset's filesystem and root, resolved once for this plan in this process (``io/location.py``): the
+        loader's schema pass, its list scan and every epoch's readers share it. Not pickled (``__getstate__``)."""
+        return DatasetLocation.of(self.dataset_url)
+
+    @cached_property
+    def unischema(self):
+        """The dataset's stored Unischema (None for plain Parquet), loaded once for this plan through the allow-list
+        (``unischema/storage.load_unischema``): ``load_plan`` checks it, the loader's columns read it. Not pickled."""
+        return load_unischema(self.location.url) if self.catalog.kind == "petastorm" else None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for resolved in ("location", "unischema"):  # of this process (a filesystem); the receiver resolves its own
+            state.pop(resolved, None)
+        return state
 
     @cached_property
     def _counts(self) -> np.ndarray:

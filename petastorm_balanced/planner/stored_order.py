@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 from ..core.quality import clustered_columns
 from ..errors import ShuffleQualityWarning
 from ..io import fs as fsutil
-from ..io.dataset import dataset_root
 from ..io.stats import value_ranges
 from ..plan.model import ShardPlan
 
@@ -20,7 +19,7 @@ SAMPLE_FILES = 16  # footers read (the first planned files in path order): stati
 def stored_order(plan: ShardPlan) -> dict[str, float]:
     """``{column: spread}`` of the columns the plan's first files store in order (``quality.clustered_columns``)."""
     paths = sorted({g.path for g in plan.catalog.row_groups})[:SAMPLE_FILES]
-    filesystem, root = dataset_root(plan.dataset_url)
+    filesystem, root = plan.location.filesystem, plan.location.root
 
     def footer(path):
         with filesystem.open_input_file(fsutil.join(root, path)) as handle:

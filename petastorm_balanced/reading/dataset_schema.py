@@ -14,14 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..core.quality import clustered_columns
 from ..io import footer as footer_io
-from ..io import fs as fsutil
 from ..io import retry, tables
-from ..io.dataset import dataset_root
+from ..io.location import DatasetLocation
 from ..io.partitions import arrow_type, partition_values
 from ..io.stats import value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
@@ -42,23 +40,22 @@ class StoredColumns:
     clustered: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def read_stored_columns(dataset_url: str, paths: Sequence[str], names: Sequence[str] | None = None,
+def read_stored_columns(location: DatasetLocation, paths: Sequence[str], names: Sequence[str] | None = None,
                         threads: int | None = None) -> StoredColumns:
     """Read the footers of ``paths`` (relative to the dataset) for the stored columns ``names`` (None: all)."""
-    return stored_columns(read_footers(dataset_url, paths, threads), names)
+    return stored_columns(read_footers(location, paths, threads), names)
 
 
-def read_footers(dataset_url: str, paths: Sequence[str], threads: int | None = None
+def read_footers(dataset: DatasetLocation, paths: Sequence[str], threads: int | None = None
                  ) -> list[tuple[str, pq.FileMetaData]]:
-    """``(path, footer)`` of each of ``paths``, read side by side in ``threads`` (default: ``FOOTER_THREADS``
-    locally, ``REMOTE_FOOTER_THREADS`` on an object store, where each is a round trip or two), each under the
-    retry policy."""
-    filesystem, root = dataset_root(dataset_url)
-    remote = not isinstance(filesystem, pafs.LocalFileSystem)
+    """``(path, footer)`` of each of ``paths`` (in the ``dataset``: ``plan.location``), read side by side in
+    ``threads`` (default: ``FOOTER_THREADS`` locally, ``REMOTE_FOOTER_THREADS`` on an object store, where each is a
+    round trip or two), each under the retry policy."""
+    filesystem, remote = dataset.filesystem, dataset.remote
     threads = threads or (REMOTE_FOOTER_THREADS if remote else FOOTER_THREADS)
 
     def read(path):
-        location = fsutil.join(root, path)
+        location = dataset.path(path)
         handle = filesystem.open_input_file(location)
         try:
             footer = footer_io.read_footer(handle, footer_io.READ_FOOTERS)
@@ -72,7 +69,7 @@ def read_footers(dataset_url: str, paths: Sequence[str], threads: int | None = N
         return footer.metadata
 
     def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
-        return retry.call(lambda: read(path), url=f"{dataset_url}/{path}")
+        return retry.call(lambda: read(path), url=f"{dataset.url}/{path}")
 
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
         metas = list(pool.map(footer, paths))

@@ -9,7 +9,6 @@ shifted rows.
 """
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InvalidTypeError, InvalidValueError, RowShapeError, StalePlanError, StorageUnavailableError
+from ..errors import InvalidValueError, RowShapeError, StalePlanError, StorageUnavailableError
 from ..io import partitions, retry
 from ..plan.model import Fragment
 from ..unischema.decode import decode_value, is_scalar
@@ -56,33 +55,6 @@ def partition_types(paths: Sequence[str]) -> dict[str, str]:
     """Type of each hive partition column over the whole dataset, as ``pyarrow.dataset`` infers it
     (``io.partitions``: ``'int32'`` or ``'string'``)."""
     return partitions.partition_types(paths)
-
-
-def select_columns(available: Sequence[str], schema_fields) -> list[str]:
-    """Resolve ``schema_fields`` like Petastorm: names, regular expressions matching a whole name, or
-    UnischemaFields; ``None`` means every column. Keeps the dataset's column order."""
-    if schema_fields is None:
-        return list(available)
-    if isinstance(schema_fields, (str, bytes)) or not hasattr(schema_fields, "__iter__"):
-        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of column names or patterns")
-    wanted = set()
-    schema_fields = list(schema_fields)
-    if not schema_fields:
-        raise InvalidValueError("schema_fields=[] selects no column; pass None for every column, or name some")
-    for item in schema_fields:
-        name = getattr(item, "name", item)
-        if not isinstance(name, str):
-            raise InvalidTypeError(f"schema_fields item {item!r} is neither a column name nor a UnischemaField")
-        try:
-            matches = [c for c in available if c == name or re.fullmatch(name, c)]
-        except re.error as exc:
-            raise InvalidValueError(f"schema_fields item {name!r} is not a column name and not a valid regular "
-                                    f"expression ({exc}); escape it with re.escape or name the column exactly"
-                                    ) from None
-        if not matches:
-            raise InvalidValueError(f"schema_fields item {name!r} matches no column; the dataset has {list(available)}")
-        wanted.update(matches)
-    return [c for c in available if c in wanted]
 
 
 def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSpec, *,

@@ -25,16 +25,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
+from ..plan.load import resolve_plan
 from ..world import resolve_world
 from . import state as loader_state
 from . import stream
-from .backends import BACKENDS
+from .backends import BACKENDS, resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
 from .mixture import MixturePosition, MixtureSettings, check_single_plan, mixture_slot
-from .options import SHUFFLE_BUDGET, LoaderOptions, resolve_backend
-from .position import EpochSampler, PlannedView, Position, Run, Settings
+from .options import SHUFFLE_BUDGET, LoaderOptions
+from .planned_view import EpochSampler, PlannedView
+from .position import Position, Run
+from .settings import Settings
 from .tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
 
 try:
@@ -86,12 +89,7 @@ class BalancedIterableDataset(PlannedView, _Base):
                  batch_format: str = TORCH) -> None:
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
-        options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                                shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
-                                schema_fields=schema_fields, padding_mask=padding_mask,
-                                partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
-                                transform_spec=transform_spec, list_format=list_format, list_shapes=list_shapes,
-                                batch_format=batch_format)
+        options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
         self._mixture = isinstance(plan, (list, tuple))  # plan=[...]: a mixture (reading/mixture.py)
         if isinstance(plan, (list, tuple)):
             settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
@@ -101,8 +99,9 @@ class BalancedIterableDataset(PlannedView, _Base):
             self._position = MixturePosition(settings, epoch)  # type: ignore[assignment]
         else:
             check_single_plan(weights, epoch_steps)
+            plan = resolve_plan(plan)  # loaded once here: its table decides the backend
+            self.backend = resolve_backend(backend, plan.table)
             self._settings = Settings(plan, resolve_world(rank, world), options)
-            self.backend = resolve_backend(backend, self._settings.plan.table)
             self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)

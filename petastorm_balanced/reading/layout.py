@@ -29,17 +29,21 @@ from .state import (
 
 class Layout:
     """What decides which rows each slot delivers in an epoch, and in what order: the plan, the world, the batch
-    size, the window shuffle and the sub-epochs. The loaders' ``Settings`` extend it; the CLI builds one from a
+    size, the window shuffle and the sub-epochs. The loaders' ``Settings`` hold one; the CLI builds one from a
     saved state (``Layout.of_state``) to show or check an elastic resume without a loader."""
 
     def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int | None, shuffle: bool,
-                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1, balance_by: str = "rows"):
+                 shuffle_window: int, reshuffle: str, partition_epoch: int = 1, balance_by: str = "rows",
+                 steps: int | None = None):
         self.plan, self.world_size, self.rank = plan, world_size, rank
         self.batch_size: int | None = batch_size  # None: a token budget (max_batch_cost), rows assigned one by one
         self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
         self.balance_by = balance_by  # "rows", or "cost" (the plan's cost order: ``plan.pieces``)
-        self.steps = plan.steps_per_epoch(world_size, batch_size)  # of a whole pass
-        self.partition_epoch = check_partition_epoch(partition_epoch, self.steps)
+        # of a whole pass; ``steps`` when batches are not of fixed rows (a token budget counts its own)
+        self.steps = plan.steps_per_epoch(world_size, batch_size) if steps is None else steps
+        balance.check_params(partition_epoch=partition_epoch)
+        balance.check_partition(self.steps, partition_epoch)  # every part of a pass needs a step
+        self.partition_epoch = int(partition_epoch)
         # (epoch, stages, world) -> steps, for positions after an elastic resume
         self._stage_steps: dict[tuple, int] = {}
 
@@ -81,13 +85,6 @@ class Layout:
             args = {**self.pieces_args(epoch, 1, stages), "world_size": world}
             self._stage_steps[key] = self.plan.pieces(**args).steps_per_rank
         return self._stage_steps[key]
-
-
-def check_partition_epoch(partition_epoch, steps: int) -> int:
-    """``partition_epoch`` checked against the pass's steps (every part needs one)."""
-    balance.check_params(partition_epoch=partition_epoch)
-    balance.check_partition(steps, partition_epoch)
-    return int(partition_epoch)
 
 
 def carry(stages: tuple[Stage, ...], from_epoch: int, to_epoch: int, partition_epoch: int, *,

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
-from ..io.dataset import dataset_root
+from ..io.location import DatasetLocation
 from ..plan.model import ShardPlan
 from .list_shapes import ListStats, numeric_list_levels
 
@@ -41,16 +41,16 @@ def scan_lists(plan: ShardPlan, types: dict[str, pa.DataType], threads: int = SC
     keys = {name: (identity, name, str(t)) for name, t in types.items()}
     todo = {name: t for name, t in types.items() if keys[name] not in _CACHE}
     if todo:
-        for name, stats in _scan(plan.dataset_url, sorted(groups.items()), todo, threads).items():
+        for name, stats in _scan(plan.location, sorted(groups.items()), todo, threads).items():
             if len(_CACHE) >= _CACHE_SIZE:
                 _CACHE.pop(next(iter(_CACHE)))
             _CACHE[keys[name]] = stats
     return {name: _CACHE[keys[name]] for name in types}
 
 
-def _scan(dataset_url: str, groups: Sequence[tuple[str, set[int]]], types: dict[str, pa.DataType],
+def _scan(location: DatasetLocation, groups: Sequence[tuple[str, set[int]]], types: dict[str, pa.DataType],
           threads: int) -> dict[str, ListStats]:
-    filesystem, root = dataset_root(dataset_url)
+    filesystem, root = location.filesystem, location.root
     names = list(types)
 
     def one_file(item):

@@ -15,24 +15,19 @@ from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from ..errors import InvalidValueError
+from ..plan.load import resolve_plan
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
 from . import stream
-from .backends import BACKENDS
+from .backends import BACKENDS, resolve_backend
+from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
-from .options import (
-    SHUFFLE_BUDGET,
-    LoaderOptions,
-    arrow_cache,
-    arrow_retry_policy,
-    check_arrow_kwargs,
-    check_petastorm_kwargs,
-    check_pool_options,
-    resolve_backend,
-    resolve_plan,
-)
-from .position import EpochSampler, PlannedView, Position, Settings
+from .options import SHUFFLE_BUDGET, LoaderOptions
+from .planned_view import EpochSampler, PlannedView
+from .position import Position
+from .reader_arguments import check_petastorm_kwargs, reader_options
+from .settings import Settings
 from .tensors import TORCH, format_batches
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
@@ -52,24 +47,24 @@ class BalancedLoader(PlannedView):
     ``padding_mask=True``; with ``batch_format="numpy"`` numpy arrays instead of tensors (same keys, dtypes,
     shapes and lists: ``loader.schema``), and torch is never imported. ``state_dict()`` is the same on every rank
     (all ranks take the same steps), so a checkpoint written by rank 0 resumes every rank. Made by ``make_loader``,
-    which checks its arguments once into a ``LoaderOptions`` (``options.py``) and hands that down whole.
+    which checks its arguments once into a ``LoaderOptions`` (``options.py``), resolves the plan and the backend once,
+    and hands them down.
     """
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
 
-    def __init__(self, plan: ShardPlan | str, world: World, options: LoaderOptions | None = None, *,
-                 epoch: int = 0, reader_options: dict | None = None, backend: str = "auto",
-                 feeding: Feed = NO_FEED):
-        options = options or LoaderOptions()
+    def __init__(self, plan: ShardPlan, world: World, options: LoaderOptions, *, backend: str, epoch: int = 0,
+                 reader_options: dict | None = None, feeding: Feed = NO_FEED):
+        """``plan`` and ``backend`` as ``make_loader`` resolved them (a ShardPlan; ``"arrow"`` or ``"petastorm"``)."""
         self._cut = format_batches(options.batch_format)  # refuses "torch" without torch, before any reading
         self._settings = Settings(plan, world, options)
         self._position = Position(self._settings, epoch)
-        self.backend = resolve_backend(backend, self._settings.plan.table)
+        self.backend = backend
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
         self._iterator: Generator[dict[str, Any], None, None] | None = None
-        self._reader = stream.ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
+        self._reader = ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -209,12 +204,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     column. ``list_shapes={"vec": (4,)}`` declares a shape instead of reading the lengths (checked on every batch:
     a row of another length is an error naming its file and row).
     """
-    options = LoaderOptions(batch_size=batch_size, shuffle=shuffle, reshuffle=reshuffle,
-                            shuffle_window=shuffle_window, shuffle_budget=shuffle_budget,
-                            schema_fields=schema_fields, padding_mask=padding_mask,
-                            partition_epoch=partition_epoch, balance=balance, cost_reduce=cost_reduce,
-                            max_batch_cost=max_batch_cost, transform_spec=transform_spec, list_format=list_format,
-                            list_shapes=list_shapes, batch_format=batch_format)
+    options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
     if batch_format != TORCH and (pin_memory or device is not None):
         raise InvalidValueError(f"pin_memory={pin_memory!r}, device={device!r} feed torch tensors; with "
                                 f"batch_format={batch_format!r} leave them out and move the arrays yourself "
@@ -228,13 +218,6 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     check_single_plan(weights, epoch_steps)
     plan = resolve_plan(plan)  # loaded once here: its table decides the backend
     chosen = resolve_backend(backend, plan.table)
-    check_pool_options(reader_pool_type, workers_count, chosen)
-    if chosen == "arrow":
-        check_arrow_kwargs(petastorm_kwargs)
-        reader_options: dict[str, Any] = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
-                                          "retry_policy": arrow_retry_policy(petastorm_kwargs),
-                                          "cache": arrow_cache(petastorm_kwargs)}
-    else:
-        reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
-    return BalancedLoader(plan, resolve_world(rank, world), options, epoch=epoch, reader_options=reader_options,
-                          backend=chosen, feeding=fed)
+    return BalancedLoader(plan, resolve_world(rank, world), options, backend=chosen, epoch=epoch,
+                          reader_options=reader_options(chosen, workers_count, reader_pool_type, petastorm_kwargs),
+                          feeding=fed)

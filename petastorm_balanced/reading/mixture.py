@@ -37,16 +37,20 @@ from ..core.mixture import Mixture, Point, make_schedule, parse_weights
 from ..core.params import check_int
 from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
+from ..plan.load import resolve_plan
 from ..world import World
 from . import mixture_elastic, stream
 from . import state as loader_state
+from .backends import resolve_backend
+from .columns import with_cost_source
 from .device import NO_FEED, Feed, close_iterator, feed
 from .fragments import as_list
 from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
-from .options import LoaderOptions, resolve_backend, resolve_cost, resolve_plan
-from .position import EXTRA_ROW_BYTES, EpochSampler, PlannedView
+from .options import LoaderOptions
+from .planned_view import EpochSampler, PlannedView
 from .schema import batch_schema, extra_column
+from .settings import EXTRA_ROW_BYTES, resolve_cost
 from .state import (
     BALANCE,
     BATCH_SIZE,
@@ -119,7 +123,7 @@ class MixtureSettings:
             raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
         if cost is None:
             return source
-        columns, drop = stream.with_cost_source(source.columns, plan, cost)
+        columns, drop = with_cost_source(source.columns, plan, cost)
         return replace(source, columns=columns, cost=cost, drop=tuple(drop))
 
     def _batch_size(self, batch_size: int | None) -> int:
@@ -346,7 +350,7 @@ class MixtureLoader(PlannedView):
         self.backend = settings.backend
         self._feed = feeding
         self._iterator: Generator[dict[str, Any], None, None] | None = None
-        from .stream import ReaderKeeper
+        from .backends.reader_keeper import ReaderKeeper
         self._keepers = [ReaderKeeper() for _ in settings.plans]
         # the sources' streams live from epoch to epoch: an epoch that ends inside a source's shuffle window hands
         # the window, already read, to the next one (reopened only where an iteration was left mid-way)
@@ -482,17 +486,11 @@ def make_mixture_loader(world: World, plans, weights, options: LoaderOptions, *,
                         backend: str, workers_count: int, reader_pool_type: str, petastorm_kwargs: dict,
                         feeding: Feed) -> MixtureLoader:
     """``make_loader``'s mixture: the same reader options, checked the same way, for every source."""
-    from .options import arrow_cache, arrow_retry_policy, check_arrow_kwargs, check_pool_options
+    from .reader_arguments import reader_options
     resolved = [resolve_plan(p) for p in plans] if isinstance(plans, (list, tuple)) else plans
     tables = [p.table for p in resolved if p.table is not None]
     chosen = resolve_backend(backend, tables[0] if tables else None)
-    check_pool_options(reader_pool_type, workers_count, chosen)
-    if chosen == "arrow":
-        check_arrow_kwargs(petastorm_kwargs)
-        reader_options = {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
-                          "retry_policy": arrow_retry_policy(petastorm_kwargs), "cache": arrow_cache(petastorm_kwargs)}
-    else:
-        reader_options = {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
     settings = MixtureSettings(resolved, weights, world, options, epoch_steps=epoch_steps, backend=chosen,
-                               reader_options=reader_options)
+                               reader_options=reader_options(chosen, workers_count, reader_pool_type,
+                                                             petastorm_kwargs))
     return MixtureLoader(settings, epoch, feeding)

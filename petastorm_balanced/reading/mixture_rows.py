@@ -24,6 +24,7 @@ from ..errors import InvalidValueError
 from ..plan.model import ShardPlan
 from . import stream
 from .backends import BACKENDS
+from .columns import Columns, dataset_columns
 from .convert import concat_arrays
 from .device import close_iterator
 from .mixture_elastic import Head, SourceLayout
@@ -38,7 +39,7 @@ class SourceColumns:
     with ``cost`` (a source balanced by cost) the columns include the cost's source column, ``drop`` when not
     delivered."""
 
-    columns: stream.Columns
+    columns: Columns
     fill_masks: tuple[str, ...] = ()
     cost: CostOptions | None = None
     drop: tuple[str, ...] = ()
@@ -62,20 +63,20 @@ def mixture_columns(plans: Sequence[ShardPlan], schema_fields) -> tuple[list[Sou
     and the column. A column nullable in some sources only is delivered as nullable (all-True masks added where a
     source has none)."""
     if schema_fields is None:
-        each = [stream.dataset_columns(plan) for plan in plans]
+        each = [dataset_columns(plan) for plan in plans]
         shared = [n for n in each[0].names if all(n in c.names for c in each[1:])]
         if not shared:
             raise InvalidValueError("the plans of the mixture share no column name; pass schema_fields= with columns "
                                     "every source has")
         names = shared
     else:
-        first = stream.dataset_columns(plans[0], schema_fields)
+        first = dataset_columns(plans[0], schema_fields)
         names = list(first.names)
     picked = [re.escape(n) for n in names]
     each = []
     for index, plan in enumerate(plans):
         try:
-            each.append(stream.dataset_columns(plan, picked))
+            each.append(dataset_columns(plan, picked))
         except InvalidValueError as exc:
             raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
     schemas: list[ColumnSchema] = []

@@ -1,114 +1,22 @@
-"""What both loaders share: checked settings, the position of the next batch, and what they say about themselves.
+"""The position of the next batch, shared by both loaders: an epoch and the batches of it already delivered.
 
-The position is the whole resume state (G6): an epoch and a count of delivered batches; everything else is derived
-from the plan. See ``Position`` for when an epoch advances (only delivered batches and ``set_epoch`` move it, so
-frameworks that probe or re-create iterators cannot shift an epoch). After an elastic resume (a state saved at
-another world size, G10) the position also lists the worlds that served the pass before (``elastic.Stage``, four
-ints each; the keys are declared in ``state.py``).
+The position is the whole resume state (G6); everything else is derived from the plan. See ``Position`` for when an
+epoch advances (only delivered batches and ``set_epoch`` move it, so frameworks that probe or re-create iterators
+cannot shift an epoch). After an elastic resume (a state saved at another world size, G10) the position also lists
+the worlds that served the pass before (``elastic.Stage``, four ints each; the keys are declared in ``state.py``).
 """
 from __future__ import annotations
 
-import warnings
+from typing import TYPE_CHECKING
 
-from ..core import balance as balance_module
-from ..core.cost.spec import COST_COLUMN
 from ..core.elastic import Stage
 from ..core.params import check_int
-from ..core.shuffle import budget_window
-from ..errors import InvalidTypeError, InvalidValueError, ShuffleQualityWarning
-from ..plan.model import ShardPlan
-from ..world import World
-from . import layout, stream, transform
+from ..errors import InvalidTypeError, InvalidValueError
+from . import layout
 from . import state as loader_state
-from .layout import Layout
-from .options import LoaderOptions, resolve_cost, resolve_plan
-from .schema import BatchSchema, batch_schema, extra_column
 
-EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
-
-
-class Settings(Layout):
-    """Checked loader settings shared by BalancedLoader and BalancedIterableDataset."""
-
-    def __init__(self, plan, world: World, options: LoaderOptions):
-        self.plan: ShardPlan = resolve_plan(plan)
-        self.options = options
-        self.rank, self.world_size = world.rank, world.size
-        batch_size, shuffle, shuffle_window = options.batch_size, options.shuffle, options.shuffle_window
-        # cost balancing (None: rows only); with a token budget batches have no fixed size
-        self.cost = resolve_cost(self.plan, balance=options.balance, cost_reduce=options.cost_reduce,
-                                 max_batch_cost=options.max_batch_cost, batch_size=batch_size, shuffle=shuffle)
-        budget = self.cost is not None and self.cost.budget is not None
-        self.batch_size = None if budget else self.plan.batch_size if batch_size is None else batch_size
-        if self.batch_size is None and not budget:
-            raise InvalidValueError("batch_size=None and the plan was made without one; pass batch_size=")
-        if budget and options.partition_epoch != 1:
-            raise InvalidValueError(f"partition_epoch={options.partition_epoch} with max_batch_cost: a token budget "
-                                    "packs each window's rows into batches, so sub-epochs are not supported with it; "
-                                    "leave partition_epoch=1 or use batch_size")
-        # a token budget assigns rows one by one, then packs them
-        rows_batch = check_int("batch_size", 1 if budget else self.batch_size, minimum=1)
-        balance_module.check_fills_a_step(self.plan.total_rows, self.world_size, rows_batch)
-        # columns read: the requested ones, plus the cost's source column (dropped after use: ``self.drop``)
-        self.columns, self.drop = stream.with_cost_source(stream.dataset_columns(self.plan, options.schema_fields,
-                                                                                 options.lists),
-                                                          self.plan, self.cost)
-        # a padded list as the cost column: size() is its lengths column (stream.slot_runs)
-        self.cost_lengths = next((c.lengths for c in self.columns.schemas
-                                  if self.cost is not None and c.name == self.cost.column), None)
-        self.shuffle_budget = int(options.shuffle_budget)  # bytes (parsed by LoaderOptions)
-        if shuffle_window is None:  # as many rows as the budget holds (G16)
-            shuffle_window = budget_window(self.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES, rows_batch)
-        Layout.__init__(self, self.plan, self.world_size, self.rank, batch_size=rows_batch, shuffle=shuffle,
-                        shuffle_window=shuffle_window, reshuffle=options.reshuffle,
-                        partition_epoch=options.partition_epoch,
-                        balance_by="rows" if self.cost is None else "cost")
-        self.batch_size = None if budget else rows_batch
-        if budget and self.cost is not None:
-            self.steps = self.cost.budget_steps(self.plan.rows_per_rank(self.world_size, 1), shuffle_window)
-        self.padding_mask = options.padding_mask
-        if shuffle:
-            warn_stored_order(self.columns.clustered, self.plan.rows_per_rank(self.world_size, rows_batch),
-                              self.shuffle_window)
-        extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
-            ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
-        # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
-        self.transform = transform.bind(options.transform_spec, self.columns.schemas, self.columns.fields)
-        if self.transform is not None and self.cost is not None:
-            raise InvalidValueError("transform_spec with a cost plan balanced by cost: the per-row costs come from the "
-                                    "columns read, before any transform; pass balance='rows', or apply the function "
-                                    "to the batches in the training loop")
-        if self.transform is not None:
-            self.schema = batch_schema(self.transform.outputs, extras)
-        else:
-            self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
-        self._checksum: str | None = None
-
-    def fragments(self, epoch: int, num_workers: int = 1, stages=()):
-        return self.plan.assignment(self.rank, **self.pieces_args(epoch, num_workers, stages))
-
-    def identity(self) -> dict:
-        """What a saved position is only valid for."""
-        if self._checksum is None:
-            self._checksum = self.plan.checksum
-        values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
-        cost = {} if self.cost is None else {loader_state.BALANCE: "cost", loader_state.COST_REDUCE:
-                                             self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
-        return {**dict(zip(Position.IDENTITY_KEYS, values, strict=True)), **cost}
-
-
-def warn_stored_order(clustered: dict[str, float], rank_rows: int, window: int) -> None:
-    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window."""
-    if not clustered or rank_rows <= window:
-        return
-    name, spread = min(clustered.items(), key=lambda item: item[1])
-    warnings.warn(ShuffleQualityWarning(
-        f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
-        f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
-        "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
-        f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
-        "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
-        f"--shuffle-quality {name}` measures it"), stacklevel=4)
+if TYPE_CHECKING:
+    from .settings import Settings
 
 
 class Position:
@@ -136,7 +44,7 @@ class Position:
                                              loader_state.BATCH_SIZE)
     SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = (loader_state.SHUFFLE, loader_state.SHUFFLE_WINDOW,
                                           loader_state.RESHUFFLE)
-    IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
+    IDENTITY_KEYS = loader_state.IDENTITY_KEYS
 
     STAGES, PARTITION_EPOCH = loader_state.STAGES, loader_state.PARTITION_EPOCH  # optional on load
 
@@ -241,7 +149,7 @@ class Position:
             if state[key] != value:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                         "position only resumes a loader with the same plan and settings")
-        self.epoch, self.batches, self.stages = layout.loaded(self.settings, state, workers)
+        self.epoch, self.batches, self.stages = layout.loaded(self.settings.layout, state, workers)
         self._owner, self.resumed = None, True
 
     def _check_pass_start(self, state: dict) -> None:
@@ -270,44 +178,3 @@ class Run:
 
     def delivered(self) -> None:
         self.position.delivered(self)
-
-
-class EpochSampler:
-    """What frameworks that tell only samplers the epoch find at ``loader.sampler``: its ``set_epoch`` is the
-    loader's. Lightning calls nothing but ``loader.sampler.set_epoch(e)`` at the start of every epoch."""
-
-    def __init__(self, owner):
-        self._owner = owner
-
-    def set_epoch(self, epoch: int) -> None:
-        self._owner.set_epoch(epoch)
-
-
-class PlannedView:
-    """What both loaders say about themselves, read from their settings and position."""
-
-    _settings: Settings  # set by the loader's __init__
-    _position: Position
-
-    plan = property(lambda self: self._settings.plan)
-    rank = property(lambda self: self._settings.rank)
-    world_size = property(lambda self: self._settings.world_size)
-    batch_size = property(lambda self: self._settings.batch_size)
-    shuffle_window = property(lambda self: self._settings.shuffle_window, doc="rows per shuffle window (resolved)")
-    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a slot's shuffle may hold")
-
-    @property
-    def schema(self) -> BatchSchema:
-        """What every batch of every epoch holds, decided before the first one from the dataset's Arrow types and
-        its footers' null counts: each key's tensor dtype and shape, or list of Python values, and how nulls are
-        shown (docs/loader.md, "Batch schema")."""
-        return self._settings.schema
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the next batch."""
-        return self._position.current()[0]
-
-    def __len__(self) -> int:
-        """Steps of the epoch the next batch belongs to (after an elastic resume: the steps left in it)."""
-        return self._position.steps()

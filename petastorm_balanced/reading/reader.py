@@ -20,13 +20,15 @@ from ..core.params import check_int
 from ..core.shuffle import window_permutation
 from ..errors import InvalidTypeError, InvalidValueError
 from ..io.row_group_cache import CacheSettings
+from ..plan.load import resolve_plan
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
 from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
-from . import stream
+from .backends import resolve_backend
 from .backends.arrow import BundleReader, in_order
-from .options import arrow_cache, check_petastorm_kwargs, check_pool_options, resolve_backend, resolve_plan
+from .columns import Columns, dataset_columns
+from .reader_arguments import arrow_cache, check_petastorm_kwargs, check_pool_options
 from .transform import as_spec, check_rows, transformed_unischema
 
 ARROW_READER_ARGUMENTS = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size",
@@ -42,7 +44,7 @@ class ArrowReader:
                  transform_spec: Any = None, cache: CacheSettings | None = None):
         check_pool_options(reader_pool_type, workers_count, "arrow")
         self.fragments = list(fragments)
-        self._columns = stream.dataset_columns(plan, schema_fields)
+        self._columns = dataset_columns(plan, schema_fields)
         self.batched_output = plan.catalog.kind != "petastorm"
         self.schema = _schema_of(self._columns, plan, schema_fields is not None)
         self._transform = as_spec(transform_spec)
@@ -132,7 +134,7 @@ class ArrowReader:
         self.join()
 
 
-def _schema_of(columns: stream.Columns, plan: ShardPlan, viewed: bool) -> Unischema:
+def _schema_of(columns: Columns, plan: ShardPlan, viewed: bool) -> Unischema:
     """The Unischema rows carry: the stored one (its view with ``schema_fields``, named as Petastorm names it) for
     Petastorm datasets; for plain Parquet one like ``make_batch_reader``'s inferred schema (names only)."""
     if columns.fields:

@@ -44,6 +44,8 @@ WORKER, WORKER_BATCHES = "worker", "worker_batches"  # a state saved inside a Da
 WEIGHTS, EPOCH_STEPS, PHASE, SOURCES = "weights", "epoch_steps", "phase", "sources"
 
 POSITION = (EPOCH, BATCHES)  # at the top level
+# what a saved position of one plan's loader is only valid for (``Settings.identity``, checked on load)
+IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 # component -> its keys; the position's settings (layout), the elastic stages, cost identity, DataLoader workers
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "layout": (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE, PARTITION_EPOCH),

@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 from ..core import balance
 from ..errors import InvalidValueError, PlanError
 from ..io import fs as fsutil
-from ..io.dataset import dataset_root
 from ..plan.format import split_row_groups
 from ..plan.model import ShardPlan
 from ..planner.scan import check_footers
@@ -125,7 +124,7 @@ class _RowReader:
 
     def __init__(self, plan: ShardPlan):
         self.plan = plan
-        self.filesystem, self.root = dataset_root(plan.dataset_url)
+        self.filesystem, self.root = plan.location.filesystem, plan.location.root
         self._meta: dict[str, pq.FileMetaData] = {}
         self._offsets: dict[tuple[str, int], int] = {}
         base = 0

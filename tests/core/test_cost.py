@@ -362,7 +362,7 @@ def test_one_auto_rule_for_every_reader(cost_plan):
     """``balance="auto"`` is the plan's rule (``ShardPlan.resolve_balance``): a cost plan is read in its cost-dealt
     order by make_loader, BalancedIterableDataset, make_reader and verify alike, shuffling or not."""
     from petastorm_balanced import BalancedIterableDataset, make_loader
-    from petastorm_balanced.reading.options import petastorm_importable
+    from petastorm_balanced.reading.backends import petastorm_importable
     from petastorm_balanced.tools.verify import ReadCheck
     assert cost_plan.resolve_balance("auto") == "cost" and cost_plan.resolve_balance("rows") == "rows"
     for rank in range(3):

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.predicates import in_lambda
+from petastorm_balanced.reading.backends import petastorm_importable
 from petastorm_balanced.reading.convert import one_array
-from petastorm_balanced.reading.options import petastorm_importable
 from petastorm_balanced.reading.schema import LIST, delivered_type
 from tests.support.strategies import COLUMN_KINDS, DatasetSpec, dataset_specs
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from petastorm_balanced import BalancedIterableDataset, TransformSpec, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError, RowShapeError
+from petastorm_balanced.reading.backends import petastorm_importable
 from petastorm_balanced.reading.list_shapes import ListOptions
-from petastorm_balanced.reading.options import petastorm_importable
 from petastorm_balanced.reading.schema import LIST, TENSOR
 from tests.support.resume_contract import check_resume_contract
 

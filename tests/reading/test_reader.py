@@ -11,7 +11,7 @@ from petastorm.codecs import NdarrayCodec  # noqa: E402
 
 from petastorm_balanced import StalePlanError, datagen, make_loader, make_reader, plan_shards
 from petastorm_balanced.predicates import in_lambda
-from petastorm_balanced.reading.options import OWNED_ARGUMENTS
+from petastorm_balanced.reading.reader_arguments import OWNED_ARGUMENTS
 from tests.support.delivery_contract import planned_ids
 from tests.support.predicate_funcs import english
 

@@ -2,7 +2,7 @@
 import pyarrow as pa
 import pytest
 
-from petastorm_balanced.reading.options import petastorm_importable
+from petastorm_balanced.reading.backends import petastorm_importable
 
 HAVE_PETASTORM = petastorm_importable()
 petastorm_only = pytest.mark.skipif(not HAVE_PETASTORM, reason="needs Petastorm, which does not import on this "

@@ -1,12 +1,16 @@
-"""The backends that read planned fragments, as a registry looked up by ``backend=`` (resolved: ``"arrow"`` or
-``"petastorm"``, ``reading/options.resolve_backend``). Each entry returns the same ``stream.Chunks``: a function from
-one slot's fragments to their column chunks in plan order (``transform``: a TransformSpec applied to each), so the
-loaders never branch on the backend. Petastorm is imported only when its entry runs."""
+"""The backends that read planned fragments, as a registry looked up by ``backend=`` (resolved once, where a
+loader is made, by ``resolve_backend``: ``"arrow"`` or ``"petastorm"``). Each entry returns the same
+``stream.Chunks``: a function from one slot's fragments to their column chunks in plan order (``transform``: a
+TransformSpec applied to each), so the loaders never branch on the backend. Petastorm is imported only when its
+entry runs."""
 from __future__ import annotations
 
 from typing import Any
 
 from ...core.registry import Algorithm, Registry
+from ...errors import InvalidValueError, MissingDependencyError
+
+BACKEND_NAMES = ("auto", "petastorm", "arrow")  # what backend= accepts (the readers: ``BACKENDS``)
 
 
 def _arrow(plan, columns, options: dict, keeper: Any = None, *, transform: Any = None):
@@ -25,3 +29,37 @@ BACKENDS = Registry("backend", "backend", {
     "arrow": Algorithm("arrow", 1, _arrow),
     "petastorm": Algorithm("petastorm", 1, _petastorm),
 })
+
+
+def petastorm_importable() -> bool:
+    """Whether Petastorm imports here (it does not on pyarrow >= 16: ``No module named 'pyarrow.filesystem'``)."""
+    try:
+        import petastorm.reader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend, table=None) -> str:
+    """``"petastorm"`` or ``"arrow"``: ``auto`` takes Petastorm where it imports, else Arrow.
+
+    A Delta/Iceberg snapshot plan (``table``, ``plan.table``) is read by the Arrow backend: Petastorm's reader lists
+    every Parquet file of the folder, files the table removed included, so it cannot serve one snapshot.
+    """
+    if backend not in BACKEND_NAMES:
+        raise InvalidValueError(f"backend={backend!r} is not one of {BACKEND_NAMES}: 'arrow' reads with pyarrow "
+                                "alone (any stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks "
+                                "Petastorm where it imports")
+    if table is not None and table.format != "parquet":
+        if backend == "petastorm":
+            raise InvalidValueError(f"backend='petastorm' cannot serve a plan of {table.describe()}: Petastorm's "
+                                    "reader lists every Parquet file in the folder, files the table removed "
+                                    "included; use backend='arrow' or 'auto' (the same batches)")
+        return "arrow"
+    if backend == "auto":
+        return "petastorm" if petastorm_importable() else "arrow"
+    if backend == "petastorm" and not petastorm_importable():
+        raise MissingDependencyError("backend='petastorm' needs Petastorm, which cannot be imported here (Petastorm "
+                                     "needs pyarrow < 15); use backend='arrow' (same batches), or install the "
+                                     "petastorm stack: pip install 'petastorm-balanced[petastorm]' (docs/stacks.md)")
+    return backend

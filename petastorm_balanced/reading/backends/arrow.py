@@ -29,7 +29,6 @@ import pyarrow.fs as pafs
 from ...errors import StalePlanError
 from ...io import fs as fsutil
 from ...io import retry
-from ...io.dataset import dataset_root
 from ...io.footer import CheckedFooters
 from ...io.row_group_cache import CacheSettings, entry_key, local_disk_cache
 from ...plan.format import check_file
@@ -73,7 +72,7 @@ class BundleReader:
                  retry_policy: retry.RetryPolicy | None = None, cache: CacheSettings | None = None):
         self._plan = plan
         self._transform = transform  # a transform.Transform: run here, in the reading thread, on the decoded rows
-        filesystem, self._root = dataset_root(plan.dataset_url)
+        filesystem, self._root = plan.location.filesystem, plan.location.root
         self._planned = {f.path: f for f in plan.catalog.files}
         self._spec, self._fields, self._schemas = spec, fields, schemas
         self._local = threading.local()
@@ -150,9 +149,9 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
                  max_ahead=None, transform=None, retry_policy: retry.RetryPolicy | None = None,
                  cache: CacheSettings | None = None):
     """A ``stream.Chunks`` reading bundles in ``workers_count`` threads (or inline for ``"dummy"``), in order;
-    the pool options were checked when the loader was made (``options.check_pool_options``). ``transform`` (a
-    ``transform.Transform``) runs in the threads too, on each bundle's rows; ``cache``: row groups kept on the
-    local disk (``io/row_group_cache.py``)."""
+    the pool options were checked when the loader was made (``reader_arguments.check_pool_options``).
+    ``transform`` (a ``transform.Transform``) runs in the threads too, on each bundle's rows; ``cache``: row groups
+    kept on the local disk (``io/row_group_cache.py``)."""
     inline = reader_pool_type == "dummy"
     ahead = max_ahead or workers_count + 2
 

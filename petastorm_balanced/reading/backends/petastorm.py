@@ -43,18 +43,20 @@ except ImportError as _missing:
 from ...core.params import check_int
 from ...core.shuffle import window_permutation
 from ...io import fs as fsutil
-from ...io.dataset import dataset_root
 from ...io.footer import CheckedFooters
 from ...plan.format import check_file
+from ...plan.load import resolve_plan
 from ...plan.model import Fragment, ShardPlan
 from ...unischema.pickling import harden_petastorm_unpickler
 from ...unischema.storage import load_unischema
 from ...world import resolve_world
 from .. import fragments as fr
 from .. import stream
-from ..options import check_petastorm_kwargs, check_pool_options, resolve_plan
+from ..columns import Columns
+from ..reader_arguments import check_petastorm_kwargs, check_pool_options
 from ..transform import checked
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
+from .reader_keeper import ReaderKeeper
 
 # Every private member of Petastorm 0.12 this backend and ordering.py override or read, in one place; a test checks
 # each still exists in the installed Petastorm (the extra bounds Petastorm to the versions tested: < 0.14).
@@ -381,7 +383,7 @@ def check_footers(plan: ShardPlan, fragments: Sequence[Fragment]) -> None:
     """``StalePlanError`` naming a file of ``fragments`` whose footer digest or modification time differs from the
     plan's (G15), checked before Petastorm's workers, which open the files themselves, read a row of it: at every
     reader and every ``rearm`` (epoch), for a plan loaded or made in memory alike."""
-    filesystem, root = dataset_root(plan.dataset_url)
+    filesystem, root = plan.location.filesystem, plan.location.root
     planned = {f.path: f for f in plan.catalog.files}
 
     def check(name, footer):
@@ -434,8 +436,8 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int 
     return open_reader(plan, frags, task, **petastorm_kwargs)
 
 
-def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: dict,
-                     slot: stream.ReaderKeeper | None = None, transform: Any = None) -> stream.Chunks:
+def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict,
+                     slot: ReaderKeeper | None = None, transform: Any = None) -> stream.Chunks:
     """Read fragments through a ``BalancedReader`` (Petastorm thread or process pool), handed back in order;
     ``transform`` (a ``transform.Transform``) runs in Petastorm's workers."""
     if transform is not None and reader_options.get("reader_pool_type") == "process":
@@ -447,7 +449,7 @@ def petastorm_chunks(plan: ShardPlan, columns: stream.Columns, reader_options: d
                                     "reader_pool_type='process' sends it to Petastorm's worker processes; define "
                                     "it at module level, or use reader_pool_type='thread'") from None
     def chunks(todo: Sequence[Fragment]):
-        holder = slot or stream.ReaderKeeper()
+        holder = slot or ReaderKeeper()
         if holder.reader is not None and holder.reader.idle:
             holder.reader.rearm(todo)
         else:

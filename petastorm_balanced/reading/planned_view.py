@@ -1,0 +1,51 @@
+"""``PlannedView``: what both loaders say about themselves (plan, world, batch size, schema, ``len``), read from
+their settings and position; ``EpochSampler``: the ``loader.sampler`` frameworks tell the epoch."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .position import Position
+    from .schema import BatchSchema
+    from .settings import Settings
+
+
+class EpochSampler:
+    """What frameworks that tell only samplers the epoch find at ``loader.sampler``: its ``set_epoch`` is the
+    loader's. Lightning calls nothing but ``loader.sampler.set_epoch(e)`` at the start of every epoch."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
+
+
+class PlannedView:
+    """What both loaders say about themselves, read from their settings and position."""
+
+    _settings: Settings  # set by the loader's __init__
+    _position: Position
+
+    plan = property(lambda self: self._settings.plan)
+    rank = property(lambda self: self._settings.rank)
+    world_size = property(lambda self: self._settings.world_size)
+    batch_size = property(lambda self: self._settings.batch_size)
+    shuffle_window = property(lambda self: self._settings.shuffle_window, doc="rows per shuffle window (resolved)")
+    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a slot's shuffle may hold")
+
+    @property
+    def schema(self) -> BatchSchema:
+        """What every batch of every epoch holds, decided before the first one from the dataset's Arrow types and
+        its footers' null counts: each key's tensor dtype and shape, or list of Python values, and how nulls are
+        shown (docs/loader.md, "Batch schema")."""
+        return self._settings.schema
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._position.current()[0]
+
+    def __len__(self) -> int:
+        """Steps of the epoch the next batch belongs to (after an elastic resume: the steps left in it)."""
+        return self._position.steps()
