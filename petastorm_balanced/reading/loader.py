@@ -26,7 +26,7 @@ from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import SHUFFLE_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position
-from .reader_arguments import check_petastorm_kwargs, reader_options
+from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
 from .settings import Settings
 from .tensors import TORCH, format_batches
 
@@ -161,10 +161,12 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     comes when the first window is read, and a resume reads at most one window again.
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
-    (Petastorm's reader and pools; pyarrow < 15) or ``"auto"`` (Petastorm where it imports). Both give identical
-    batches (G12). With Petastorm, its other reader arguments (``results_queue_size``, ``cache_type``,
-    ``storage_options``, ``filesystem``, ...) pass through; the ones the plan owns are refused with what to do
-    instead, and so are Petastorm-only ones with the Arrow backend.
+    (Petastorm's reader and pools; pyarrow < 15) or ``"auto"``: Arrow, which reads for less CPU per row, unless a
+    reader argument only Petastorm honours is given (``reader_pool_type="process"``, ``hdfs_driver``,
+    ``filesystem``, ...) and Petastorm imports. Both give identical batches (G12). With Petastorm, its other reader
+    arguments pass through; the Arrow backend takes ``results_queue_size``, the retry policy's ``storage_options``
+    and the local-disk cache (``cache_type``, ``cache_location``, ``cache_size_limit``). The arguments the plan
+    owns are refused with what to do instead, and so are Petastorm-only ones with ``backend="arrow"``.
 
     ``partition_epoch=P`` splits each pass over the data into P sub-epochs: loader epoch ``e`` serves part ``e % P``
     of pass ``e // P`` (every rank the same steps in a part, parts differing by at most one step, no row twice in
@@ -217,7 +219,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                                    reader_pool_type=reader_pool_type, petastorm_kwargs=petastorm_kwargs, feeding=fed)
     check_single_plan(weights, epoch_steps)
     plan = resolve_plan(plan)  # loaded once here: its table decides the backend
-    chosen = resolve_backend(backend, plan.table)
+    chosen = resolve_backend(backend, plan.table, petastorm_only(petastorm_kwargs, reader_pool_type))
     return BalancedLoader(plan, resolve_world(rank, world), options, backend=chosen, epoch=epoch,
                           reader_options=reader_options(chosen, workers_count, reader_pool_type, petastorm_kwargs),
                           feeding=fed)

@@ -486,10 +486,11 @@ def make_mixture_loader(world: World, plans, weights, options: LoaderOptions, *,
                         backend: str, workers_count: int, reader_pool_type: str, petastorm_kwargs: dict,
                         feeding: Feed) -> MixtureLoader:
     """``make_loader``'s mixture: the same reader options, checked the same way, for every source."""
-    from .reader_arguments import reader_options
+    from .reader_arguments import petastorm_only, reader_options
     resolved = [resolve_plan(p) for p in plans] if isinstance(plans, (list, tuple)) else plans
     tables = [p.table for p in resolved if p.table is not None]
-    chosen = resolve_backend(backend, tables[0] if tables else None)
+    chosen = resolve_backend(backend, tables[0] if tables else None, petastorm_only(petastorm_kwargs,
+                                                                                    reader_pool_type))
     settings = MixtureSettings(resolved, weights, world, options, epoch_steps=epoch_steps, backend=chosen,
                                reader_options=reader_options(chosen, workers_count, reader_pool_type,
                                                              petastorm_kwargs))

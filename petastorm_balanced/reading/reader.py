@@ -25,7 +25,7 @@ from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
 from ..unischema.decode import rows as decoded_rows
 from ..world import resolve_world
-from .backends import resolve_backend
+from .backends import petastorm_importable, resolve_backend
 from .backends.arrow import BundleReader, in_order
 from .columns import Columns, dataset_columns
 from .reader_arguments import arrow_cache, check_petastorm_kwargs, check_pool_options
@@ -175,7 +175,8 @@ def make_reader(rank: int | None = None, world: int | None = None, *, plan: Shar
     Parquet it gets each fragment's rows as a DataFrame (``make_batch_reader``) and must return the same rows in
     the same order (checked). The rows' schema is the transformed one.
     """
-    backend = resolve_backend(backend)
+    # make_reader stands for Petastorm's: "auto" takes Petastorm's reader wherever it imports
+    backend = resolve_backend("petastorm" if backend == "auto" and petastorm_importable() else backend)
     if backend == "petastorm":
         from .backends.petastorm import make_reader as petastorm_make_reader
         return petastorm_make_reader(rank, world, plan=plan, epoch=epoch, batch_size=batch_size, reshuffle=reshuffle,

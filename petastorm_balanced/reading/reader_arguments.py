@@ -48,24 +48,37 @@ ARROW_CACHE = ("cache_type", "cache_location", "cache_size_limit")
 CACHE_SIZE_LIMIT = 10 * 2**30  # the Arrow backend's default cache_size_limit with cache_type="local-disk"
 
 
+def arrow_refusal(name: str, value) -> str | None:
+    """Why the Arrow backend cannot honour the Petastorm reader argument ``name=value``, or None where it does
+    (``storage_options`` holding only the retry policy's ``retry_*`` keys: ``arrow_retry_policy``; ``cache_type``,
+    ``cache_location`` and ``cache_size_limit``: ``arrow_cache``; ``results_queue_size``, whose prefetch the Arrow
+    backend bounds by ``workers_count`` instead)."""
+    if name == "storage_options" and isinstance(value, dict) and not retry.split_options(value)[1]:
+        return None
+    if name in ARROW_CACHE or name == "results_queue_size":
+        return None
+    if name in ("cache_row_size_estimate", "cache_extra_settings"):
+        return ("it sets Petastorm's diskcache; the Arrow backend's cache (cache_type='local-disk') is sized by "
+                "cache_size_limit alone")
+    if name in ("storage_options", "filesystem"):
+        return ARROW_STORAGE
+    return ARROW_REFUSED
+
+
+def petastorm_only(kwargs: dict, reader_pool_type: str = "thread") -> list[str]:
+    """The reader arguments of a call that only Petastorm's reader honours: with them, ``backend="auto"`` takes
+    Petastorm's reader where it imports (``backends.resolve_backend``)."""
+    names = [name for name, value in kwargs.items() if arrow_refusal(name, value)]
+    return names + (["reader_pool_type"] if reader_pool_type not in ARROW_POOL_TYPES else [])
+
+
 def check_arrow_kwargs(kwargs: dict) -> None:
-    """The Petastorm reader arguments the Arrow backend cannot honour, refused with what to do instead
-    (``storage_options`` holding only the retry policy's ``retry_*`` keys is honoured: ``arrow_retry_policy``;
-    ``cache_type``, ``cache_location`` and ``cache_size_limit`` are: ``arrow_cache``)."""
+    """The Petastorm reader arguments the Arrow backend cannot honour, refused with what to do instead."""
     arrow_cache(kwargs)
     for name, value in kwargs.items():
-        if name == "storage_options" and isinstance(value, dict) and not retry.split_options(value)[1]:
-            continue
-        if name in ARROW_CACHE:
-            continue
-        if name in ("cache_row_size_estimate", "cache_extra_settings"):
-            raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': it sets Petastorm's "
-                                    "diskcache; the Arrow backend's cache (cache_type='local-disk') is sized by "
-                                    "cache_size_limit alone")
-        if name in ("storage_options", "filesystem"):
-            raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_STORAGE}")
-        if name != "results_queue_size":  # the Arrow backend bounds its prefetch by workers_count instead
-            raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {ARROW_REFUSED}")
+        why = arrow_refusal(name, value)
+        if why:
+            raise InvalidValueError(f"{name}={value!r} is not accepted with backend='arrow': {why}")
 
 
 def arrow_cache(kwargs: dict) -> CacheSettings | None:

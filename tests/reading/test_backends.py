@@ -115,6 +115,32 @@ def test_arrow_backend_refuses_what_it_cannot_honour(plans, name, value, pattern
         make_loader(0, 3, plan=plans["plain-drop"][0], **{"backend": "arrow", name: value})
 
 
+@pytest.mark.parametrize("arguments, petastorm", [
+    ({}, False),
+    ({"results_queue_size": 10, "workers_count": 2, "storage_options": {"retry_attempts": 3}}, False),
+    ({"cache_type": "local-disk", "cache_location": "CACHE"}, False),
+    ({"reader_pool_type": "process"}, True),
+    ({"hdfs_driver": "libhdfs"}, True),
+    ({"cache_type": "local-disk", "cache_location": "CACHE", "cache_extra_settings": {}}, True),
+])
+def test_auto_reads_with_arrow_unless_an_argument_needs_petastorm(plans, tmp_path, arguments, petastorm):
+    """backend='auto' takes the Arrow backend (the same batches for less CPU, G12) unless the call passes an argument
+    only Petastorm's reader honours; without Petastorm that argument is refused with what to do."""
+    arguments = {k: (str(tmp_path) if v == "CACHE" else v) for k, v in arguments.items()}
+    plan = plans["plain-drop"][0]
+    if petastorm and not HAVE_PETASTORM:
+        with pytest.raises(ValueError, match="is not accepted with backend='arrow'|use backend='petastorm'"):
+            make_loader(0, 3, plan=plan, **arguments)
+        return
+    loader = make_loader(0, 3, plan=plan, **arguments)
+    assert loader.backend == ("petastorm" if petastorm else "arrow")
+    if petastorm or arguments:
+        return
+    assert epoch_batches(plan, 0, 3, 1) == epoch_batches(plan, 0, 3, 1, backend="arrow")
+    if HAVE_PETASTORM:
+        assert epoch_batches(plan, 0, 3, 1) == epoch_batches(plan, 0, 3, 1, backend="petastorm")
+
+
 def test_petastorm_backend_missing_says_what_to_do(plans):
     if HAVE_PETASTORM:
         pytest.skip("Petastorm imports on this stack; the refusal is for stacks without it")
