@@ -50,7 +50,7 @@ def test_petastorm_reader_decodes_only_delivered_rows(petastorm_dataset, monkeyp
     assert len(calls) == 2 * len(rows), "vec and image decoded exactly once per delivered row"
 
     calls.clear()
-    delivered = sum(len(b["id"]) for b in make_loader(0, 2, plan=plan, workers_count=2))
+    delivered = sum(len(b["id"]) for b in make_loader(0, 2, plan=plan, workers_count=2, backend="petastorm"))
     assert len(calls) == 2 * delivered < 2 * plan.catalog.scanned_rows / 2
 
 
