@@ -54,15 +54,15 @@ def test_partitions_deliver_deltalakes_values_row_by_row(tmp_path, partition_by)
             assert same(got[i][c], want[i][c]), f"id {i} column {c}: delivered {got[i][c]!r}, deltalake {want[i][c]!r}"
 
 
-def test_string_partitions_that_look_like_integers_stay_strings(tmp_path):
-    path = str(tmp_path / "table")
-    deltalake.write_deltalake(path, pa.table({"id": np.arange(4, dtype=np.int64), "p": ["007", "01", "1", "1"]}),
-                              partition_by=["p"])
-    plan = plan_shards(path, 1, engine="local", batch_size=2)
-    got = sorted((int(i), p) for b in make_loader(0, 1, plan=plan, batch_size=2, workers_count=1)
-                 for i, p in zip(b["id"].tolist(), b["p"], strict=True))
-    assert got == [(0, "007"), (1, "01"), (2, "1"), (3, "1")]
 
+def deltalake_ids(path: str, where: str) -> list:
+    """The ids deltalake's own SQL (DataFusion) selects with ``where``: the oracle for typed partition values."""
+    query = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(path))
+    reader = query.execute(f"select id from t where {where}")
+    want = sorted(pa.RecordBatchReader._import_from_c_capsule(reader.__arrow_c_stream__()).read_all()
+                  .column("id").to_pylist())
+    assert want, "the oracle selects no row: the test would not tell types apart"
+    return want
 
 @pytest.mark.parametrize(("column", "test", "oracle"), [
     ("s", lambda v: v == "01", "s = '01'"),
@@ -76,11 +76,7 @@ def test_a_predicate_over_a_partition_column_sees_the_typed_value(tmp_path, colu
     """Planning evaluates the predicate over the value the loader delivers; deltalake's SQL filter is the oracle."""
     path = str(tmp_path / "table")
     deltalake.write_deltalake(path, ROWS, partition_by=[column])
-    table = deltalake.DeltaTable(path)
-    reader = deltalake.QueryBuilder().register("t", table).execute(f"select id from t where {oracle}")
-    want = sorted(pa.RecordBatchReader._import_from_c_capsule(reader.__arrow_c_stream__()).read_all()
-                  .column("id").to_pylist())
-    assert want, "the oracle selects no row: the test would not tell types apart"
+    want = deltalake_ids(path, oracle)
     plan = plan_shards(path, 1, engine="local", batch_size=1, predicate=in_lambda([column], test))
     got = sorted(int(i) for b in make_loader(0, 1, plan=plan, batch_size=1, workers_count=1) for i in b["id"])
     assert got == want
@@ -101,11 +97,7 @@ def test_a_spark_where_over_a_partition_column_sees_the_typed_value(tmp_path, sp
     session time zone); the same SQL in deltalake's DataFusion is the oracle."""
     path = str(tmp_path / "table")
     deltalake.write_deltalake(path, ROWS, partition_by=[column])
-    table = deltalake.DeltaTable(path)
-    reader = deltalake.QueryBuilder().register("t", table).execute(f"select id from t where {where}")
-    want = sorted(pa.RecordBatchReader._import_from_c_capsule(reader.__arrow_c_stream__()).read_all()
-                  .column("id").to_pylist())
-    assert want, "the oracle selects no row: the test would not tell types apart"
+    want = deltalake_ids(path, where)
     zone = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "America/New_York")
     try:
