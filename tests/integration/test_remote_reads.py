@@ -17,23 +17,29 @@ pytest_plugins = ["tests.support.seaweedfs_server"]  # SeaweedFS behind the faul
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")]
 
 
-@pytest.mark.parametrize("columns", [["id", "label"], None])
-def test_one_open_and_one_footer_read_per_file_per_epoch(remote, plain_dataset, columns):
-    url = remote.prefix.upload(plain_dataset.path, "plain")
+def counted_epochs(remote, dataset, epochs: int, **options):
+    """``(epoch, requests, (files, folders, row groups))`` of each epoch of a loader over ``dataset`` uploaded to S3,
+    its ids checked first against the same loader's over the local copy."""
+    url = remote.prefix.upload(dataset.path, "plain")
     plan = plan_shards(url, 1, batch_size=32, engine="local")
-    local = plan_shards(plain_dataset.url, 1, batch_size=32, engine="local")
-    files = len({g.path for g in plan.catalog.row_groups})
-    folders = len({g.path.rpartition("/")[0] for g in plan.catalog.row_groups})
-    groups = len(plan.catalog.row_groups)
+    local = plan_shards(dataset.url, 1, batch_size=32, engine="local")
+    shape = (len({g.path for g in plan.catalog.row_groups}),
+             len({g.path.rpartition("/")[0] for g in plan.catalog.row_groups}), len(plan.catalog.row_groups))
     remote.proxy.configure()
-    loader = make_loader(0, 1, plan=plan, backend="arrow", schema_fields=columns)
-    expected = make_loader(0, 1, plan=local, backend="arrow", schema_fields=columns)
-    for epoch in range(2):
+    loader = make_loader(0, 1, plan=plan, backend="arrow", **options)
+    expected = make_loader(0, 1, plan=local, backend="arrow", schema_fields=options.get("schema_fields"))
+    for epoch in range(epochs):
         loader.set_epoch(epoch)
         expected.set_epoch(epoch)
         ids = np.concatenate([b["id"].numpy() for b in loader])
         assert np.array_equal(ids, np.concatenate([b["id"].numpy() for b in expected]))
-        counts = dict(remote.proxy.counts)
+        yield epoch, dict(remote.proxy.counts), shape
+        remote.proxy.configure()
+
+
+@pytest.mark.parametrize("columns", [["id", "label"], None])
+def test_one_open_and_one_footer_read_per_file_per_epoch(remote, plain_dataset, columns):
+    for epoch, counts, (files, folders, groups) in counted_epochs(remote, plain_dataset, 2, schema_fields=columns):
         # per file per epoch one open, whatever the threads, and the first epoch also locates the dataset root
         # (once); the modification times (G15: a rewrite that keeps the footer's bytes) from one listing per folder
         assert files <= counts.get("HEAD", 0) <= files + (epoch == 0), counts
@@ -41,7 +47,6 @@ def test_one_open_and_one_footer_read_per_file_per_epoch(remote, plain_dataset, 
         gets = counts.get("GET", 0) - counts.get("list", 0)
         # a footer per file, a request per row group (two where the columns lie far apart)
         assert files + groups <= gets <= files + 2 * groups, counts
-        remote.proxy.configure()
 
 
 def test_a_rewrite_that_keeps_the_footer_is_refused_by_the_next_epoch(remote, tmp_path):
@@ -64,23 +69,9 @@ def test_a_rewrite_that_keeps_the_footer_is_refused_by_the_next_epoch(remote, tm
 def test_with_the_local_disk_cache_a_second_epoch_reads_only_footers(remote, plain_dataset, tmp_path):
     """cache_type='local-disk': the first epoch stores each row group it reads; the next one still opens every file
     and reads and checks its footer (G15), and reads no row group from the storage; the ids are the local ones."""
-    url = remote.prefix.upload(plain_dataset.path, "plain")
-    plan = plan_shards(url, 1, batch_size=32, engine="local")
-    local = plan_shards(plain_dataset.url, 1, batch_size=32, engine="local")
-    files = len({g.path for g in plan.catalog.row_groups})
-    folders = len({g.path.rpartition("/")[0] for g in plan.catalog.row_groups})
-    remote.proxy.configure()
-    loader = make_loader(0, 1, plan=plan, backend="arrow", cache_type="local-disk",
-                         cache_location=str(tmp_path / "cache"), cache_size_limit="256MiB")
-    expected = make_loader(0, 1, plan=local, backend="arrow")
-    for epoch in range(3):
-        loader.set_epoch(epoch)
-        expected.set_epoch(epoch)
-        ids = np.concatenate([b["id"].numpy() for b in loader])
-        assert np.array_equal(ids, np.concatenate([b["id"].numpy() for b in expected]))
-        counts = dict(remote.proxy.counts)
+    cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": "256MiB"}
+    for epoch, counts, (files, folders, _) in counted_epochs(remote, plain_dataset, 3, **cache):
         assert files <= counts.get("HEAD", 0) <= files + (epoch == 0), counts
         if epoch:  # the footers, checked again, and the listing of modification times; no row group
             assert counts.get("GET", 0) - counts.get("list", 0) == files, counts
             assert counts.get("list", 0) == folders, counts
-        remote.proxy.configure()
