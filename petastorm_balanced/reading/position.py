@@ -132,6 +132,7 @@ class Position:
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         state = loader_state.flat(state)  # strict: unknown keys refused; a state saved before the nesting is migrated
         expected = {**self.settings.identity(), **(extra or {})}
+        check_arrangement(state, expected)
         loader_state.require(state, (self.EPOCH, self.BATCHES, *expected))
         # a state of a plan this one updates (``ShardPlan.extends``): from a pass's start only, where the window
         # that shuffled the old plan's epoch no longer decides anything
@@ -166,6 +167,32 @@ class Position:
                 f"(checksum {str(state[self.PLAN_CHECKSUM])[:12]}); the updated plan's rows join at an epoch "
                 "boundary (with partition_epoch, at the start of a pass) only: finish the epoch on the old plan and "
                 "save the state there, or resume on the old plan")
+
+
+def check_arrangement(state: dict, expected: dict) -> None:
+    """Refuse a position saved under another cost arrangement version than this loader's, unless nothing of its
+    epoch was arranged yet; a state without the key was saved before states recorded it, under version 1.
+
+    Versions put other rows in a window's batches, so resuming mid-epoch under another one would replay a
+    different set of batches (rows twice, rows never). At an epoch's first batch, with no elastic stages and no
+    worker's batches, no window of the epoch was served: the epoch starts here under this loader's version, and
+    the state is taken as saved under it (``state`` is the ``flat`` copy, updated in place)."""
+    key = loader_state.COST_ARRANGEMENT
+    if key not in expected or state.get(key) == expected[key]:
+        return
+    saved = state.get(key, 1)
+    if state.get(loader_state.BATCHES) == 0 and not state.get(loader_state.STAGES) and \
+            not state.get(loader_state.WORKER_BATCHES):
+        state[key] = expected[key]
+        return
+    epoch, batches = state.get(loader_state.EPOCH), state.get(loader_state.BATCHES)
+    raise InvalidValueError(
+        f"state[{'cost'!r}][{key!r}]={saved!r}{' (absent: saved before states recorded it)' if key not in state else ''}"
+        f" but this loader arranges cost-balanced windows with version {expected[key]!r}, which puts other rows in "
+        f"each batch: resuming epoch {epoch!r} at batch {batches!r} would not continue the batches already served. "
+        "Finish that epoch with the release that saved the state and save it at the epoch's end (a state at an "
+        "epoch's first batch loads here), or restart the epoch: set state['batches'] = 0 (its rows served so far "
+        "come again)")
 
 
 class Run:

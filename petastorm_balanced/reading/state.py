@@ -7,7 +7,8 @@ through ``json``), shaped like this (torchdata style: one entry per component)::
      "layout": {"plan_checksum": ..., "world_size": 4, "batch_size": 32, "shuffle": True, "shuffle_window": 8192,
                 "reshuffle": "epoch", "partition_epoch": 1},   # what the position is valid for (checked on load)
      "elastic": {"stages": [[8, 1, 0, 120]]},         # worlds that served this pass before (G10)
-     "cost": {"balance": "cost", "cost_reduce": "sum", "max_batch_cost": None},   # cost-balancing loaders only
+     "cost": {"balance": "cost", "cost_reduce": "sum", "max_batch_cost": None,    # cost-balancing loaders only
+              "cost_arrangement": 2},          # the version that arranged the windows (fixed-size batches only)
      "workers": {"num_workers": 2},                   # BalancedIterableDataset only (plus "worker",
                                                       # "worker_batches" in a state saved inside a worker)
      "mixture": {"weights": ["7/10", "3/10"], "epoch_steps": None, "phase": 3,
@@ -37,6 +38,7 @@ EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world
 PLAN_CHECKSUM, BATCH_SIZE = "plan_checksum", "batch_size"
 SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
 BALANCE, COST_REDUCE, MAX_BATCH_COST = "balance", "cost_reduce", "max_batch_cost"
+COST_ARRANGEMENT = "cost_arrangement"  # the version of core/cost/arrangement.ARRANGEMENTS a position was saved under
 NUM_WORKERS = "num_workers"  # slots per rank of a BalancedIterableDataset's state
 WORKER, WORKER_BATCHES = "worker", "worker_batches"  # a state saved inside a DataLoader worker (torchdata)
 # a mixture's (reading/mixture.py): the weights as fractions, the epoch length, the schedule's phase, [pass, row]
@@ -50,7 +52,7 @@ IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW,
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "layout": (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE, PARTITION_EPOCH),
     "elastic": (STAGES,),
-    "cost": (BALANCE, COST_REDUCE, MAX_BATCH_COST),
+    "cost": (BALANCE, COST_REDUCE, MAX_BATCH_COST, COST_ARRANGEMENT),
     "workers": (NUM_WORKERS, WORKER, WORKER_BATCHES),
     "mixture": (WEIGHTS, EPOCH_STEPS, PHASE, SOURCES),
 }

@@ -1,5 +1,5 @@
 """Fixed-size batches inside one shuffle window (``arrange_sum``, ``arrange_max``; chosen by ``CostOptions``,
-``options.py``): every rank already reads the same number of rows per epoch, in windows of the same size that start
+``options.py``; this module holds their first versions, ``one_sort.py`` the second, which new loaders use): every rank already reads the same number of rows per epoch, in windows of the same size that start
 at the same steps on every rank (``reading/batching.py``), and the plan's row group order gives every rank's stretch
 of data about the mean cost per row (``order.cost_order``). What is left is to arrange each window's rows into batches
 so that the batches that meet in one step, one per rank, cost about the same. Each rank does that alone, from its
@@ -33,6 +33,7 @@ import numpy as np
 from ...errors import InvalidValueError
 from ..registry import Algorithm, Registry
 from ..shuffle import raw_words, window_permutation
+from . import one_sort
 
 # Generator key tags, so the key of one use never equals the key of another.
 TIE, BATCH_ORDER, ROWS_IN_BATCH, STEP_ORDER = 1, 2, 3, 4
@@ -125,9 +126,18 @@ def arrange_max(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     return _shuffle_within(buckets, key).reshape(-1)
 
 
-# How a window's rows become fixed-size batches, by ``cost_reduce`` (token budgets are ``arrange_budget``).
-ARRANGEMENTS = Registry("cost arrangement", "cost_reduce", {
-    "sum": Algorithm("round-lpt", 1, arrange_sum),
-    "max": Algorithm("sorted-buckets", 1, arrange_max),
-})
-REDUCES = ARRANGEMENTS.names
+# How a window's rows become fixed-size batches, by version and ``cost_reduce`` (token budgets are
+# ``arrange_budget``). Versions deliver other batches for the same window, so the loader state records the version
+# (``reading/state.py``: ``cost_arrangement``) and a position resumes only under the version that saved it.
+ARRANGEMENTS = {
+    1: Registry("cost arrangement", "cost_reduce", {
+        "sum": Algorithm("round-lpt", 1, arrange_sum),
+        "max": Algorithm("sorted-buckets", 1, arrange_max),
+    }),
+    2: Registry("cost arrangement", "cost_reduce", {
+        "sum": Algorithm("round-lpt", 2, one_sort.arrange_sum),
+        "max": Algorithm("sorted-buckets", 2, one_sort.arrange_max),
+    }),
+}
+ARRANGEMENT_VERSION = 2  # what new loaders arrange with (``one_sort.py``: one sort and one random stream a window)
+REDUCES = ARRANGEMENTS[ARRANGEMENT_VERSION].names

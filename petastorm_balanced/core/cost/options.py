@@ -9,7 +9,7 @@ import numpy as np
 
 from ...errors import InvalidValueError
 from ..shuffle import StartPoint
-from .arrangement import ARRANGEMENTS
+from .arrangement import ARRANGEMENT_VERSION, ARRANGEMENTS
 from .budget import arrange_budget, budget_batches
 
 
@@ -24,6 +24,7 @@ class CostOptions:
     reduce: str  # "sum" | "max"
     budget: int | None = None  # max_batch_cost: batches of varying rows
     mean_cost: float = 0.0  # the plan's cost per matching row (token budgets)
+    version: int = ARRANGEMENT_VERSION  # of the fixed-size arrangement (``arrangement.ARRANGEMENTS``)
 
     def arrange(self, costs: np.ndarray, batch_size: int | None, key: Sequence[int]):
         """``(order, lengths)`` for one window: lengths is None for fixed-size batches."""
@@ -31,7 +32,7 @@ class CostOptions:
             return arrange_budget(costs, budget_batches(len(costs), self.mean_cost, self.budget), self.budget, key)
         if batch_size is None:
             raise AssertionError("fixed-size cost batches need a batch_size")
-        return ARRANGEMENTS[self.reduce].run(costs, batch_size, key), None
+        return ARRANGEMENTS[self.version][self.reduce].run(costs, batch_size, key), None
 
     def budget_steps(self, rows: int, window_rows: int) -> int:
         """Batches of a slot of ``rows`` rows under the budget: the same on every rank with the same rows."""
