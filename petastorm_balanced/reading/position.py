@@ -186,8 +186,9 @@ def check_arrangement(state: dict, expected: dict) -> None:
         state[key] = expected[key]
         return
     epoch, batches = state.get(loader_state.EPOCH), state.get(loader_state.BATCHES)
+    absent = " (absent: saved before states recorded it)" if key not in state else ""
     raise InvalidValueError(
-        f"state[{'cost'!r}][{key!r}]={saved!r}{' (absent: saved before states recorded it)' if key not in state else ''}"
+        f"state[{'cost'!r}][{key!r}]={saved!r}{absent}"
         f" but this loader arranges cost-balanced windows with version {expected[key]!r}, which puts other rows in "
         f"each batch: resuming epoch {epoch!r} at batch {batches!r} would not continue the batches already served. "
         "Finish that epoch with the release that saved the state and save it at the epoch's end (a state at an "
