@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 from ..core import balance as balance_module
+from ..core.cost import arrangement
 from ..core.cost.arrangement import REDUCES
 from ..core.cost.options import CostOptions
 from ..core.cost.spec import COST_COLUMN, parse_cost
@@ -170,4 +171,5 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
                                     f"{plan.max_row_cost}: that row could never be delivered; raise max_batch_cost to "
                                     f"at least {plan.max_row_cost} or filter long rows when planning (where=)")
         mean = float(plan.catalog.cost_sums().sum()) / plan.total_rows
-    return CostOptions(plan.cost, spec.column, spec.function, cost_reduce, max_batch_cost, mean)
+    return CostOptions(plan.cost, spec.column, spec.function, cost_reduce, max_batch_cost, mean,
+                       version=arrangement.ARRANGEMENT_VERSION)
