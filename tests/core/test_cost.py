@@ -86,7 +86,8 @@ def test_sum_arrangement_evens_batches(seed, k, batch):
 def test_arrangements_stay_what_v1_delivered(data, k, batch, key, top):
     """The registry's "round-lpt" v1 and "sorted-buckets" v1 deliver the same rows, bit for bit, as their plain
     first form: a version's rows never move (a state records the version it was saved under; the v1 helpers also
-    order mixtures' pieces and token budgets). Costs from ties to 2**62 (16-bit fast paths, 64-bit sums), keys past 32 bits."""
+    order mixtures' pieces and token budgets). Costs from ties to 2**62 (16-bit fast paths, 64-bit sums), keys
+    past 32 bits."""
     costs = np.array(data.draw(st.lists(st.integers(0, top), min_size=k * batch, max_size=k * batch)), dtype=np.int64)
     n = k * batch
     for vector_sort in (False, True):  # the radix passes and the one sort of unique keys, on any NumPy

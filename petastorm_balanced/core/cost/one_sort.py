@@ -17,8 +17,8 @@ on every rank; ``"max"``: cost-sorted buckets served in an order every rank draw
 - the LPT rounds sort the batches' loads as 16-bit digits (the loads' spread cut to its top 16 bits: one radix
   pass, exact while the spread is below ``2**16``); a load's rank is then off by less than ``spread / 2**15``, so the
   bound ``max batch - min batch <= largest row`` becomes ``<= largest row / (1 - 2**-15)``.
-- rows inside each batch are shuffled by a Fisher-Yates pass run over all batches at once (one vector step per row
-  of a batch), instead of two sorts of the whole window.
+- rows inside each batch are shuffled by one sort per batch of packed ``(random, position)`` keys, all batches in
+  one NumPy call, instead of two stable sorts of the whole window.
 
 The result is a function of the window's costs and the key alone, as before: resuming re-reads the window and gets
 the same batches (G4, G6), on every backend (G12).
@@ -41,7 +41,6 @@ from ..shuffle import _VECTOR_SORT, raw_words
 STREAM = 7  # generator key tag (``arrangement.py`` uses 1-4, ``pieces.py`` 5-6)
 TIE_BITS = 16  # random bits that order equal costs (ties beyond: by position)
 _LOW32 = np.uint64(0xFFFFFFFF)
-_SHUFFLE_BY_SORT = 64  # batches of more rows are shuffled inside by one sort, not a Fisher-Yates pass per row
 
 
 def _rank_free(key: Sequence[int]) -> tuple[int, ...]:
@@ -84,11 +83,15 @@ def sorted_rows(costs: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.nd
             digits = (values[rows] >> np.uint64(shift)).astype(np.uint16)
             rows = rows[np.argsort(digits, kind="stable")]
         return rows, values[rows].astype(np.int64)
-    packed = (values << np.uint64(TIE_BITS + row_bits)) | ((words >> np.uint64(64 - TIE_BITS)) << np.uint64(row_bits))
-    packed |= np.arange(n, dtype=np.uint64)
-    packed.sort()
-    rows = (packed & np.uint64((1 << row_bits) - 1)).astype(np.intp)
-    return rows, (packed >> np.uint64(TIE_BITS + row_bits)).astype(np.int64)
+    values <<= np.uint64(TIE_BITS + row_bits)  # the packed keys, built in place: (cost, tie, position)
+    tie = words >> np.uint64(64 - TIE_BITS)
+    tie <<= np.uint64(row_bits)
+    values |= tie
+    values |= np.arange(n, dtype=np.uint64)
+    values.sort()
+    rows = (values & np.uint64((1 << row_bits) - 1)).view(np.int64)
+    values >>= np.uint64(TIE_BITS + row_bits)
+    return rows.astype(np.intp, copy=False), values.view(np.int64)
 
 
 def permutation(words: np.ndarray) -> np.ndarray:
@@ -108,29 +111,25 @@ def _digits16(values: np.ndarray) -> np.ndarray:
     return ((values - low) >> cut).astype(np.uint16)
 
 
-def shuffle_columns(members: np.ndarray, words: np.ndarray) -> np.ndarray:
-    """``members`` (rows per batch, batches) with each column permuted by the low 32 bits of ``words`` (at least
-    ``members.size`` of them): Fisher-Yates over every batch at once, or one sort of packed keys for long batches."""
-    members = np.ascontiguousarray(members)  # (the swaps write through a flat view)
-    rows, k = members.shape
-    low = words[:rows * k] & _LOW32
-    if rows > _SHUFFLE_BY_SORT:  # per column: rows by (random 32 bits, then row); unique keys
-        bits = max(1, (rows - 1).bit_length())
-        packed = (low.reshape(rows, k) << np.uint64(bits)) | np.arange(rows, dtype=np.uint64)[:, None]
-        packed.sort(axis=0)
-        picks = (packed & np.uint64((1 << bits) - 1)).astype(np.intp)
-        return np.take_along_axis(members, picks, axis=0)
-    # every step's j at once: flat positions j * k + column of row j (0 <= j <= i) in each batch
-    steps = np.arange(rows - 1, 0, -1, dtype=np.uint64)  # i = rows-1 .. 1
-    picks = ((low.reshape(rows, k)[rows - 1:0:-1] * (steps[:, None] + np.uint64(1))) >> np.uint64(32)).astype(np.intp)
-    picks *= k
-    picks += np.arange(k)
-    flat = members.reshape(-1)
-    for i, pick in zip(range(rows - 1, 0, -1), picks, strict=True):  # swap row i of every batch with its row j
-        held = members[i].copy()
-        members[i] = flat.take(pick)
-        flat.put(pick, held)
-    return members
+def shuffle_rows(members: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """The rows of ``members`` (batches, rows per batch) in batch order, each batch's rows in the order of the low
+    32 bits of ``words`` (one word per entry, batch after batch; ties by position), as one flat array.
+
+    One sort per batch of packed keys ``(random bits, position)``, run by NumPy over every batch in one call: a
+    batch's keys stay in one or two cache lines, where a Fisher-Yates pass over all batches at once (a vector step
+    per row) strides across the whole window at every step (about 2x slower at 400,000 rows)."""
+    k, rows = members.shape
+    bits = max(1, (rows - 1).bit_length())
+    low = words[:k * rows] & _LOW32
+    if bits <= 16:  # 32-bit keys: at least 16 random bits beside the position
+        keys = ((low >> np.uint64(bits)) << np.uint64(bits)).astype(np.uint32).reshape(k, rows)
+        keys |= np.arange(rows, dtype=np.uint32)
+    else:
+        keys = (low << np.uint64(bits)).reshape(k, rows) | np.arange(rows, dtype=np.uint64)
+    keys.sort(axis=1)
+    picks = (keys & keys.dtype.type((1 << bits) - 1)).astype(np.intp)
+    picks += np.arange(0, k * rows, rows)[:, None]
+    return np.ascontiguousarray(members).reshape(-1).take(picks.reshape(-1))
 
 
 def arrange_sum(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.ndarray:
@@ -138,26 +137,28 @@ def arrange_sum(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     costs, k = _whole_batches(costs, batch_size)
     n = len(costs)
     words = _stream(key, n + k)
-    rows, sorted_costs = sorted_rows(costs, words[:n])
-    rounds = rows[::-1].reshape(batch_size, k)  # (rounds, batches): round j holds the j-th k largest, largest first
-    round_costs = sorted_costs[::-1].reshape(batch_size, k)
+    rows, sorted_costs = sorted_rows(costs, words[:n])  # cheapest first
+
+    def largest(j: int, values: np.ndarray) -> np.ndarray:  # round j: the j-th k largest, largest first (a view)
+        return values[n - (j + 1) * k:n - j * k][::-1]
+
     members = np.empty((batch_size, k), dtype=np.intp)  # members[j, b]: round j's row in batch b
-    members[0] = rounds[0]
-    loads = round_costs[0].copy() if k else np.zeros(0, dtype=np.int64)
-    # Loads that stay below 2**16 (the largest of every round summed) are sorted as they are, in 16 bits: the same
-    # order as their 16-bit digits, without computing the digits each round.
-    small = k and int(round_costs[:, 0].sum()) < 1 << 16
+    members[0] = largest(0, rows)
+    loads = largest(0, sorted_costs).copy()
+    # Loads that stay below 2**16 (the largest row of every round summed) are sorted as they are, in 16 bits: the
+    # same order as their 16-bit digits, without computing the digits each round.
+    small = bool(k) and int(sorted_costs[k - 1::k].sum()) < 1 << 16
     if small:
-        loads, round_costs = loads.astype(np.uint16), round_costs.astype(np.uint16)
+        loads = loads.astype(np.uint16)
     for j in range(1, batch_size if k else 0):  # the largest row of a round -> the lightest batch so far
         lightest = np.argsort(loads if small else _digits16(loads), kind="stable")
-        members[j, lightest] = rounds[j]
-        loads[lightest] += round_costs[j]
+        members[j, lightest] = largest(j, rows)
+        loads[lightest] += largest(j, sorted_costs).astype(loads.dtype, copy=False)
     loads = loads.astype(np.int64)
     # batches heaviest first (ties: lower batch), served in an order drawn without the rank
     heaviest = np.argsort(~_digits16(loads), kind="stable") if k else np.zeros(0, dtype=np.intp)
-    members = members[:, heaviest[permutation(words[n:])]]
-    return shuffle_columns(members, words).T.reshape(-1)
+    served = members.T[heaviest[permutation(words[n:])]]  # (steps, rows)
+    return shuffle_rows(served, words)
 
 
 def arrange_max(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.ndarray:
@@ -166,5 +167,5 @@ def arrange_max(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     n = len(costs)
     words = _stream(key, n + k)
     rows, _ = sorted_rows(costs, words[:n])
-    members = rows.reshape(k, batch_size)[permutation(words[n:])].T.copy()  # (rows, steps): bucket by step
-    return shuffle_columns(members, words).T.reshape(-1)
+    served = rows.reshape(k, batch_size)[permutation(words[n:])]  # (steps, rows): bucket q = the q-th cheapest run
+    return shuffle_rows(served, words)
