@@ -106,15 +106,16 @@ def straggler(costs):
 def throughput(plan, repeats=9, previous=1):
     """Rows/s of a single rank reading epoch 1 (every column) with each balance (the best round), and the median
     over rounds of each round's cost / rows ratio of rows per CPU-second, for the current arrangement and for
-    version ``previous``. Rounds interleave the three, so a burst of load on a shared machine hits all alike, and
-    the median of per-round ratios is not moved by the one round a burst favoured (best-of, used before, swung by
-    0.1 from run to run)."""
+    version ``previous``. Rounds interleave the three (each round starting with the next one), so a burst of load
+    on a shared machine hits all alike, and the median of per-round ratios is not moved by the one round a burst
+    favoured (best-of, used before, swung by 0.1 from run to run)."""
     from petastorm_balanced import make_loader
     wall = {"rows": 0.0, "cost": 0.0, "previous": 0.0}
     ratios: dict[str, list] = {"cost": [], "previous": []}
-    for _ in range(repeats):
+    names = list(wall)
+    for round_ in range(repeats):
         cpu = {}
-        for name in wall:  # one rank reading every row: long enough to time
+        for name in names[round_ % 3:] + names[:round_ % 3]:  # one rank reading every row; each first in turn
             with arranged_by(previous if name == "previous" else None):
                 loader = make_loader(0, 1, plan=plan, batch_size=BATCH, epoch=1, backend="arrow",
                                      balance="rows" if name == "rows" else "cost", workers_count=2)
@@ -167,7 +168,8 @@ def main(argv=None):
                 old_costs, old_waste = epoch_costs(plan, "cost", reduce, version=args.previous)
                 results[(name, reduce)] = (r, c, random_waste, cost_waste)
                 print(f"  straggler ratio, cost_reduce={reduce!r}: random batches {r:.3f}, cost balance {c:.3f} "
-                      f"(goal <= {GOALS[reduce]:.2f}; arrangement v{args.previous}: {straggler(old_costs):.3f})")
+                      f"(goal <= {GOALS[reduce]:.2f}; arrangement v{args.previous}: {straggler(old_costs):.4f} against "
+                      f"{c:.4f})")
                 if reduce == "max":
                     print(f"  padding waste: random {random_waste:.1%}, cost balance {cost_waste:.1%} "
                           f"({cost_waste / random_waste:.2f}x; goal <= 0.5x; arrangement v{args.previous}: "
