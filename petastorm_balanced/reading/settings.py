@@ -102,8 +102,8 @@ class Settings:
         values = (self._checksum, self.world_size, self.batch_size, self.shuffle, self.shuffle_window, self.reshuffle)
         cost = {} if self.cost is None else {loader_state.BALANCE: "cost", loader_state.COST_REDUCE:
                                              self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
-        if self.cost is not None and self.cost.budget is None:  # which batches a window's rows make
-            cost[loader_state.COST_ARRANGEMENT] = self.cost.version
+        if self.cost is not None and self.cost.budget is None and self.shuffle:  # which batches a window makes
+            cost[loader_state.COST_ARRANGEMENT] = self.cost.version  # (unshuffled: the plan's order, no window)
         return {**dict(zip(loader_state.IDENTITY_KEYS, values, strict=True)), **cost}
 
 

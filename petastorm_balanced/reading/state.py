@@ -8,7 +8,7 @@ through ``json``), shaped like this (torchdata style: one entry per component)::
                 "reshuffle": "epoch", "partition_epoch": 1},   # what the position is valid for (checked on load)
      "elastic": {"stages": [[8, 1, 0, 120]]},         # worlds that served this pass before (G10)
      "cost": {"balance": "cost", "cost_reduce": "sum", "max_batch_cost": None,    # cost-balancing loaders only
-              "cost_arrangement": 2},          # the version that arranged the windows (fixed-size batches only)
+              "cost_arrangement": 2},          # the version that arranged the windows (shuffled, fixed-size batches)
      "workers": {"num_workers": 2},                   # BalancedIterableDataset only (plus "worker",
                                                       # "worker_batches" in a state saved inside a worker)
      "mixture": {"weights": ["7/10", "3/10"], "epoch_steps": None, "phase": 3,

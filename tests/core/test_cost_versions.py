@@ -147,3 +147,18 @@ def test_v2_delivers_the_same_rows_on_every_stack_and_release():
         for reduce in ("sum", "max"):
             digest.update(V2[reduce](costs, batch, (9, 2, 3, 1, 7)).astype(np.int64).tobytes())
     assert digest.hexdigest()[:16] == "bce8e081feb2f6b3"
+
+
+def test_unshuffled_cost_loaders_record_no_arrangement(cost_plan):  # noqa: F811
+    """Without shuffling no window is arranged (the plan's cost-dealt order): a state of one resumes under any
+    version, so it records none."""
+    from petastorm_balanced import make_loader
+    loader = make_loader(0, 3, plan=cost_plan, shuffle=False, backend="arrow")
+    it = iter(loader)
+    expected = [next(it)["id"].tolist() for _ in range(4)]
+    state = loader.state_dict()
+    assert loader_state.COST_ARRANGEMENT not in state["cost"]
+    state["batches"] = 2
+    again = make_loader(0, 3, plan=cost_plan, shuffle=False, backend="arrow")
+    again.load_state_dict(state)
+    assert [b["id"].tolist() for b in again][:2] == expected[2:]
