@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -51,6 +52,10 @@ def value_ranges(footers: Iterable[pq.FileMetaData]) -> dict[str, tuple[np.ndarr
 
 def _number(value) -> float | None:
     """A statistic as a float (times and dates as seconds and days), or None when it is not a finite number."""
+    kind = type(value)
+    if kind is int or kind is float:  # nearly every statistic: math.isfinite, not numpy's ufunc on a scalar
+        number = float(value)
+        return number if math.isfinite(number) else None
     if isinstance(value, datetime.datetime):
         return value.replace(tzinfo=value.tzinfo or datetime.UTC).timestamp()
     if isinstance(value, datetime.date):

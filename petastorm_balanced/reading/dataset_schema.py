@@ -25,6 +25,9 @@ from ..io.stats import value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
 FOOTER_THREADS = 8  # footers read side by side on a local disk (CPU-bound: more threads only hand off)
+# ... one per this many local files: a thread started per loader costs more CPU than a few footers' reads (12 local
+# footers: 2.0 ms of CPU read in the calling thread, 4.9 ms in 8 threads, for 2 ms more wall time once per loader)
+FOOTERS_PER_THREAD = 32
 REMOTE_FOOTER_THREADS = 32  # and on an object store, where each read waits a round trip
 ROW_BYTES_FILES = 16  # footers (the first in path order) that estimate variable-width columns' bytes per row
 
@@ -52,7 +55,8 @@ def read_footers(dataset: DatasetLocation, paths: Sequence[str], threads: int | 
     ``threads`` (default: ``FOOTER_THREADS`` locally, ``REMOTE_FOOTER_THREADS`` on an object store, where each is a
     round trip or two), each under the retry policy."""
     filesystem, remote = dataset.filesystem, dataset.remote
-    threads = threads or (REMOTE_FOOTER_THREADS if remote else FOOTER_THREADS)
+    threads = threads or (REMOTE_FOOTER_THREADS if remote else
+                          min(FOOTER_THREADS, -(-len(paths) // FOOTERS_PER_THREAD)))
 
     def read(path):
         location = dataset.path(path)
@@ -71,7 +75,9 @@ def read_footers(dataset: DatasetLocation, paths: Sequence[str], threads: int | 
     def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
         return retry.call(lambda: read(path), url=f"{dataset.url}/{path}")
 
-    with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
+    if threads <= 1 or len(paths) <= 1:
+        return [(path, footer(path)) for path in paths]
+    with ThreadPoolExecutor(min(threads, len(paths))) as pool:
         metas = list(pool.map(footer, paths))
     return list(zip(paths, metas, strict=True))
 
