@@ -9,7 +9,7 @@ Columns whose types cannot be unified are refused here, when the loader is made,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -32,6 +32,38 @@ REMOTE_FOOTER_THREADS = 32  # and on an object store, where each read waits a ro
 ROW_BYTES_FILES = 16  # footers (the first in path order) that estimate variable-width columns' bytes per row
 
 
+class Deferred(Mapping):
+    """A mapping computed on first use (``compute()``), then kept; pickled as the plain dict it computes.
+
+    Why: which columns are stored in order (``clustered``, from every sampled row group's statistics: most of a
+    loader's setup, 5 ms of 13 for 12 footers) only matters to a shuffled loader whose rank needs more than one
+    window (``settings.warn_stored_order``); others never ask."""
+
+    def __init__(self, compute: Callable[[], Mapping]):
+        self._compute: Callable[[], Mapping] | None = compute
+        self._value: dict = {}
+
+    def _values(self) -> dict:
+        if self._compute is not None:
+            self._value, self._compute = dict(self._compute()), None
+        return self._value
+
+    def __getitem__(self, key):
+        return self._values()[key]
+
+    def __iter__(self):
+        return iter(self._values())
+
+    def __len__(self) -> int:
+        return len(self._values())
+
+    def __repr__(self) -> str:
+        return repr(self._values())
+
+    def __reduce__(self):
+        return dict, (self._values(),)
+
+
 @dataclass(frozen=True)
 class StoredColumns:
     """Delivered Arrow type (unified over files) and "may hold nulls" of every stored column, in file order."""
@@ -39,8 +71,8 @@ class StoredColumns:
     schema: pa.Schema
     nullable: dict[str, bool]
     row_bytes: float = 0.0  # estimated decoded bytes of one row of these columns (what a shuffle window holds)
-    # columns stored in order (``quality.clustered_columns``)
-    clustered: dict[str, float] = dataclasses.field(default_factory=dict)
+    # columns stored in order (``quality.clustered_columns``), computed when first asked (``Deferred``)
+    clustered: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def read_stored_columns(location: DatasetLocation, paths: Sequence[str], names: Sequence[str] | None = None,
@@ -121,7 +153,7 @@ def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
     schema = pa.schema(fields)
     sample = [meta for _, meta in sorted(footers, key=lambda pair: pair[0])[:ROW_BYTES_FILES]]
     return StoredColumns(schema, {n: nullable[n] for n in wanted}, row_bytes(schema, sample),
-                         clustered_columns(value_ranges(sample)))
+                         Deferred(lambda: clustered_columns(value_ranges(sample))))
 
 
 def row_bytes(schema: pa.Schema, footers: Sequence[pq.FileMetaData]) -> float:

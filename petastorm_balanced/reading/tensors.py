@@ -108,7 +108,8 @@ def batch_dicts(names: tuple[str, ...]):
     values = ", ".join(f"v{i}" for i in range(count))
     parts = ", ".join(f"p{i}" for i in range(count))
     entries = ", ".join(f"k{i}: v{i}" for i in range(count))
-    source = f"def make({parts}):\n    return ({{{entries}}} for {values}{',' if count == 1 else ''} in zip({parts}, strict=True))\n"
+    unpack = values + ("," if count == 1 else "")
+    source = f"def make({parts}):\n    return ({{{entries}}} for {unpack} in zip({parts}, strict=True))\n"
     namespace: dict[str, Any] = {f"k{i}": name for i, name in enumerate(names)}
     exec(source, namespace)  # noqa: S102 - the source above holds generated identifiers only
     return namespace["make"]
