@@ -55,7 +55,8 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
     with one delivered type and representation each, from every planned file's footer (read here, once); list
     columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed)."""
     paths = [f.path for f in plan.catalog.files]
-    read = sorted({g.path for g in plan.catalog.row_groups}) or paths[:1]
+    groups = plan.catalog.row_groups  # the files holding planned row groups (from the columns: no object per group)
+    read = sorted(groups.paths[i] for i in np.unique(groups.path_index).tolist()) or paths[:1]
     try:
         footers = read_footers(plan.location, read)  # each footer once, side by side
         if plan.catalog.kind == "petastorm":
