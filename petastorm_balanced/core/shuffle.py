@@ -65,6 +65,8 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
     bits = max(1, (num_rows - 1).bit_length())
     if _VECTOR_SORT or bits > 16:
         return _by_packed_keys(words, bits)
+    if bits <= _TOP_DIGIT_BITS:
+        return _by_top_digit(words)
     return _by_radix(words)
 
 
@@ -74,6 +76,34 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
 # radix passes' gathers over a large window miss the CPU caches.
 _VECTOR_SORT = int(np.__version__.split(".")[0]) >= 2
 _LOW48 = np.uint64((1 << 48) - 1)
+
+
+# Up to 2**15 rows one radix pass over the top 16 bits plus a sort of the rows it leaves tied is the faster rule on
+# NumPy 1.26 (0.18 against 0.31 ms for 10,240 rows, 0.58 against 0.81 for 32,768); with more rows most rows share
+# their top digit with another and the three passes win.
+_TOP_DIGIT_BITS = 15
+
+
+def _by_top_digit(words: np.ndarray) -> np.ndarray:
+    """One stable 16-bit pass on the top digit of the 48-bit word, then the rows that share a top digit with a
+    neighbour sorted by ``(48-bit word << 16) | row`` (unique keys, so by word and then by row, as the stable sort
+    orders them). Those rows lie in runs of equal top digits, in ascending digit order, so their sorted keys fill
+    the same positions. Up to 2**16 rows (a row number fits in the low 16 bits)."""
+    words48 = words & _LOW48
+    top = (words48 >> np.uint64(32)).astype(np.uint16)
+    order = np.argsort(top, kind="stable")
+    ranked = top[order]
+    same = ranked[1:] == ranked[:-1]
+    tied = np.zeros(len(words), dtype=bool)
+    tied[1:] = same
+    tied[:-1] |= same
+    where = np.flatnonzero(tied)
+    if len(where):
+        members = order[where].astype(np.uint64)
+        keys = (words48[members] << np.uint64(16)) | members
+        keys.sort()
+        order[where] = (keys & np.uint64(0xFFFF)).astype(np.intp)
+    return order
 
 
 def _by_radix(words: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ dataset order, each with one delivered representation (``schema.ColumnSchema``) 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +19,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..io.partitions import partition_values
 from ..plan.model import ShardPlan
 from . import fragments as fr
-from .dataset_schema import partition_columns, read_footers, stored_names
+from .dataset_schema import Deferred, partition_columns, read_footers, stored_names
 from .dataset_schema import stored_columns as columns_of_footers
 from .list_scan import scan_lists
 from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
@@ -38,7 +38,8 @@ class Columns:
     target: pa.Schema | None = field(default=None, compare=False)  # delivered Arrow types of stored columns
     schemas: tuple[ColumnSchema, ...] = ()  # one per name
     row_bytes: float = field(default=0.0, compare=False)  # estimated decoded bytes per row (sizes shuffle windows)
-    clustered: dict = field(default_factory=dict, compare=False)  # columns stored in order -> their spread
+    # columns stored in order -> their spread (computed when first asked: ``dataset_schema.Deferred``)
+    clustered: Mapping = field(default_factory=dict, compare=False)
 
     @property
     def spec(self) -> fr.ReadSpec:
@@ -54,7 +55,8 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
     with one delivered type and representation each, from every planned file's footer (read here, once); list
     columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed)."""
     paths = [f.path for f in plan.catalog.files]
-    read = sorted({g.path for g in plan.catalog.row_groups}) or paths[:1]
+    groups = plan.catalog.row_groups  # the files holding planned row groups (from the columns: no object per group)
+    read = sorted(groups.paths[i] for i in np.unique(groups.path_index).tolist()) or paths[:1]
     try:
         footers = read_footers(plan.location, read)  # each footer once, side by side
         if plan.catalog.kind == "petastorm":
@@ -93,7 +95,8 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
                            or column_schema(name, arrow_type, nullable=nullable))
     used = tuple((k, kind) for k, (kind, _) in hive.items())
     # a hive partition column holds one value per file: stored clustered wherever it takes several values
-    clustered = {**stored_columns.clustered, **{k: 0.0 for k in hive if len(_distinct_partition(paths, k)) > 1}}
+    clustered = Deferred(lambda: {**stored_columns.clustered,
+                                  **{k: 0.0 for k in hive if len(_distinct_partition(paths, k)) > 1}})
     return Columns(tuple(names), used, fields, stored_columns.schema, tuple(schemas),
                    stored_columns.row_bytes + 8.0 * len(hive) + _decoded_bytes(fields), clustered)
 
@@ -127,7 +130,7 @@ def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None
         target = pa.schema(list(target) + [f for f in source.target if f.name not in target.names])
     return Columns(columns.names + source.names, columns.partition_types + source.partition_types, fields, target,
                    columns.schemas + source.schemas, columns.row_bytes + source.row_bytes,
-                   {**columns.clustered, **source.clustered}), source.names
+                   Deferred(lambda: {**columns.clustered, **source.clustered})), source.names
 
 
 def select_columns(available: Sequence[str], schema_fields) -> list[str]:

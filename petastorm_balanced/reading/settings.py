@@ -8,6 +8,7 @@ each slot delivers, in what order, in how many steps).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 from ..core import balance as balance_module
 from ..core.cost import arrangement
@@ -121,9 +122,9 @@ def _rows_batch(plan: ShardPlan, options: LoaderOptions, budget: bool) -> int:
     return check_int("batch_size", batch_size, minimum=1)
 
 
-def warn_stored_order(clustered: dict[str, float], rank_rows: int, window: int) -> None:
+def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int) -> None:
     """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window."""
-    if not clustered or rank_rows <= window:
+    if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
     warnings.warn(ShuffleQualityWarning(

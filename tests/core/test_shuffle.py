@@ -19,6 +19,8 @@ def test_both_window_sorts_give_the_v1_permutation(n, key):
     assert np.array_equal(shuffle._by_radix(words), expected)
     bits = max(1, (n - 1).bit_length())
     assert np.array_equal(shuffle._by_packed_keys(words, bits), expected)
+    if n <= 2**16:
+        assert np.array_equal(shuffle._by_top_digit(words), expected)
     assert np.array_equal(shuffle.window_permutation(n, key), expected)
 
 
@@ -36,3 +38,16 @@ def test_packed_keys_put_rows_whose_top_bits_tie_in_the_stable_order(n, distinct
     expected = np.argsort(words & np.uint64(2**48 - 1), kind="stable")
     assert np.array_equal(shuffle._by_packed_keys(words, bits), expected)
     assert np.array_equal(shuffle._by_radix(words), expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 2**16), distinct=st.integers(1, 300), data=st.data())
+def test_top_digit_sort_puts_tied_rows_in_the_stable_order(n, distinct, data):
+    """The top-digit pass leaves rows that share their top 16 bits to a second sort; with few distinct top digits
+    (forced here; most rows tie, some in all 48 bits) they still come by the whole word, then by row."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    words = rng.integers(0, distinct, n).astype(np.uint64) << np.uint64(32)
+    words |= rng.integers(0, data.draw(st.sampled_from([1, 3, 2**32])), n).astype(np.uint64)
+    words |= rng.integers(0, 2**16, n).astype(np.uint64) << np.uint64(48)  # bits above 48 are not part of the key
+    expected = np.argsort(words & np.uint64(2**48 - 1), kind="stable")
+    assert np.array_equal(shuffle._by_top_digit(words), expected)

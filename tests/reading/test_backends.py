@@ -65,6 +65,31 @@ def test_row_major_windows_give_the_same_batches(plans, case, backend):
         assert epoch_batches(plan, 0, plan.world_size, 1, **options) == reference
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("case", ["plain-drop", "plain-in-set", "hive"])
+def test_bundle_sizes_give_the_same_batches(plans, case, shuffle):
+    """The Arrow backend's threads read bundles of ``fragments.BUNDLE_BYTES`` (a whole small dataset in one) or, with
+    it off and ``BUNDLE_ROWS=1``, one fragment per bundle: the batches are the same, every column, every rank."""
+    from unittest import mock
+
+    from petastorm_balanced.reading import fragments
+    plan = plans[case][0]
+    options = dict(shuffle=shuffle, shuffle_window=3 * BATCH, padding_mask=True, backend="arrow", workers_count=2)
+    real, counts = fragments.bundle, []
+
+    def counted(todo, rows):
+        out = real(todo, rows)
+        counts.append(len(out))
+        return out
+    with mock.patch.object(fragments, "bundle", counted):
+        for rank in range(plan.world_size):
+            reference = epoch_batches(plan, rank, plan.world_size, 1, **options)
+            large = counts[-1]
+            with mock.patch.multiple(fragments, BUNDLE_BYTES=0, BUNDLE_ROWS=1):
+                assert epoch_batches(plan, rank, plan.world_size, 1, **options) == reference
+            assert counts[-1] > large  # the two epochs were read in other bundles
+
+
 @pytest.mark.parametrize("backend", ["arrow", pytest.param("petastorm", marks=petastorm_only)])
 @pytest.mark.parametrize("case", ["plain-drop", "plain-in-set", "hive"])
 def test_delivery_contract_per_backend(plans, plain_dataset, hive_dataset, case, backend):

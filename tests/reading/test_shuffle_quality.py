@@ -152,6 +152,23 @@ def test_sorted_storage_is_detected_when_planning_and_loading(sorted_small_group
     assert not [w for w in caught if issubclass(w.category, ShuffleQualityWarning)]
 
 
+def test_statistics_are_read_only_when_a_warning_may_be_due(sorted_small_groups, monkeypatch):
+    """Which columns are stored in order is worked out from every sampled row group's statistics only for a loader
+    that may warn (shuffled, a rank's rows over one window); the others never read them, and the warning still
+    comes where it is due."""
+    from petastorm_balanced.reading import dataset_schema
+    plan = plan_shards(sorted_small_groups, 1, batch_size=BATCH, engine="local")
+    calls = []
+    real = dataset_schema.value_ranges
+    monkeypatch.setattr(dataset_schema, "value_ranges", lambda footers: calls.append(1) or real(footers))
+    make_loader(0, 1, plan=plan, backend="arrow", shuffle=False, shuffle_window=2_688).close()
+    make_loader(0, 1, plan=plan, backend="arrow").close()  # the rank's rows fit one window
+    assert calls == []
+    with pytest.warns(ShuffleQualityWarning, match="'label'"):
+        make_loader(0, 1, plan=plan, backend="arrow", shuffle_window=2_688).close()
+    assert calls == [1]
+
+
 def test_hive_partitions_count_as_clustered(tmp_path):
     root = tmp_path / "hive"
     for day in range(4):

@@ -160,7 +160,10 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         spec = columns.spec if threads < 2 else replace(columns.spec, use_threads=False)  # our threads decode
         reader = BundleReader(plan, spec, columns.fields, columns.schemas, transform, retry_policy=retry_policy,
                               cache=cache)
-        bundles = fr.bundle(todo, fr.BUNDLE_ROWS)
+        # larger bundles where threads hand them over (fragments.BUNDLE_BYTES); a transform sees BUNDLE_ROWS-row
+        # bundles, and a remote bundle's fragments are requested side by side (kept as they are)
+        large = threads > 1 and transform is None and not reader._remote
+        bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large else fr.BUNDLE_ROWS)
         results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead)
         try:
             yield from zip(bundles, results, strict=False)
