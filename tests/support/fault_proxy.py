@@ -43,7 +43,7 @@ class FaultProxy:
         self.reset = self.cut = self.slowdown = 0.0
         self.outage = False
         self.counts: Counter = Counter()
-        self.log: list = []  # (method, target) of each request since configure
+        self.log: list = []  # (time.monotonic(), method, target) of each request since configure, as it arrived
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         proxy = self
@@ -80,6 +80,8 @@ class FaultProxy:
         if target == CONTROL + "configure":
             self.configure(**json.loads(body))
         with self._lock:
+            if target == CONTROL + "log":
+                return json.dumps(self.log).encode()
             return json.dumps(dict(self.counts)).encode()
 
 
@@ -113,7 +115,7 @@ class FaultProxy:
                 with self._lock:
                     self.counts[method] += 1
                     self.counts[kind] += 1
-                    self.log.append((method, target.split("?")[0][-40:]))
+                    self.log.append((time.monotonic(), method, target.split("?")[0][-40:]))
                     delay = self.delay_s
                 if delay:
                     time.sleep(delay)
@@ -179,6 +181,11 @@ class ProxyProcess:
     @property
     def counts(self) -> Counter:
         return Counter(self._call("counts"))
+
+    @property
+    def log(self) -> list:
+        """``FaultProxy.log`` of the proxy's process (``time.monotonic()`` is one clock for every process)."""
+        return [tuple(entry) for entry in self._call("log")]
 
     def close(self) -> None:
         self._process.terminate()
