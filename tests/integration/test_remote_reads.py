@@ -6,6 +6,8 @@ read each footer once per epoch (the loader's schema pass
 and the first epoch's G15 check share one read; every later epoch reads and checks them again), and read each row
 group's columns in one coalesced request. The ids are the local loader's.
 """
+import os
+import shutil
 import time
 
 import numpy as np
@@ -75,3 +77,69 @@ def test_with_the_local_disk_cache_a_second_epoch_reads_only_footers(remote, pla
         if epoch:  # the footers, checked again, and the listing of modification times; no row group
             assert counts.get("GET", 0) - counts.get("list", 0) == files, counts
             assert counts.get("list", 0) == folders, counts
+
+
+def waves(log, delay_s: float) -> list[list]:
+    """The proxy's requests grouped into waves: requests that arrived within ``delay_s / 2`` of the previous one.
+    A request sent after another's answer arrives at least ``delay_s`` later, so with a delay far above the
+    loader's own pauses, the number of waves is the number of round trips in series."""
+    groups: list[list] = []
+    for entry in sorted(log):
+        if groups and entry[0] - groups[-1][-1][0] < delay_s / 2:
+            groups[-1].append(entry)
+        else:
+            groups.append([entry])
+    return groups
+
+
+def test_an_epoch_costs_three_round_trips_in_series(remote, plain_dataset):
+    """Round trips in series, from make_loader to the end of an epoch of a dataset read in one read-ahead (each
+    one adds a full latency): the opens (HEAD), the footers, then the row groups, with the folder's listing in
+    flight beside the opens or the reads (the modification times, G15, checked before any row is handed on), not
+    a round trip of its own. A later epoch of the same loader opens and checks every file again: the same three.
+    Columns stored side by side (id, lang): pyarrow fetches a row group's far-apart column chunks one after the
+    other (its pre-buffer cache is lazy)."""
+    delay = 0.25
+    url = remote.prefix.upload(plain_dataset.path, "plain")
+    plan = plan_shards(url, 1, batch_size=32, engine="local")
+    remote.proxy.configure(delay_s=delay)
+    loader = make_loader(0, 1, plan=plan, backend="arrow", schema_fields=["id", "lang"])
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sum(len(b["id"]) for b in loader) == len(loader) * 32
+        kinds = [sorted({entry[3] for entry in wave}) for wave in waves(remote.proxy.log, delay)]
+        # the listing rides along (with the opens or the reads), never a round trip of its own
+        assert [[k for k in wave if k != "list"] for wave in kinds] == [["head"], ["get-range"], ["get-range"]], kinds
+        assert sum("list" in wave for wave in kinds) == 1, kinds
+        remote.proxy.configure(delay_s=delay)
+
+
+def test_a_rewrite_is_refused_before_any_of_its_rows_while_its_listing_is_late(remote, tmp_path, monkeypatch):
+    """G15 with the listing in flight beside the reads: a file rewritten between epochs (keeping its footer's
+    bytes, so only its modification time tells) has its row groups read before its folder's listing answers (2 s
+    late here), yet none of its rows reaches a batch: the epoch stops with StalePlanError first."""
+    from petastorm_balanced import StalePlanError
+    from petastorm_balanced.reading import fragments
+    from tests.io.test_silent_g15 import HALF, reorder_keeping_the_footer, write_files
+    monkeypatch.setattr(fragments, "BUNDLE_ROWS", 1)  # a bundle per fragment: batches stream, fragment by fragment
+    local = write_files(tmp_path / "ds", files=3)
+    url = remote.prefix.upload(local, "ds")
+    plan = plan_shards(url, 1, batch_size=10, predicate=HALF, engine="local")
+    loader = make_loader(0, 1, plan=plan, batch_size=10, backend="arrow", workers_count=1, shuffle=False)
+    assert sorted(int(i) for b in loader for i in b["id"]) == [i for i in range(900) if i % 100 < 50]
+    time.sleep(1.1)  # S3 modification times count seconds
+    reorder_keeping_the_footer(f"{local}/part-1.parquet")  # ids 300-599
+    os.makedirs(tmp_path / "rewritten")
+    shutil.copy(f"{local}/part-1.parquet", tmp_path / "rewritten")
+    remote.prefix.upload(tmp_path / "rewritten", "ds")  # that file alone: the others keep their times
+    remote.proxy.configure(list_delay_s=2.0)
+    loader.set_epoch(1)
+    served = []
+    with pytest.raises(StalePlanError, match="'part-1.parquet'.*modified since planning"):
+        for batch in loader:
+            served.extend(int(i) for i in batch["id"])
+    assert not [i for i in served if 300 <= i < 600], "rows of the rewritten file were served"
+    log = remote.proxy.log
+    answered = min(t for t, _, _, kind in log if kind == "list") + 2.0
+    assert any(t < answered and target.endswith("part-1.parquet") and kind == "get-range"
+               for t, _, target, kind in log), log  # read while the listing was pending
