@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -98,6 +99,76 @@ class FreshFooters:
 FRESH_FOOTERS = FreshFooters()
 
 
+class OpenFiles:
+    """Remote files kept open for the process, by filesystem and location: opening a file of an object store asks
+    for its size (a HEAD, a round trip), and every loader's schema pass and every epoch's reader opens the same
+    files again. A kept file is read by position only (safe from several threads, ``read_at``), and never closed
+    by a reader (``forget`` drops it).
+
+    Safe for G15: a kept file knows the size its object had when opened, and every footer is still read through it
+    anew each time (``read_footer``) and checked against the plan; an object rewritten to another size shows other
+    footer bytes or fails to read (a read past its new end), and a caller that gets an error or a footer other than
+    the planned one through a kept file opens the file afresh once before deciding (``OPEN_FILES.fresh``), so only
+    what is on the storage now decides. At most ``max_items`` are kept, the oldest dropped."""
+
+    def __init__(self, max_items: int = 16384):
+        self._max = max_items
+        self._items: OrderedDict[tuple[int, str], tuple[object, object]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def open(self, filesystem, location: str) -> tuple[object, bool]:
+        """``(handle, kept)``: the kept file (``kept=True``), or one opened now and kept."""
+        key = (id(filesystem), location)
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None and item[0] is filesystem:
+                self._items.move_to_end(key)
+                return item[1], True
+        handle = filesystem.open_input_file(location)
+        with self._lock:
+            self._items[key] = (filesystem, handle)  # the filesystem held too: its id is never another's
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+        return handle, False
+
+    def fresh(self, filesystem, location: str):
+        """The file opened afresh (its size asked again) and kept in place of the one kept before."""
+        self.forget(filesystem, location)
+        return self.open(filesystem, location)[0]
+
+    def forget(self, filesystem, location: str) -> None:
+        with self._lock:
+            self._items.pop((id(filesystem), location), None)
+
+
+OPEN_FILES = OpenFiles()
+
+
+def read_kept_footer(filesystem, location: str, parsed: ParsedFooters | None = None,
+                     check: Callable[[Footer], None] | None = None) -> tuple[object, Footer]:
+    """``(handle, footer)`` of a remote file through ``OPEN_FILES`` (no round trip to open a file kept open), the
+    footer read now and passed to ``check`` (which raises ``StalePlanError`` for one other than the planned one).
+    When the read fails or ``check`` refuses the footer read through a kept file, the file is opened afresh and
+    its footer read and checked again: a size kept from before a rewrite never decides."""
+    handle, kept = OPEN_FILES.open(filesystem, location)
+    if kept:
+        try:
+            footer = read_footer(handle, parsed)
+            if check is not None:
+                check(footer)
+            return handle, footer
+        except (OSError, pa.ArrowException, StalePlanError):
+            handle = OPEN_FILES.fresh(filesystem, location)
+    try:
+        footer = read_footer(handle, parsed)
+        if check is not None:
+            check(footer)
+        return handle, footer
+    except BaseException:
+        OPEN_FILES.forget(filesystem, location)
+        raise
+
+
 def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     """The footer of an open random-access file (a ``pyarrow`` ``NativeFile``), parsed, or taken from ``parsed``
     when it holds these very bytes; pyarrow's error types for a file that is not Parquet (``ArrowInvalid``) or
@@ -106,8 +177,7 @@ def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     if size < 12:
         raise pa.ArrowInvalid(f"Parquet file size is {size} bytes, smaller than the minimum file footer (12 bytes)")
     take = min(size, TAIL_READ)
-    handle.seek(size - take)
-    tail = handle.read(take)
+    tail = handle.read_at(take, size - take)  # positional: a kept handle is shared by threads (``OPEN_FILES``)
     if tail[-4:] != _MAGIC:
         what = "an encrypted footer, which is not supported" if tail[-4:] == b"PARE" else "no Parquet magic bytes"
         raise pa.ArrowInvalid(f"Parquet magic bytes not found in footer ({what}); the file is corrupted or is not a "
@@ -116,8 +186,7 @@ def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     if length + 12 > size:
         raise pa.ArrowInvalid(f"Parquet footer length {length} is larger than the file ({size} bytes)")
     if length + 8 > take:
-        handle.seek(size - length - 8)
-        tail = handle.read(length + 8)
+        tail = handle.read_at(length + 8, size - length - 8)
     stored = tail[len(tail) - length - 8:]
     digest = hashlib.sha256(stored[:length]).hexdigest()
     if parsed is not None:
@@ -186,9 +255,9 @@ class CheckedFooters:
     def _folder(location: str) -> str:
         return location.rsplit("/", 1)[0] if "/" in location else ""
 
-    def _list(self, folder: str) -> dict[str, int | None]:
+    def _list(self, folder: str) -> dict[str, tuple[int | None, int | None]]:
         entries = self._filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-        return {e.path: e.mtime_ns for e in entries if e.type == pafs.FileType.File}
+        return {e.path: (e.mtime_ns, e.size) for e in entries if e.type == pafs.FileType.File}
 
     def list_ahead(self, locations, executor) -> None:
         """``shared=True``: start listing the folders of ``locations`` not listed yet on ``executor`` now, for the
@@ -199,7 +268,7 @@ class CheckedFooters:
                 if folder not in self._listings:
                     self._listings[folder] = executor.submit(self._list, folder)
 
-    def _listed(self, folder: str) -> dict[str, int | None]:
+    def _listed(self, folder: str) -> dict[str, tuple[int | None, int | None]]:
         """The folder's listing: the one started ahead, or listed here now (once per reader); a failed listing is
         forgotten, so a retry lists again."""
         with self._locks_lock:
@@ -221,14 +290,20 @@ class CheckedFooters:
                     del self._listings[folder]
             raise
 
-    def _modification_time(self, location: str) -> int | None:
-        """``modification_time``; on a remote filesystem from its folder's listing, listed once per reader."""
+    def _modification_time(self, location: str, size: int | None = None) -> int | None:
+        """``modification_time``; on a remote filesystem from its folder's listing, listed once per reader, where
+        a file listed with another size than ``size`` (its open file's) changed since it was opened:
+        ``StalePlanError``."""
         if not self._shared:
             return modification_time(self._filesystem, location)
         listed = self._listed(self._folder(location))
-        if location in listed:
-            return listed[location]
-        return modification_time(self._filesystem, location)  # not listed (created since): look it up
+        if location not in listed:  # not listed (created since): look it up
+            return modification_time(self._filesystem, location)
+        mtime_ns, listed_size = listed[location]
+        if size is not None and listed_size is not None and listed_size != size:
+            raise StalePlanError(f"{location!r} is {listed_size} bytes now and was {size} bytes when opened: it was "
+                                 "rewritten since planning; re-run planning")
+        return mtime_ns
 
     def open(self, name: str, location: str) -> pq.ParquetFile:
         """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked (and,
@@ -254,27 +329,29 @@ class CheckedFooters:
                 handle.close()
                 raise
             handle.close()
-        fresh = FRESH_FOOTERS.take(self._filesystem, location) if self._shared else None
-        if fresh is not None:
-            handle, footer = fresh
-        else:
-            handle = self._filesystem.open_input_file(location)
+        if self._shared:  # the footer now; the time once the folder's listing is in (``confirm``)
+            fresh = FRESH_FOOTERS.take(self._filesystem, location)
+            if fresh is not None:
+                handle, footer = fresh
+                try:
+                    self._check(name, footer)
+                except StalePlanError:  # read through a kept file: decided by a fresh open below
+                    fresh = None
+            if fresh is None:  # a file kept open (``OPEN_FILES``): no HEAD, the footer read anew
+                handle, footer = read_kept_footer(self._filesystem, location, READ_FOOTERS,
+                                                  lambda read: self._check(name, read))
+            self._opened[name] = footer
+            self._handles[name] = handle
+            return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
+        handle = self._filesystem.open_input_file(location)
         try:
-            if fresh is None:
-                footer = read_footer(handle, READ_FOOTERS)
-            if self._shared:  # the footer now; the time once the folder's listing is in (``confirm``)
-                self._check(name, footer)
-            else:
-                footer = replace(footer, mtime_ns=self._modification_time(location))
-                self._check(name, footer)
+            footer = read_footer(handle, READ_FOOTERS)
+            footer = replace(footer, mtime_ns=self._modification_time(location))
+            self._check(name, footer)
         except BaseException:
             handle.close()
             raise
-        if self._shared:
-            self._opened[name] = footer
-            self._handles[name] = handle
-        else:
-            self._footers[name] = footer
+        self._footers[name] = footer
         return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
 
     def confirm(self, name: str, location: str) -> None:
@@ -284,8 +361,8 @@ class CheckedFooters:
         if name in self._footers:
             return
         footer = self._opened[name]
+        checked = replace(footer, mtime_ns=self._modification_time(location, footer.file_size))
         try:
-            checked = replace(footer, mtime_ns=self._modification_time(location))
             self._check(name, checked)
         except StalePlanError:
             # a listing's time may be rounded otherwise than a file look-up's (what a table's plan recorded):
