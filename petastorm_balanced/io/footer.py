@@ -255,9 +255,9 @@ class CheckedFooters:
     def _folder(location: str) -> str:
         return location.rsplit("/", 1)[0] if "/" in location else ""
 
-    def _list(self, folder: str) -> dict[str, tuple[int | None, int | None]]:
+    def _list(self, folder: str) -> dict[str, int | None]:
         entries = self._filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-        return {e.path: (e.mtime_ns, e.size) for e in entries if e.type == pafs.FileType.File}
+        return {e.path: e.mtime_ns for e in entries if e.type == pafs.FileType.File}
 
     def list_ahead(self, locations, executor) -> None:
         """``shared=True``: start listing the folders of ``locations`` not listed yet on ``executor`` now, for the
@@ -268,7 +268,7 @@ class CheckedFooters:
                 if folder not in self._listings:
                     self._listings[folder] = executor.submit(self._list, folder)
 
-    def _listed(self, folder: str) -> dict[str, tuple[int | None, int | None]]:
+    def _listed(self, folder: str) -> dict[str, int | None]:
         """The folder's listing: the one started ahead, or listed here now (once per reader); a failed listing is
         forgotten, so a retry lists again."""
         with self._locks_lock:
@@ -290,20 +290,14 @@ class CheckedFooters:
                     del self._listings[folder]
             raise
 
-    def _modification_time(self, location: str, size: int | None = None) -> int | None:
-        """``modification_time``; on a remote filesystem from its folder's listing, listed once per reader, where
-        a file listed with another size than ``size`` (its open file's) changed since it was opened:
-        ``StalePlanError``."""
+    def _modification_time(self, location: str) -> int | None:
+        """``modification_time``; on a remote filesystem from its folder's listing, listed once per reader."""
         if not self._shared:
             return modification_time(self._filesystem, location)
         listed = self._listed(self._folder(location))
-        if location not in listed:  # not listed (created since): look it up
-            return modification_time(self._filesystem, location)
-        mtime_ns, listed_size = listed[location]
-        if size is not None and listed_size is not None and listed_size != size:
-            raise StalePlanError(f"{location!r} is {listed_size} bytes now and was {size} bytes when opened: it was "
-                                 "rewritten since planning; re-run planning")
-        return mtime_ns
+        if location in listed:
+            return listed[location]
+        return modification_time(self._filesystem, location)  # not listed (created since): look it up
 
     def open(self, name: str, location: str) -> pq.ParquetFile:
         """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked (and,
@@ -361,7 +355,7 @@ class CheckedFooters:
         if name in self._footers:
             return
         footer = self._opened[name]
-        checked = replace(footer, mtime_ns=self._modification_time(location, footer.file_size))
+        checked = replace(footer, mtime_ns=self._modification_time(location))
         try:
             self._check(name, checked)
         except StalePlanError:
