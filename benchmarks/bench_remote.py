@@ -6,7 +6,9 @@ latency-and-fault proxy of ``tests/support/fault_proxy.py``, uploads ``python -m
 ``make_loader(backend="arrow")`` at default settings (``workers_count=4``), 3 columns and all columns, at 0, 10 and
 30 ms per request, in interleaved rounds (medians). It prints:
 
-- rows/s at 10 and 30 ms as a ratio to the same loader at 0 ms (goals: >= 0.9 at 10 ms, >= 0.8 at 30 ms);
+- rows/s at 10 and 30 ms as a ratio to the same loader at 0 ms (goals: >= 0.9 at 10 ms, >= 0.8 at 30 ms), and what
+  each latency adds to an epoch in round trips (``--latencies 0,30,100``: at 100 ms the CPU load of other jobs
+  moves it least);
 - the loader at 0 ms against raw pyarrow reading the same row groups and columns with ``pre_buffer=True`` from as
   many threads (``workers_count``; and, for reference, from as many threads as the loader's I/O pool), same rounds
   (goal: >= 0.9); and against raw pyarrow that also turns each column into what the loader delivers (text as
@@ -211,6 +213,10 @@ def main(argv=None) -> int:
         out["rows_per_s"] = {f"{lat} ms, {name}": round(v) for (lat, name), v in speed.items()}
         out["ratio_to_0ms"] = {f"{lat} ms, {name}": round(speed[(lat, name)] / speed[(base, name)], 3)
                                for (lat, name) in speed if lat != base}
+        # what latency adds to an epoch, in round trips: the figure a loaded machine moves least at a high latency
+        out["round_trips_an_epoch_adds"] = {
+            f"{lat} ms, {name}": round((statistics.median(times[(lat, name)]) - statistics.median(times[(base, name)]))
+                                       / (lat / 1000), 1) for (lat, name) in speed if lat != base}
         out["ratio_to_raw_pyarrow_at_0ms"] = {
             f"{key[0]}, raw in {key[1]} threads{', to Python as delivered' if len(key) > 2 else ''}":
                 round(speed[(base, key[0])] / (rows / statistics.median(v)), 3) for key, v in raw.items()}

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -98,6 +99,76 @@ class FreshFooters:
 FRESH_FOOTERS = FreshFooters()
 
 
+class OpenFiles:
+    """Remote files kept open for the process, by filesystem and location: opening a file of an object store asks
+    for its size (a HEAD, a round trip), and every loader's schema pass and every epoch's reader opens the same
+    files again. A kept file is read by position only (safe from several threads, ``read_at``), and never closed
+    by a reader (``forget`` drops it).
+
+    Safe for G15: a kept file knows the size its object had when opened, and every footer is still read through it
+    anew each time (``read_footer``) and checked against the plan; an object rewritten to another size shows other
+    footer bytes or fails to read (a read past its new end), and a caller that gets an error or a footer other than
+    the planned one through a kept file opens the file afresh once before deciding (``OPEN_FILES.fresh``), so only
+    what is on the storage now decides. At most ``max_items`` are kept, the oldest dropped."""
+
+    def __init__(self, max_items: int = 16384):
+        self._max = max_items
+        self._items: OrderedDict[tuple[int, str], tuple[object, object]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def open(self, filesystem, location: str) -> tuple[object, bool]:
+        """``(handle, kept)``: the kept file (``kept=True``), or one opened now and kept."""
+        key = (id(filesystem), location)
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None and item[0] is filesystem:
+                self._items.move_to_end(key)
+                return item[1], True
+        handle = filesystem.open_input_file(location)
+        with self._lock:
+            self._items[key] = (filesystem, handle)  # the filesystem held too: its id is never another's
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+        return handle, False
+
+    def fresh(self, filesystem, location: str):
+        """The file opened afresh (its size asked again) and kept in place of the one kept before."""
+        self.forget(filesystem, location)
+        return self.open(filesystem, location)[0]
+
+    def forget(self, filesystem, location: str) -> None:
+        with self._lock:
+            self._items.pop((id(filesystem), location), None)
+
+
+OPEN_FILES = OpenFiles()
+
+
+def read_kept_footer(filesystem, location: str, parsed: ParsedFooters | None = None,
+                     check: Callable[[Footer], None] | None = None) -> tuple[object, Footer]:
+    """``(handle, footer)`` of a remote file through ``OPEN_FILES`` (no round trip to open a file kept open), the
+    footer read now and passed to ``check`` (which raises ``StalePlanError`` for one other than the planned one).
+    When the read fails or ``check`` refuses the footer read through a kept file, the file is opened afresh and
+    its footer read and checked again: a size kept from before a rewrite never decides."""
+    handle, kept = OPEN_FILES.open(filesystem, location)
+    if kept:
+        try:
+            footer = read_footer(handle, parsed)
+            if check is not None:
+                check(footer)
+            return handle, footer
+        except (OSError, pa.ArrowException, StalePlanError):
+            handle = OPEN_FILES.fresh(filesystem, location)
+    try:
+        footer = read_footer(handle, parsed)
+        if check is not None:
+            check(footer)
+        return handle, footer
+    except BaseException:
+        OPEN_FILES.forget(filesystem, location)
+        raise
+
+
 def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     """The footer of an open random-access file (a ``pyarrow`` ``NativeFile``), parsed, or taken from ``parsed``
     when it holds these very bytes; pyarrow's error types for a file that is not Parquet (``ArrowInvalid``) or
@@ -106,8 +177,7 @@ def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     if size < 12:
         raise pa.ArrowInvalid(f"Parquet file size is {size} bytes, smaller than the minimum file footer (12 bytes)")
     take = min(size, TAIL_READ)
-    handle.seek(size - take)
-    tail = handle.read(take)
+    tail = handle.read_at(take, size - take)  # positional: a kept handle is shared by threads (``OPEN_FILES``)
     if tail[-4:] != _MAGIC:
         what = "an encrypted footer, which is not supported" if tail[-4:] == b"PARE" else "no Parquet magic bytes"
         raise pa.ArrowInvalid(f"Parquet magic bytes not found in footer ({what}); the file is corrupted or is not a "
@@ -116,8 +186,7 @@ def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     if length + 12 > size:
         raise pa.ArrowInvalid(f"Parquet footer length {length} is larger than the file ({size} bytes)")
     if length + 8 > take:
-        handle.seek(size - length - 8)
-        tail = handle.read(length + 8)
+        tail = handle.read_at(length + 8, size - length - 8)
     stored = tail[len(tail) - length - 8:]
     digest = hashlib.sha256(stored[:length]).hexdigest()
     if parsed is not None:
@@ -145,9 +214,10 @@ class CheckedFooters:
     """Opens a reader's files, reading, hashing and checking each footer once (``check(name, footer)`` raises for
     a footer that is not the planned one) and reusing it for every later open of the file by this reader.
 
-    The footer handed to ``check`` carries the file's modification time, looked up after the footer was read (G15):
-    a rewrite that keeps the footer's bytes (the same rows of a row group in another order, the same statistics)
-    is told by its modification time, and a rewrite between the footer read and that look-up shows in the latter.
+    The footer handed to ``check`` carries the file's modification time (G15): a rewrite that keeps the footer's
+    bytes (the same rows of a row group in another order, the same statistics) is told by its modification time.
+    A reader hands on no row of a file before both were checked: ``open`` checks the footer, ``confirm`` the time
+    (on a local disk ``open`` does both, looking the time up after reading the footer).
 
     Why: each reading thread keeps only a few files open, and a plan's seeded row group order crosses files, so one
     file is opened again and again in an epoch; its footer was read, hashed and parsed each time (two extra
@@ -162,39 +232,76 @@ class CheckedFooters:
     and one footer read per reader, not one per thread, and none when the loader's schema pass just read it
     (``FRESH_FOOTERS``); ``pre_buffer`` makes each row group's column chunks one
     coalesced read, issued at once, instead of one request per column chunk in series. The modification times
-    come from one listing per folder per reader (a request per 1,000 files) instead of a HEAD per file: a file
-    rewritten before its folder was listed shows a new time, one rewritten later is refused by the next epoch's
-    reader, as one rewritten after a per-file look-up would be.
+    come from one listing per folder per reader (a request per 1,000 files) instead of a HEAD per file, started
+    with the first reads of the folder's files (``list_ahead``) and checked by ``confirm`` once a row group was read
+    and before its rows are handed on, so the listing's round trip overlaps the reads instead of preceding them.
+    A check holds as of the earlier of the footer read and the listing: a file rewritten before both is refused
+    (a new footer or a new time), and one rewritten after either is refused by the next epoch's reader, as one
+    rewritten after a per-file look-up would be; a rewrite between a row group's read and the listing is refused
+    too, though the rows read were the planned ones.
     """
 
     def __init__(self, filesystem, check, *, pre_buffer: bool = False, shared: bool = False):
         self._filesystem, self._check = filesystem, check
-        self._footers: dict[str, Footer] = {}
+        self._footers: dict[str, Footer] = {}  # checked whole: footer and modification time
+        self._opened: dict[str, Footer] = {}  # shared=True: footers checked, their time not yet (``confirm``)
         self._pre_buffer, self._shared = pre_buffer, shared
         self._handles: dict[str, object] = {}  # name -> open file, shared by the threads (shared=True)
         self._locks: dict[str, threading.Lock] = {}  # shared=True: one thread opens a file, the others wait for it
         self._locks_lock = threading.Lock()
-        self._listed: dict[str, dict[str, int | None]] = {}  # shared=True: folder -> {location: mtime_ns}
+        self._listings: dict[str, Future] = {}  # shared=True: folder -> its listing, {location: mtime_ns}
+
+    @staticmethod
+    def _folder(location: str) -> str:
+        return location.rsplit("/", 1)[0] if "/" in location else ""
+
+    def _list(self, folder: str) -> dict[str, int | None]:
+        entries = self._filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        return {e.path: e.mtime_ns for e in entries if e.type == pafs.FileType.File}
+
+    def list_ahead(self, locations, executor) -> None:
+        """``shared=True``: start listing the folders of ``locations`` not listed yet on ``executor`` now, for the
+        ``confirm`` of their files; call it before queuing reads of those files on the same executor (a listing
+        queued behind the reads that wait for it could wait for a free thread forever)."""
+        for folder in dict.fromkeys(self._folder(loc) for loc in locations):
+            with self._locks_lock:
+                if folder not in self._listings:
+                    self._listings[folder] = executor.submit(self._list, folder)
+
+    def _listed(self, folder: str) -> dict[str, int | None]:
+        """The folder's listing: the one started ahead, or listed here now (once per reader); a failed listing is
+        forgotten, so a retry lists again."""
+        with self._locks_lock:
+            known = self._listings.get(folder)
+            mine = known is None
+            future: Future = Future() if known is None else known
+            if mine:
+                self._listings[folder] = future
+        if mine:
+            try:
+                future.set_result(self._list(folder))
+            except BaseException as exc:
+                future.set_exception(exc)
+        try:
+            return future.result()
+        except BaseException:
+            with self._locks_lock:
+                if self._listings.get(folder) is future:
+                    del self._listings[folder]
+            raise
 
     def _modification_time(self, location: str) -> int | None:
         """``modification_time``; on a remote filesystem from its folder's listing, listed once per reader."""
         if not self._shared:
             return modification_time(self._filesystem, location)
-        folder = location.rsplit("/", 1)[0] if "/" in location else ""
-        with self._locks_lock:
-            lock = self._locks.setdefault("\0" + folder, threading.Lock())  # no file name starts with NUL
-        with lock:
-            listed = self._listed.get(folder)
-            if listed is None:
-                entries = self._filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-                listed = self._listed[folder] = {e.path: e.mtime_ns for e in entries
-                                                 if e.type == pafs.FileType.File}
+        listed = self._listed(self._folder(location))
         if location in listed:
             return listed[location]
         return modification_time(self._filesystem, location)  # not listed (created since): look it up
 
     def open(self, name: str, location: str) -> pq.ParquetFile:
-        """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked."""
+        """The file ``name`` (what ``check`` is told) at ``location`` on the filesystem, its footer checked (and,
+        but with ``shared=True``, its modification time: ``confirm``)."""
         if not self._shared:
             return self._open(name, location)
         with self._locks_lock:
@@ -203,7 +310,7 @@ class CheckedFooters:
             return self._open(name, location)
 
     def _open(self, name: str, location: str) -> pq.ParquetFile:
-        known = self._footers.get(name)
+        known = self._footers.get(name) or self._opened.get(name)
         if known is not None:
             shared = self._handles.get(name)
             if shared is not None:
@@ -216,52 +323,68 @@ class CheckedFooters:
                 handle.close()
                 raise
             handle.close()
-        fresh = FRESH_FOOTERS.take(self._filesystem, location) if self._shared else None
-        if fresh is not None:
-            handle, footer = fresh
-        else:
-            handle = self._filesystem.open_input_file(location)
+        if self._shared:  # the footer now; the time once the folder's listing is in (``confirm``)
+            fresh = FRESH_FOOTERS.take(self._filesystem, location)
+            if fresh is not None:
+                handle, footer = fresh
+                try:
+                    self._check(name, footer)
+                except StalePlanError:  # read through a kept file: decided by a fresh open below
+                    fresh = None
+            if fresh is None:  # a file kept open (``OPEN_FILES``): no HEAD, the footer read anew
+                handle, footer = read_kept_footer(self._filesystem, location, READ_FOOTERS,
+                                                  lambda read: self._check(name, read))
+            self._opened[name] = footer
+            self._handles[name] = handle
+            return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
+        handle = self._filesystem.open_input_file(location)
         try:
-            if fresh is None:
-                footer = read_footer(handle, READ_FOOTERS)
-            try:
-                footer = replace(footer, mtime_ns=self._modification_time(location))
-                self._check(name, footer)
-            except StalePlanError:
-                if not self._shared:
-                    raise
-                # a listing's time may be rounded otherwise than a file look-up's (what a table's plan recorded):
-                # the look-up decides, so a refusal is a rewrite, never a rounding
-                footer = replace(footer, mtime_ns=modification_time(self._filesystem, location))
-                self._check(name, footer)
+            footer = read_footer(handle, READ_FOOTERS)
+            footer = replace(footer, mtime_ns=self._modification_time(location))
+            self._check(name, footer)
         except BaseException:
             handle.close()
             raise
         self._footers[name] = footer
-        if self._shared:
-            self._handles[name] = handle
         return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
+
+    def confirm(self, name: str, location: str) -> None:
+        """``shared=True``: check the modification time of ``name``, opened (``open``) by this reader, against the
+        plan (``check``), once per reader, from its folder's listing; call it before handing on a row of the
+        file. A no-op once checked, and for a reader that checks it in ``open``."""
+        if name in self._footers:
+            return
+        footer = self._opened[name]
+        checked = replace(footer, mtime_ns=self._modification_time(location))
+        try:
+            self._check(name, checked)
+        except StalePlanError:
+            # a listing's time may be rounded otherwise than a file look-up's (what a table's plan recorded):
+            # the look-up decides, so a refusal is a rewrite, never a rounding
+            checked = replace(footer, mtime_ns=modification_time(self._filesystem, location))
+            self._check(name, checked)
+        self._footers[name] = checked
 
     def checked(self, name: str) -> Footer | None:
         """The footer of ``name`` as read and checked by this reader (with the file's modification time), or None
-        before its first open."""
+        before its first open (and ``confirm``)."""
         return self._footers.get(name)
 
     def check_all(self, names_locations, threads: int = 16) -> None:
-        """Read and check the footer of every ``(name, location)`` now, ``threads`` at a time (each a small,
-        latency-bound read), closing the files: for a reader whose reading happens elsewhere (Petastorm's pool
-        opens the files itself), so nothing of a rewritten file is served."""
+        """Read and check the footer and modification time of every ``(name, location)`` now, ``threads`` at a
+        time (each a small, latency-bound read), closing the files: for a reader whose reading happens elsewhere
+        (Petastorm's pool opens the files itself), so nothing of a rewritten file is served."""
         todo = [(n, loc) for n, loc in dict(names_locations).items() if n not in self._footers]
+
+        def check(name: str, location: str) -> None:
+            self.open(name, location).close()
+            self.confirm(name, location)
         if len(todo) < 2:
             for name, location in todo:
-                self.open(name, location).close()
+                check(name, location)
             return
         with ThreadPoolExecutor(min(threads, len(todo))) as pool:
-            futures = [pool.submit(self.open, *item) for item in todo]
-        errors = [f.exception() for f in futures]
-        for future, error in zip(futures, errors, strict=True):
-            if error is None:
-                future.result().close()
-        first = next((e for e in errors if e is not None), None)
+            futures = [pool.submit(check, *item) for item in todo]
+        first = next((e for e in (f.exception() for f in futures) if e is not None), None)
         if first is not None:
             raise first

@@ -92,17 +92,15 @@ def read_footers(dataset: DatasetLocation, paths: Sequence[str], threads: int | 
 
     def read(path):
         location = dataset.path(path)
+        if remote:  # a file kept open (no HEAD); the first epoch's reader checks this very read (G15)
+            handle, footer = footer_io.read_kept_footer(filesystem, location, footer_io.READ_FOOTERS)
+            footer_io.FRESH_FOOTERS.put(filesystem, location, handle, footer)
+            return footer.metadata
         handle = filesystem.open_input_file(location)
         try:
-            footer = footer_io.read_footer(handle, footer_io.READ_FOOTERS)
-        except BaseException:
+            return footer_io.read_footer(handle, footer_io.READ_FOOTERS).metadata
+        finally:
             handle.close()
-            raise
-        if remote:  # the first epoch's reader checks this very read (G15) instead of reading it again
-            footer_io.FRESH_FOOTERS.put(filesystem, location, handle, footer)
-        else:
-            handle.close()
-        return footer.metadata
 
     def footer(path):  # parsed into the reading path's cache: the first epoch's check then reads but parses none
         return retry.call(lambda: read(path), url=f"{dataset.url}/{path}")

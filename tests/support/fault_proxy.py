@@ -5,7 +5,8 @@ cut mid-response, ``503 SlowDown``, an outage) are what remote reading must surv
 has none of them. The proxy speaks just enough HTTP/1.1 (keep-alive, ``Content-Length`` and chunked bodies) to
 forward each request over its own connection to the server, then:
 
-- waits ``delay_s`` before answering (a fixed delay per request, as a round trip adds);
+- waits ``delay_s`` before answering (a fixed delay per request, as a round trip adds), and ``list_delay_s`` more
+  before answering a listing (a late listing: what a reader must not serve rows before);
 - with probability ``reset``: closes the client's connection with an RST instead of answering;
 - with probability ``cut``: sends the headers and half the body (``Content-Length`` as announced), then closes;
 - with probability ``slowdown``: answers ``503 SlowDown`` (S3's throttling reply) without asking the server;
@@ -39,11 +40,11 @@ class FaultProxy:
 
     def __init__(self, upstream_host: str, upstream_port: int, *, seed: int = 0):
         self.upstream = (upstream_host, upstream_port)
-        self.delay_s = 0.0
+        self.delay_s = self.list_delay_s = 0.0
         self.reset = self.cut = self.slowdown = 0.0
         self.outage = False
         self.counts: Counter = Counter()
-        self.log: list = []  # (method, target) of each request since configure
+        self.log: list = []  # (time.monotonic(), method, target's path end, kind) of each request since configure
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         proxy = self
@@ -64,9 +65,10 @@ class FaultProxy:
         self._thread.start()
 
     def configure(self, *, delay_s: float = 0.0, reset: float = 0.0, cut: float = 0.0, slowdown: float = 0.0,
-                  outage: bool = False, seed: int | None = None) -> None:
+                  outage: bool = False, seed: int | None = None, list_delay_s: float = 0.0) -> None:
         with self._lock:
             self.delay_s, self.reset, self.cut, self.slowdown, self.outage = delay_s, reset, cut, slowdown, outage
+            self.list_delay_s = list_delay_s
             if seed is not None:
                 self._rng = random.Random(seed)
             self.counts = Counter()
@@ -80,6 +82,8 @@ class FaultProxy:
         if target == CONTROL + "configure":
             self.configure(**json.loads(body))
         with self._lock:
+            if target == CONTROL + "log":
+                return json.dumps(self.log).encode()
             return json.dumps(dict(self.counts)).encode()
 
 
@@ -113,8 +117,8 @@ class FaultProxy:
                 with self._lock:
                     self.counts[method] += 1
                     self.counts[kind] += 1
-                    self.log.append((method, target.split("?")[0][-40:]))
-                    delay = self.delay_s
+                    self.log.append((time.monotonic(), method, target.split("?")[0][-40:], kind))
+                    delay = self.delay_s + (self.list_delay_s if kind == "list" else 0.0)
                 if delay:
                     time.sleep(delay)
                 fault = self._draw()
@@ -179,6 +183,11 @@ class ProxyProcess:
     @property
     def counts(self) -> Counter:
         return Counter(self._call("counts"))
+
+    @property
+    def log(self) -> list:
+        """``FaultProxy.log`` of the proxy's process (``time.monotonic()`` is one clock for every process)."""
+        return [tuple(entry) for entry in self._call("log")]
 
     def close(self) -> None:
         self._process.terminate()

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -35,9 +36,10 @@ from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from .. import fragments as fr
 
-# Requests in flight per reader on a remote filesystem: a bundle's fragments are read side by side in this many
-# threads (and pyarrow's I/O pool is raised to match), since each read waits a round trip and does little else.
-REMOTE_READS = 32
+# Requests in flight per process on a remote filesystem: the fragments of the bundles read ahead are read side by
+# side in this many threads (and pyarrow's I/O pool and the S3 client's connections match), since each read waits a
+# round trip and does little else.
+REMOTE_READS = fsutil.REMOTE_REQUESTS
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
@@ -47,15 +49,28 @@ _POOLS_LOCK = threading.Lock()
 def remote_pool() -> ThreadPoolExecutor:
     """The process's ``REMOTE_READS`` threads for remote fragment reads, started once (not per epoch: starting 32
     threads took a tenth of a second), per process id (a forked DataLoader worker has no threads of its parent);
-    pyarrow's I/O pool, where ``pre_buffer`` reads run, is raised to as many."""
+    pyarrow's I/O pool, where ``pre_buffer`` reads run, is raised to as many (``fs.raise_io_threads``)."""
     pid = os.getpid()
     with _POOLS_LOCK:
         pool = _POOLS.get(pid)
         if pool is None:
-            if pa.io_thread_count() < REMOTE_READS:
-                pa.set_io_thread_count(REMOTE_READS)
+            fsutil.raise_io_threads()
             pool = _POOLS[pid] = ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="pb-io")
         return pool
+
+
+class Started:
+    """A bundle whose fragments' reads were queued (``BundleReader.start``): ``futures``, one per fragment, in
+    order (none: nothing started, ``read`` reads it all); ``cancel`` drops the reads not begun."""
+
+    __slots__ = ("bundle", "futures")
+
+    def __init__(self, bundle: list[Fragment], futures: list):
+        self.bundle, self.futures = bundle, futures
+
+    def cancel(self) -> None:
+        for future in self.futures:
+            future.cancel()
 
 
 class BundleReader:
@@ -113,36 +128,73 @@ class BundleReader:
             files = self._local.files = fr.FileCache(opener)
         return files
 
-    def read(self, bundle: list[Fragment]) -> dict:
-        if self._transform is not None:
-            return self._transform.apply(self.table(bundle), bundle)
-        return fr.to_columns(self.table(bundle), self._fields, self._schemas, bundle)
+    def start(self, bundle: list[Fragment]) -> Started:
+        """Begin reading ``bundle`` now (on a remote filesystem: its fragments' requests queued on the process's
+        I/O threads), for ``read`` to finish later: ``in_order`` starts a bundle when it enters the read-ahead, so
+        the requests of every bundle ahead are in flight while the threads decode earlier ones, however few
+        threads decode (``workers_count``). On a local disk nothing starts early: a read there is the CPU's."""
+        if self._io is None:
+            return Started(bundle, [])
+        # the folders' listings (modification times, G15) first, so none waits behind the reads that need it
+        self._footers.list_ahead([fsutil.join(self._root, f.path) for f in bundle], self._io)
+        return Started(bundle, [self._io.submit(self._fragment, f) for f in bundle])
 
-    def table(self, bundle: list[Fragment], indices=None) -> pa.Table:
+    def read(self, bundle: list[Fragment] | Started) -> dict:
+        """The bundle's rows as columns (decoded, transformed); ``bundle`` may be what ``start`` returned."""
+        fragments = bundle.bundle if isinstance(bundle, Started) else bundle
+        if self._transform is not None:
+            return self._transform.apply(self.table(bundle), fragments)
+        return fr.to_columns(self.table(bundle), self._fields, self._schemas, fragments)
+
+    def table(self, bundle: list[Fragment] | Started, indices=None) -> pa.Table:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
-        if self._io is None or len(bundle) < 2:
-            return fr.concat_tables([self._fragment(f, indices) for f in bundle])
-        futures = [self._io.submit(self._fragment, f, indices) for f in bundle]
+        started = bundle if isinstance(bundle, Started) else None
+        if started is None or not started.futures:
+            fragments = started.bundle if started is not None else bundle
+            assert isinstance(fragments, list)
+            if self._io is None or len(fragments) < 2:
+                return fr.concat_tables([self._fragment(f, indices) for f in fragments])
+            started = Started(fragments, [self._io.submit(self._fragment, f, indices) for f in fragments])
         try:
-            return fr.concat_tables([future.result() for future in futures])
+            return fr.concat_tables([future.result() for future in started.futures])
         finally:
-            for future in futures:
-                future.cancel()
+            started.cancel()
 
     def _fragment(self, fragment: Fragment, indices=None) -> pa.Table:
-        """One fragment's rows, its file opened (footer checked) and its row group read under the retry policy."""
+        """One fragment's rows, its file opened (footer checked) and its row group read under the retry policy;
+        returned only once the file's modification time was checked too (``_confirm``, G15), which on a remote
+        filesystem waits for its folder's listing, in flight beside the read."""
         location = f"{self._plan.dataset_url}/{fragment.path}"
         files = self._files()
         try:
             handle = retry.call(lambda: files.get(fragment.path), url=location, policy=self._retry)
         except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
             raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
+        if self._cache is not None:  # a cache entry is keyed by the checked footer, time included
+            self._confirm(fragment)
         try:
             cache = self._cached if self._cache is not None else None
-            return retry.call(lambda: fr.read_fragment(handle, fragment, self._spec, indices=indices, cache=cache),
-                              url=location, policy=self._retry)
+            table = retry.call(lambda: fr.read_fragment(handle, fragment, self._spec, indices=indices, cache=cache),
+                               url=location, policy=self._retry)
         except (OSError, pa.ArrowException) as exc:  # name the file and row group
+            try:
+                self._confirm(fragment)  # a rewrite (G15) is the truer cause of a failed read
+            except StalePlanError as stale:
+                raise stale from exc
+            except (OSError, pa.ArrowException):
+                pass
             raise fr.read_error(fragment, exc) from exc
+        self._confirm(fragment)
+        return table
+
+    def _confirm(self, fragment: Fragment) -> None:
+        """``CheckedFooters.confirm`` of the fragment's file (its modification time), under the retry policy."""
+        location = f"{self._plan.dataset_url}/{fragment.path}"
+        try:
+            retry.call(lambda: self._footers.confirm(fragment.path, fsutil.join(self._root, fragment.path)),
+                       url=location, policy=self._retry)
+        except (OSError, pa.ArrowException) as exc:  # the listing failed: name the file and what was done
+            raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
 
 
 def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_pool_type: str = "thread",
@@ -164,7 +216,7 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         # bundles, and a remote bundle's fragments are requested side by side (kept as they are)
         large = threads > 1 and transform is None and not reader._remote
         bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large else fr.BUNDLE_ROWS)
-        results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead)
+        results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead, start=reader.start)
         try:
             yield from zip(bundles, results, strict=False)
         finally:
@@ -173,30 +225,55 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
     return chunks
 
 
-def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: int) -> Generator:
+def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: int,
+             start: Callable[[Any], Started] | None = None) -> Generator:
     """``function(item)`` for every item, in order, computed by ``workers_count`` threads (0: inline) at most
-    ``ahead`` items beyond the one being consumed; closing the generator cancels what was not started."""
+    ``ahead`` items beyond the one being consumed; closing the generator cancels what was not started.
+
+    ``start(item)``, called in the consuming thread as an item enters those ``ahead`` (``BundleReader.start``),
+    begins its I/O, and ``function`` gets what it returned: inline too, the requests of the items ahead are in
+    flight while the current one is decoded."""
+    begin: Callable = start or (lambda item: item)
     if workers_count < 1:
-        for item in items:
-            yield function(item)
+        started: deque = deque()
+        try:
+            upcoming = iter(items)
+            for item in upcoming:
+                started.append(begin(item))
+                if len(started) > ahead:
+                    break
+            while started:
+                current = started.popleft()
+                nxt = next(upcoming, None)
+                if nxt is not None:
+                    started.append(begin(nxt))
+                yield function(current)
+        finally:
+            for item in started:
+                if isinstance(item, Started):
+                    item.cancel()
         return
     pool = ThreadPoolExecutor(max(1, min(workers_count, len(items))), thread_name_prefix="pb-arrow")
-    pending: deque = deque()
+    pending: deque = deque()  # (future of function, what start returned)
     try:
         upcoming = iter(items)
         for item in upcoming:
-            pending.append(pool.submit(function, item))
+            begun = begin(item)
+            pending.append((pool.submit(function, begun), begun))
             if len(pending) > ahead:
                 break
         while pending:
-            result = pending.popleft().result()
+            result = pending.popleft()[0].result()
             nxt = next(upcoming, None)
             if nxt is not None:
-                pending.append(pool.submit(function, nxt))
+                begun = begin(nxt)
+                pending.append((pool.submit(function, begun), begun))
             yield result
     finally:
-        for future in pending:
+        for future, begun in pending:
             future.cancel()
+            if isinstance(begun, Started):
+                begun.cancel()
         # No join here: this finally may run inside a garbage collection that interrupted threading's own locked
         # bookkeeping (a generator dropped unclosed), where joining deadlocks every later Thread.start. A read in
         # flight (at most one item per thread) finishes in the background and its result is dropped.
