@@ -79,17 +79,25 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     """
     if batch_format == TORCH:
         require_torch()
-    names, cutters = [], []
+    names, cutters, same = [], [], {}
+    aliases = []  # (name, earlier name): a column that is an earlier one's array (the cost, ``stream.slot_runs``)
     for name, values in run.items():
         if name == stream.PADDING and not padding_mask:
             continue
+        if id(values) in same:
+            aliases.append((name, same[id(values)]))
+            continue
+        same[id(values)] = name
         names.append(name)
         cutters.append(_cutter(values, batch_size, batch_format))
     count = _rows(run) // batch_size
     for first in range(0, count, GROUP):
         n = min(GROUP, count - first)
         for row in zip(*[cut(first, n) for cut in cutters], strict=True):
-            yield dict(zip(names, row, strict=True))
+            batch = dict(zip(names, row, strict=True))
+            for name, earlier in aliases:
+                batch[name] = batch[earlier]
+            yield batch
 
 
 def _cutter(values, batch_size: int, batch_format: str = TORCH):
