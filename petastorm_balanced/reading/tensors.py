@@ -79,8 +79,9 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     """
     if batch_format == TORCH:
         require_torch()
-    names, cutters, same = [], [], {}
-    aliases = []  # (name, earlier name): a column that is an earlier one's array (the cost, ``stream.slot_runs``)
+    names, cutters = [], []
+    same: dict[int, str] = {}  # id of a column's array -> its first name
+    aliases: list[tuple[str, str]] = []  # (name, earlier name): one array under two names (``stream.slot_runs``)
     for name, values in run.items():
         if name == stream.PADDING and not padding_mask:
             continue
