@@ -14,6 +14,7 @@ import numpy as np
 from ..core.cost.options import CostOptions
 from ..core.cost.spec import COST_COLUMN, CostSpec, check_costs, evaluate
 from ..core.shuffle import window_rows
+from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
 from .schema import MASK_SUFFIX
@@ -52,10 +53,14 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
         return
     first = fragments[start.fragment]
     todo = [replace(first, start=first.start + start.offset)] + list(fragments[start.fragment + 1:])
+    # A cost that is a delivered int64 column as it is (cost="n_tokens") travels once: the window and its runs hold
+    # that column alone, and each run names it COST_COLUMN too (one array, one tensor per batch; a copy of it cost
+    # a gather per window and a tensor per batch, about a tenth of an epoch over a few numeric columns).
+    alias: list[bool] = []  # decided by the first chunk: [True] while the cost is the column itself
     arrange = None
     if cost is not None:
         def arrange(window, window_key):
-            return cost.arrange(window[COST_COLUMN], batch_size, window_key)
+            return cost.arrange(window[cost.column if alias[0] else COST_COLUMN], batch_size, window_key)
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
@@ -71,11 +76,25 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
                 if valid is not None and not valid.all():  # a null cost: refused by check_costs, not taken as 0
                     raw = raw.astype(object)
                     raw[~valid] = None
-                columns[COST_COLUMN] = check_costs(raw, where)
+                costs = check_costs(raw, where)
+                same = costs is columns[cost.column] and cost.column not in drop
+                if not alias:
+                    alias.append(same)
+                elif alias[0] != same:  # the column's type changed between row groups
+                    raise InvalidValueError(f"column {cost.column!r} (the cost) is {columns[cost.column].dtype} in "
+                                            f"{where} and of another type before it; rewrite the dataset with one "
+                                            "type for that column")
+                if not same:
+                    columns[COST_COLUMN] = costs
                 for name in drop:
                     del columns[name]
                     columns.pop(name + MASK_SUFFIX, None)
-            yield from batcher.push(columns)
+            if alias and alias[0]:
+                for run in batcher.push(columns):
+                    run[COST_COLUMN] = run[cost.column]  # type: ignore[union-attr]
+                    yield run
+            else:
+                yield from batcher.push(columns)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:

@@ -111,25 +111,32 @@ def _digits16(values: np.ndarray) -> np.ndarray:
     return ((values - low) >> cut).astype(np.uint16)
 
 
-def shuffle_rows(members: np.ndarray, words: np.ndarray) -> np.ndarray:
-    """The rows of ``members`` (batches, rows per batch) in batch order, each batch's rows in the order of the low
-    32 bits of ``words`` (one word per entry, batch after batch; ties by position), as one flat array.
+def shuffle_rows(rows: np.ndarray, steps: np.ndarray, size: int, words: np.ndarray, *, row_stride: int,
+                 batch_stride: int) -> np.ndarray:
+    """The batches ``steps`` (batch indices, in serving order) of ``size`` rows each, as one flat array of ``rows``'
+    entries: row ``p`` of batch ``b`` is ``rows[p * row_stride + b * batch_stride]``; each batch's rows in the order
+    of the low 32 bits of ``words`` (one word per entry, step after step; ties by position).
 
     One sort per batch of packed keys ``(random bits, position)``, run by NumPy over every batch in one call: a
     batch's keys stay in one or two cache lines, where a Fisher-Yates pass over all batches at once (a vector step
-    per row) strides across the whole window at every step (about 2x slower at 400,000 rows)."""
-    k, rows = members.shape
-    bits = max(1, (rows - 1).bit_length())
-    low = words[:k * rows] & _LOW32
-    if bits <= 16:  # 32-bit keys: at least 16 random bits beside the position
-        keys = ((low >> np.uint64(bits)) << np.uint64(bits)).astype(np.uint32).reshape(k, rows)
-        keys |= np.arange(rows, dtype=np.uint32)
+    per row) strides across the whole window at every step (about 2x slower at 400,000 rows). The serving order and
+    the shuffle are one gather from ``rows`` (the picks carry the batch's offset), not a gather of the served batches
+    and then another of their shuffled rows."""
+    k = len(steps)
+    bits = max(1, (size - 1).bit_length())
+    if bits <= 16:  # 32-bit keys: at least 16 random bits beside the position (the words' low 32 bits, position bits
+        keys = words[:k * size].astype(np.uint32)  # cleared)
+        keys &= np.uint32(~((1 << bits) - 1) & 0xFFFFFFFF)
+        keys = keys.reshape(k, size)
+        keys |= np.arange(size, dtype=np.uint32)
     else:
-        keys = (low << np.uint64(bits)).reshape(k, rows) | np.arange(rows, dtype=np.uint64)
+        keys = ((words[:k * size] & _LOW32) << np.uint64(bits)).reshape(k, size) | np.arange(size, dtype=np.uint64)
     keys.sort(axis=1)
     picks = (keys & keys.dtype.type((1 << bits) - 1)).astype(np.intp)
-    picks += np.arange(0, k * rows, rows)[:, None]
-    return np.ascontiguousarray(members).reshape(-1).take(picks.reshape(-1))
+    if row_stride != 1:
+        picks *= row_stride
+    picks += (np.asarray(steps, dtype=np.intp) * batch_stride)[:, None]
+    return rows.reshape(-1).take(picks.reshape(-1))
 
 
 def arrange_sum(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.ndarray:
@@ -157,8 +164,8 @@ def arrange_sum(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     loads = loads.astype(np.int64)
     # batches heaviest first (ties: lower batch), served in an order drawn without the rank
     heaviest = np.argsort(~_digits16(loads), kind="stable") if k else np.zeros(0, dtype=np.intp)
-    served = members.T[heaviest[permutation(words[n:])]]  # (steps, rows)
-    return shuffle_rows(served, words)
+    # step s serves batch heaviest[permutation[s]], whose row p is members[p, batch]
+    return shuffle_rows(members, heaviest[permutation(words[n:])], batch_size, words, row_stride=k, batch_stride=1)
 
 
 def arrange_max(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.ndarray:
@@ -167,5 +174,5 @@ def arrange_max(costs: np.ndarray, batch_size: int, key: Sequence[int]) -> np.nd
     n = len(costs)
     words = _stream(key, n + k)
     rows, _ = sorted_rows(costs, words[:n])
-    served = rows.reshape(k, batch_size)[permutation(words[n:])]  # (steps, rows): bucket q = the q-th cheapest run
-    return shuffle_rows(served, words)
+    # step s serves bucket permutation[s] (bucket q: the q-th cheapest run of batch_size rows)
+    return shuffle_rows(rows, permutation(words[n:]), batch_size, words, row_stride=1, batch_stride=batch_size)
