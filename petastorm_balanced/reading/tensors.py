@@ -7,6 +7,7 @@ only, and only when a torch batch is asked for: the numpy format never imports i
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,9 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     """
     if batch_format == TORCH:
         require_torch()
-    names, parts, cutters = [], [], []
+    names: list[str] = []
+    parts: list[int] = []
+    cutters: list[Callable] = []
     part_of: dict[int, int] = {}  # id of a column's array -> its part: one array under two names is cut once
     for name, values in run.items():  # (``stream.slot_runs`` names a delivered cost column ``_cost`` too)
         if name == stream.PADDING and not padding_mask:
