@@ -63,7 +63,7 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
     """
     words = raw_words(key, num_rows)
     bits = max(1, (num_rows - 1).bit_length())
-    if _VECTOR_SORT or bits > 16:
+    if VECTOR_SORT or bits > 16:
         return _by_packed_keys(words, bits)
     if bits <= _TOP_DIGIT_BITS:
         return _by_top_digit(words)
@@ -74,7 +74,7 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
 # 0.41 ms for the three radix passes, 16 ms against 81 ms for 584,704 rows; NumPy 1.26's sort is the slower of the
 # two for 10,000 rows (0.5 against 0.3 ms) and the faster beyond 2**16 rows (55 against 76 ms for 584,704): the
 # radix passes' gathers over a large window miss the CPU caches.
-_VECTOR_SORT = int(np.__version__.split(".")[0]) >= 2
+VECTOR_SORT = int(np.__version__.split(".")[0]) >= 2
 _LOW48 = np.uint64((1 << 48) - 1)
 
 

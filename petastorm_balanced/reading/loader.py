@@ -158,8 +158,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     --shuffle-quality`` tells how close to i.i.d. that is). ``shuffle_window=N`` sets the rows instead. Memory per
     rank is about the budget plus ``workers_count + 4`` bundles (the Arrow backend's prefetch; a bundle is
     consecutive fragments of at least 8,192 rows and, read by threads from a local disk, 4 MiB of decoded values,
-    so a row group larger than that is one bundle); the first batch
-    comes when the first window is read, and a resume reads at most one window again.
+    so a row group larger than that is one bundle); the first batch comes when the first window is read, and a
+    resume reads at most one window again.
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
     (Petastorm's reader and pools; pyarrow < 15) or ``"auto"``: Arrow, which reads for less CPU per row, unless a

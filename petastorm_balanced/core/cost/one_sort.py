@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import InvalidValueError
-from ..shuffle import _VECTOR_SORT, raw_words
+from ..shuffle import VECTOR_SORT, raw_words
 
 STREAM = 7  # generator key tag (``arrangement.py`` uses 1-4, ``pieces.py`` 5-6)
 TIE_BITS = 16  # random bits that order equal costs (ties beyond: by position)
@@ -77,7 +77,7 @@ def sorted_rows(costs: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.nd
     if cut:
         values >>= np.uint64(cut)
     cost_bits -= cut
-    if not _VECTOR_SORT:
+    if not VECTOR_SORT:
         rows = np.argsort((words >> np.uint64(64 - TIE_BITS)).astype(np.uint16), kind="stable")
         for shift in range(0, cost_bits, 16):
             digits = (values[rows] >> np.uint64(shift)).astype(np.uint16)

@@ -92,11 +92,11 @@ class BundleReader:
         self._spec, self._fields, self._schemas = spec, fields, schemas
         self._local = threading.local()
         self._retry = retry_policy or retry.default_policy()
-        self._remote = not isinstance(filesystem, pafs.LocalFileSystem)
-        self._io = remote_pool() if self._remote else None
+        self.remote = not isinstance(filesystem, pafs.LocalFileSystem)  # an object store: reads overlapped
+        self._io = remote_pool() if self.remote else None
         # every footer read, hashed and compared with the planned one (G15) before a row of its file is used, once
         # per reader (per epoch): the threads' later opens of the file reuse it
-        self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self._remote, shared=self._remote)
+        self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self.remote, shared=self.remote)
         # row groups kept on the local disk (io/row_group_cache.py), keyed by the footer this reader just checked
         self._cache = local_disk_cache(cache) if cache is not None else None
 
@@ -214,7 +214,7 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
                               cache=cache)
         # larger bundles where threads hand them over (fragments.BUNDLE_BYTES); a transform sees BUNDLE_ROWS-row
         # bundles, and a remote bundle's fragments are requested side by side (kept as they are)
-        large = threads > 1 and transform is None and not reader._remote
+        large = threads > 1 and transform is None and not reader.remote
         bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large else fr.BUNDLE_ROWS)
         results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead, start=reader.start)
         try:
