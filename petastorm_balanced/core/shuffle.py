@@ -89,8 +89,7 @@ def _by_top_digit(words: np.ndarray) -> np.ndarray:
     neighbour sorted by ``(48-bit word << 16) | row`` (unique keys, so by word and then by row, as the stable sort
     orders them). Those rows lie in runs of equal top digits, in ascending digit order, so their sorted keys fill
     the same positions. Up to 2**16 rows (a row number fits in the low 16 bits)."""
-    words48 = words & _LOW48
-    top = (words48 >> np.uint64(32)).astype(np.uint16)
+    top = (words >> np.uint64(32)).astype(np.uint16)  # bits 32-47: the cast keeps the low 16 bits of the shift
     order = np.argsort(top, kind="stable")
     ranked = top[order]
     same = ranked[1:] == ranked[:-1]
@@ -99,8 +98,8 @@ def _by_top_digit(words: np.ndarray) -> np.ndarray:
     tied[:-1] |= same
     where = np.flatnonzero(tied)
     if len(where):
-        members = order[where].astype(np.uint64)
-        keys = (words48[members] << np.uint64(16)) | members
+        members = order[where]
+        keys = ((words[members] & _LOW48) << np.uint64(16)) | members.astype(np.uint64)
         keys.sort()
         order[where] = (keys & np.uint64(0xFFFF)).astype(np.intp)
     return order

@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
 from ..core import balance, elastic, selection
 from ..core.catalog import Catalog
@@ -153,19 +154,22 @@ class ShardPlan:
                            reshuffle=reshuffle, partition_epoch=partition_epoch, stages=stages,
                            windows=windows, balance_by=balance_by).of_rank(rank)
         groups = self.catalog.row_groups
+        rows = np.asarray(mine.catalog_row, dtype=np.int64)
+        # the catalog's columns taken for these rows at once (one RowGroupMatch per fragment cost most of this)
+        paths = [groups.paths[i] for i in groups.path_index[rows].tolist()]
+        numbers, totals = groups.row_group[rows].tolist(), groups.total_rows[rows].tolist()
+        selections = groups.selection.take(pa.array(rows)).to_pylist()
         fragments = []
-        for i, (c, w, s, e, p) in enumerate(zip(mine.catalog_row, mine.worker, mine.start, mine.stop, mine.padding,
-                                                strict=True)):
-            group = groups[c]
+        for i, (w, s, e, p) in enumerate(zip(np.asarray(mine.worker).tolist(), np.asarray(mine.start).tolist(),
+                                             np.asarray(mine.stop).tolist(), np.asarray(mine.padding).tolist(),
+                                             strict=True)):
             if mine.subset is not None and mine.subset[i] >= 0:  # scattered rows left by an elastic resume
                 matching = mine.matching_rows(i)
-                raw = matching if not group.selection else \
-                    selection.decode(group.selection, group.total_rows)[matching]
-                fragments.append(Fragment(group.path, group.row_group, bool(p), int(w), 0, len(raw),
-                                          group.total_rows, selection.encode(raw, group.total_rows)))
+                raw = matching if not selections[i] else selection.decode(selections[i], totals[i])[matching]
+                fragments.append(Fragment(paths[i], numbers[i], bool(p), w, 0, len(raw), totals[i],
+                                          selection.encode(raw, totals[i])))
             else:
-                fragments.append(Fragment(group.path, group.row_group, bool(p), int(w), int(s), int(e),
-                                          group.total_rows, group.selection))
+                fragments.append(Fragment(paths[i], numbers[i], bool(p), w, s, e, totals[i], selections[i]))
         return fragments
 
     def save(self, output_url: str | PathLike[str]) -> str:

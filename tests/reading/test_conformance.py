@@ -246,6 +246,35 @@ def test_nulls_in_some_files_give_one_schema_and_exact_int64(tmp_path):
     assert values == dict(zip(range(18), [big] * 9 + [None, big + 1] * 4 + [None], strict=True))
 
 
+
+def test_a_rewritten_file_with_nulls_gets_a_mask_though_its_footers_null_counts_were_kept(tmp_path):
+    """The null counts worked out from a footer are kept with that parsed footer (``FileMemo``): after the file is
+    rewritten with a null in place of a value, a new plan's loader delivers the mask, not a value for the null."""
+    root = _table_dataset(tmp_path, [pa.table({"id": list(range(6)), "x": [7] * 6})])
+    first = make_loader(0, 1, plan=plan_shards(root, 1, batch_size=3, engine="local"), shuffle=False)
+    assert first.schema["x"].nulls != "mask" and "x__valid" not in next(iter(first))
+    pq.write_table(pa.table({"id": list(range(6)), "x": [7, None] * 3}), os.path.join(root, "part-0.parquet"))
+    again = make_loader(0, 1, plan=plan_shards(root, 1, batch_size=3, engine="local"), shuffle=False)
+    valid = [v for b in again for v in b["x__valid"].tolist()]
+    assert again.schema["x"].nulls == "mask" and valid == [True, False] * 3
+
+
+def test_a_footers_memo_answers_for_that_footer_alone_and_goes_with_it():
+    """``FileMemo`` keeps one dict per living footer object: the same for the same object, another for another,
+    dropped when its footer is collected (and its address may be reused)."""
+    import gc
+
+    from petastorm_balanced.reading.dataset_schema import FileMemo
+
+    class Footer:  # any object with weak references stands for a FileMetaData
+        pass
+    memo, one, two = FileMemo(), Footer(), Footer()
+    memo.get(one)["x"] = True
+    assert memo.get(one) == {"x": True} and memo.get(two) == {} and len(memo) == 2
+    del one
+    gc.collect()
+    assert len(memo) == 1 and all(memo.get(Footer()) == {} for _ in range(50))
+
 def test_multi_chunk_dictionary_and_polars_categorical_nulls_stay_none(tmp_path):
     """A dictionary column with nulls read across row groups (several chunks) keeps its nulls as None."""
     values = [None if i % 4 == 0 else ["red", "green", "blue"][i % 3] for i in range(20)]
