@@ -25,6 +25,7 @@ same process, on the same rows, with the same worker count.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -59,12 +60,16 @@ def measure(repeats, contenders, cpu_rates=None):
     """Rows/s of each ``name -> fn`` (``fn`` returns the rows it delivered) per round; runs are interleaved, so a
     burst of load on a shared machine hits every contender alike, and a first warm-up round is dropped.
     ``cpu_rates`` (a dict) also gets rows per CPU-second of this process (all its threads: ``process_time``), the
-    figure a shared machine disturbs least and the one that counts our reader threads against raw's one."""
+    figure a shared machine disturbs least and the one that counts our reader threads against raw's one. Each run
+    starts after a full garbage collection, so none pays for cycles another left."""
     rates = {name: [] for name in contenders}
     if cpu_rates is not None:
         cpu_rates.update({name: [] for name in contenders})
     for round_ in range(repeats + 1):
         for name, fn in contenders.items():
+            # the garbage an earlier contender left (Petastorm's reader leaves reference cycles) is collected here,
+            # untimed, rather than by whichever contender's allocations trigger the next collection
+            gc.collect()
             start, start_cpu = time.perf_counter(), time.process_time()
             rows = fn()
             wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
