@@ -7,8 +7,10 @@ them when re-serializing, so the same file would hash differently on the petasto
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,6 +72,49 @@ class ParsedFooters:
 
 # the reading path's footers (a process's loaders, each epoch); planning parses each footer once and keeps none
 READ_FOOTERS = ParsedFooters(32 << 20)
+
+
+class FileMemo:
+    """Values worked out from a parsed footer, kept while that very ``FileMetaData`` object lives.
+
+    Why: a footer's parse is shared by every loader of the process (``READ_FOOTERS``, keyed by the hash of its
+    bytes), and reading each row group's statistics from it takes a Python object per column chunk (null counts: 4 ms
+    of a loader's 12 ms setup for 12 files of 177 row groups); a rewritten file has another footer, another object.
+    Keyed by ``id`` (footers are not hashable on every pyarrow) and checked through a weak reference, so an entry
+    never outlives its footer or answers for another."""
+
+    def __init__(self):
+        self._items: dict[int, tuple[weakref.ref, dict]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, meta) -> dict:
+        """The memo of ``meta`` (a dict to read and fill), empty the first time."""
+        key = id(meta)
+        with self._lock:
+            held = self._items.get(key)
+            if held is not None and held[0]() is meta:
+                return held[1]
+            try:
+                ref = weakref.ref(meta, functools.partial(self._drop, key))
+            except TypeError:  # a footer type without weak references: nothing kept
+                return {}
+            memo: dict = {}
+            self._items[key] = (ref, memo)
+            return memo
+
+    def _drop(self, key: int, _dead: object = None) -> None:
+        # no lock: a collection may run this inside ``get`` in the same thread; an entry dropped for a new object
+        # at the same address is only worked out again
+        held = self._items.get(key)
+        if held is not None and held[0]() is None:
+            self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+# what the loader's setup works out from each parsed footer: its columns' null flags, its statistics' value ranges
+FOOTER_FACTS = FileMemo()
 
 
 class FreshFooters:

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .footer import FOOTER_FACTS
+
 NUMERIC = ("INT32", "INT64", "FLOAT", "DOUBLE")  # physical types whose min/max order like numbers
 
 
@@ -19,35 +21,58 @@ def value_ranges(footers: Iterable[pq.FileMetaData]) -> dict[str, tuple[np.ndarr
     out: dict[str, tuple[list, list, list]] = {}
     skip: set[str] = set()
     for meta in footers:
-        schema = meta.schema
-        leaves = [(j, leaf.path, leaf.physical_type in NUMERIC) for j, leaf in
-                  ((j, schema.column(j)) for j in range(meta.num_columns))]
-        leaves = [leaf for leaf in leaves if "." not in leaf[1]]
-        for i in range(meta.num_row_groups):
-            group = meta.row_group(i)
-            if group.num_rows == 0:
+        for name, ranges in _file_ranges(meta).items():
+            if name in skip:
                 continue
-            for j, name, numeric in leaves:
-                if name in skip:
-                    continue
-                low = high = None
-                if numeric:
-                    try:
-                        stats = group.column(j).statistics
-                        if stats is not None and stats.has_min_max:
-                            low, high = stats.min, stats.max
-                    except pa.ArrowException:  # a logical type pyarrow cannot turn into a Python value
-                        pass
-                low, high = _number(low), _number(high)
-                if low is None or high is None:
-                    skip.add(name)
-                    out.pop(name, None)
-                    continue
-                mins, maxs, rows = out.setdefault(name, ([], [], []))
-                mins.append(low)
-                maxs.append(high)
-                rows.append(group.num_rows)
+            if ranges is None:
+                skip.add(name)
+                out.pop(name, None)
+                continue
+            mins, maxs, rows = out.setdefault(name, ([], [], []))
+            mins.extend(ranges[0])
+            maxs.extend(ranges[1])
+            rows.extend(ranges[2])
     return {name: (np.array(a), np.array(b), np.array(c, dtype=np.int64)) for name, (a, b, c) in out.items()}
+
+
+def _file_ranges(meta: pq.FileMetaData) -> dict[str, tuple[list, list, list] | None]:
+    """``{column: (mins, maxs, rows)}`` of one file's non-empty row groups, ``None`` for a column some row group
+    gives no numeric min and max for; kept with the parsed footer (``footer.FOOTER_FACTS``)."""
+    facts = FOOTER_FACTS.get(meta)
+    known = facts.get("ranges")
+    if known is not None:
+        return known
+    schema = meta.schema
+    leaves = [(j, leaf.path, leaf.physical_type in NUMERIC) for j, leaf in
+              ((j, schema.column(j)) for j in range(meta.num_columns))]
+    leaves = [leaf for leaf in leaves if "." not in leaf[1]]
+    out: dict[str, tuple[list, list, list] | None] = {}
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        if group.num_rows == 0:
+            continue
+        for j, name, numeric in leaves:
+            if name in out and out[name] is None:
+                continue
+            low = high = None
+            if numeric:
+                try:
+                    stats = group.column(j).statistics
+                    if stats is not None and stats.has_min_max:
+                        low, high = stats.min, stats.max
+                except pa.ArrowException:  # a logical type pyarrow cannot turn into a Python value
+                    pass
+            low, high = _number(low), _number(high)
+            if low is None or high is None:
+                out[name] = None
+                continue
+            ranges = out.setdefault(name, ([], [], []))
+            assert ranges is not None
+            ranges[0].append(low)
+            ranges[1].append(high)
+            ranges[2].append(group.num_rows)
+    facts["ranges"] = out
+    return out
 
 
 def _number(value) -> float | None:

@@ -9,9 +9,6 @@ Columns whose types cannot be unified are refused here, when the loader is made,
 from __future__ import annotations
 
 import dataclasses
-import functools
-import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -204,7 +201,7 @@ def _null_flags(meta, arrow: pa.Schema, names, nullable: dict[str, bool]) -> Non
     statistics do not say (then nulls are possible)."""
     leaves = _leaf_ranges(arrow)
     wanted = set(arrow.names if names is None else names)
-    known = _FILE_NULLS.get(meta)
+    known = footer_io.FOOTER_FACTS.get(meta).setdefault("nulls", {})  # column -> may hold nulls here
     for name, (begin, end) in leaves.items():
         if name not in wanted or nullable.get(name):
             continue
@@ -225,47 +222,6 @@ def _null_flags(meta, arrow: pa.Schema, names, nullable: dict[str, bool]) -> Non
                 break
         nullable[name] = known[name] = found
 
-
-class FileMemo:
-    """Values worked out from a parsed footer, kept while that very ``FileMetaData`` object lives.
-
-    Why: a footer's parse is shared by every loader of the process (``io/footer.READ_FOOTERS``, keyed by the hash of
-    its bytes), and reading each row group's null counts from it takes a Python object per column chunk (4 ms of a
-    loader's 12 ms setup for 12 files of 177 row groups); a rewritten file has another footer, another object. Keyed
-    by ``id`` (footers are not hashable on every pyarrow) and checked through a weak reference, so an entry never
-    outlives its footer or answers for another."""
-
-    def __init__(self):
-        self._items: dict[int, tuple[weakref.ref, dict]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, meta) -> dict:
-        """The memo of ``meta`` (a dict to read and fill), empty the first time."""
-        key = id(meta)
-        with self._lock:
-            held = self._items.get(key)
-            if held is not None and held[0]() is meta:
-                return held[1]
-            try:
-                ref = weakref.ref(meta, functools.partial(self._drop, key))
-            except TypeError:  # a footer type without weak references: nothing kept
-                return {}
-            memo: dict = {}
-            self._items[key] = (ref, memo)
-            return memo
-
-    def _drop(self, key: int, _dead: object = None) -> None:
-        # no lock: a collection may run this inside ``get`` in the same thread; an entry dropped for a new object
-        # at the same address is only worked out again
-        held = self._items.get(key)
-        if held is not None and held[0]() is None:
-            self._items.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-_FILE_NULLS = FileMemo()  # column name -> whether this file's chunks may hold nulls
 
 
 def _leaf_ranges(arrow: pa.Schema) -> dict[str, tuple[int, int]]:

@@ -264,7 +264,7 @@ def test_a_footers_memo_answers_for_that_footer_alone_and_goes_with_it():
     dropped when its footer is collected (and its address may be reused)."""
     import gc
 
-    from petastorm_balanced.reading.dataset_schema import FileMemo
+    from petastorm_balanced.io.footer import FileMemo
 
     class Footer:  # any object with weak references stands for a FileMetaData
         pass
