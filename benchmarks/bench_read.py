@@ -11,8 +11,9 @@ same process, on the same rows, with the same worker count.
   raw pyarrow run.
 - rows per CPU-second (``process_time``: every thread of the process) of the same runs, and their ratios against
   raw pyarrow (the goal: >= 0.9x for numeric, shuffled, all columns and the conformance types: strings,
-  lists, nullable columns with their ``__valid`` masks), plus raw pyarrow without its own decode threads, and raw
-  pyarrow reading in as many threads as the loader (what parallel reading itself costs per CPU-second). Twice:
+  lists, nullable columns with their ``__valid`` masks), plus raw pyarrow without its own decode threads, raw
+  pyarrow reading in as many threads as the loader (what parallel reading itself costs per CPU-second), and raw
+  pyarrow with a NumPy shuffle of the same window (what shuffling rows itself costs). Twice:
   ``make_loader`` and one epoch per round (its setup, footers read for the batch schema, counted each time), and
   ``_made``: epochs of one loader made before the rounds, as a training loop has it.
 - rows decoded per row delivered, for a plan with a predicate (plain) and a Petastorm dataset with codecs.
@@ -100,6 +101,34 @@ def raw_pyarrow(plan, columns=NUMERIC, use_threads=True):
         arrays = [table.column(c).to_numpy() for c in table.column_names]
         rows += len(arrays[0])
     return rows
+
+
+def raw_pyarrow_shuffled(plan, window, columns=NUMERIC):
+    """``raw_pyarrow`` with the cheapest row shuffle one could write over it: rows gathered into windows of
+    ``window`` rows, each window permuted by NumPy's ``Generator.permutation`` (whose stream NumPy does not promise
+    across versions, so a loader cannot resume by it) and every column gathered by it. No goal: it tells what
+    shuffling rows itself costs per CPU-second against reading them."""
+    import pyarrow.parquet as pq
+
+    from petastorm_balanced.io import fs as fsutil
+    _, root = fsutil.resolve(plan.dataset_url)
+    rng = np.random.default_rng(0)
+    rows, files, pending, held = 0, {}, [], 0
+
+    def flush():
+        columns_ = [np.concatenate(parts) for parts in zip(*pending, strict=True)]
+        order = rng.permutation(len(columns_[0]))
+        return len([column[order] for column in columns_][0])
+    for group in plan.catalog.row_groups:
+        if group.path not in files:
+            files[group.path] = pq.ParquetFile(f"{root}/{group.path}")
+        table = files[group.path].read_row_group(group.row_group, columns=columns)
+        pending.append([table.column(c).to_numpy() for c in table.column_names])
+        held += table.num_rows
+        if held >= window:
+            rows += flush()
+            pending, held = [], 0
+    return rows + (flush() if pending else 0)
 
 
 def raw_pyarrow_threads(plan, workers, columns=NUMERIC):
@@ -214,6 +243,8 @@ def throughput(url, args):
                   "raw_pyarrow_no_decode_threads": lambda: raw_pyarrow(plan, use_threads=False),
                   "raw_pyarrow_all_columns_no_decode_threads": lambda: raw_pyarrow(plan, columns=None,
                                                                                    use_threads=False),
+                  "raw_pyarrow_shuffled": lambda: raw_pyarrow_shuffled(plan, q),
+                  "raw_pyarrow_all_columns_shuffled": lambda: raw_pyarrow_shuffled(plan, q, columns=None),
                   "raw_pyarrow_in_reader_threads": lambda: raw_pyarrow_threads(plan, w),
                   "raw_pyarrow_all_columns_in_reader_threads": lambda: raw_pyarrow_threads(plan, w, columns=None)}
     if "petastorm" in backends:
@@ -262,6 +293,14 @@ def throughput(url, args):
         f"{ours} / {base}": round(ratio(cpu, ours, base), 2) for ours, base in (
             ("balanced[arrow]", "raw_pyarrow_no_decode_threads"),
             ("balanced[arrow]_all_columns", "raw_pyarrow_all_columns_no_decode_threads"))}
+    out["rows per CPU-second against raw pyarrow with a NumPy shuffle of the same window (no goal)"] = {
+        f"{ours} / {base}": round(ratio(cpu, ours, base), 2) for ours, base in (
+            ("balanced[arrow]_shuffled", "raw_pyarrow_shuffled"),
+            ("balanced[arrow]_made_shuffled", "raw_pyarrow_shuffled"),
+            ("balanced[arrow]_all_columns_shuffled", "raw_pyarrow_all_columns_shuffled"),
+            ("balanced[arrow]_made_all_columns_shuffled", "raw_pyarrow_all_columns_shuffled"),
+            ("raw_pyarrow_shuffled", "raw_pyarrow"),
+            ("raw_pyarrow_all_columns_shuffled", "raw_pyarrow_all_columns"))}
     out["rows per CPU-second against raw pyarrow reading in as many threads as ours (no goal)"] = {
         f"{ours} / {base}": round(ratio(cpu, ours, base), 2) for ours, base in (
             ("balanced[arrow]", "raw_pyarrow_in_reader_threads"),
