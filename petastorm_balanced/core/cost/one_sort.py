@@ -66,8 +66,9 @@ def sorted_rows(costs: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.nd
     16 bits and the position), in the rows' order.
 
     The order is that of the unique 64-bit keys ``(cost, tie, position)``, however it is computed: one sort of the
-    packed keys where NumPy sorts 64-bit integers with vector code (NumPy 2), else 16-bit stable radix passes,
-    least significant first (NumPy 1 radix-sorts 16-bit keys; its 64-bit sort is about 2x slower for 10,000 rows).
+    packed keys where NumPy sorts 64-bit integers with vector code (``shuffle.vector_sort``: NumPy 2, or NumPy 1.26
+    on AVX-512), else 16-bit stable radix passes, least significant first (NumPy 1 radix-sorts 16-bit keys; its
+    scalar 64-bit sort is about 2x slower for 10,000 rows).
     """
     n = len(costs)
     row_bits = max(1, (n - 1).bit_length())
