@@ -149,6 +149,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--previous", type=int, default=1, help="the arrangement version to compare with")
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved throughput rounds")
     parser.add_argument("--budget", type=int, default=None,
                         help="max_batch_cost for the token budget figures (default: 8192, or the longest row)")
     args = parser.parse_args(argv)
@@ -180,7 +181,7 @@ def main(argv=None):
                     print(f"  straggler ratio, cost_reduce={reduce!r}, windows balanced but row groups in the plain "
                           f"seeded order: {c:.3f}")
             if not sources:
-                wall, per_cpu = throughput(plan, previous=args.previous)
+                wall, per_cpu = throughput(plan, args.repeats, previous=args.previous)
                 print(f"  throughput, one rank reading all rows, numeric columns only (the worst case for the "
                       f"arrangement's overhead): rows balance {wall['rows']:,.0f} rows/s, cost balance "
                       f"{wall['cost']:,.0f} rows/s ({wall['cost'] / wall['rows']:.2f}x); per CPU second (less "
@@ -189,7 +190,7 @@ def main(argv=None):
                 results["throughput numeric"] = per_cpu['cost']
                 text_path = write_dataset(os.path.join(tmp, "with_text"), args.rows, text=True)
                 text_plan = plan_shards(text_path, WORLD, batch_size=BATCH, engine="local", cost="length(text)")
-                wall, per_cpu = throughput(text_plan, previous=args.previous)
+                wall, per_cpu = throughput(text_plan, args.repeats, previous=args.previous)
                 results["throughput"] = per_cpu["cost"]  # wall clock swings 2x on a shared machine
                 print(f"  throughput with a text column (cost='length(text)'): rows balance {wall['rows']:,.0f} "
                       f"rows/s, cost balance {wall['cost']:,.0f} rows/s ({wall['cost'] / wall['rows']:.2f}x); per CPU "
