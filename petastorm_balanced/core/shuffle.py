@@ -96,7 +96,7 @@ def _cpu_features() -> Mapping[str, bool]:
     return dict(getattr(module, "__cpu_features__", {}))
 
 
-VECTOR_SORT = vector_sort(np.__version__, {} if np.__version__.startswith("2") else _cpu_features())
+VECTOR_SORT = vector_sort(np.__version__, _cpu_features() if int(np.__version__.split(".")[0]) < 2 else {})
 _LOW48 = np.uint64((1 << 48) - 1)
 
 
