@@ -89,14 +89,15 @@ def vector_sort(numpy_version: str, cpu_features: Mapping[str, bool]) -> bool:
 
 
 def _cpu_features() -> Mapping[str, bool]:
-    try:  # NumPy 1's private module; NumPy 2 (which needs no answer from it) moved it to numpy._core
-        module = importlib.import_module("numpy.core._multiarray_umath")
+    """NumPy's private table of the CPU features it found (``numpy._core`` from NumPy 1.26 on); empty if absent."""
+    try:
+        module = importlib.import_module("numpy._core._multiarray_umath")
     except ImportError:
         return {}
     return dict(getattr(module, "__cpu_features__", {}))
 
 
-VECTOR_SORT = vector_sort(np.__version__, _cpu_features() if int(np.__version__.split(".")[0]) < 2 else {})
+VECTOR_SORT = vector_sort(np.__version__, _cpu_features())
 _LOW48 = np.uint64((1 << 48) - 1)
 
 
