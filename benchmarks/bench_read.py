@@ -57,12 +57,13 @@ def dataset(path, rows, seed=7, kind="plain"):
     return make(path, num_files=max(4, rows // 20_000), total_rows=rows, seed=seed).url
 
 
-def measure(repeats, contenders, cpu_rates=None):
+def measure(repeats, contenders, cpu_rates=None, cpu_clock=time.process_time):
     """Rows/s of each ``name -> fn`` (``fn`` returns the rows it delivered) per round; runs are interleaved, so a
     burst of load on a shared machine hits every contender alike, and a first warm-up round is dropped.
     ``cpu_rates`` (a dict) also gets rows per CPU-second of this process (all its threads: ``process_time``), the
     figure a shared machine disturbs least and the one that counts our reader threads against raw's one. Each run
-    starts after a full garbage collection, so none pays for cycles another left."""
+    starts after a full garbage collection, so none pays for cycles another left. ``cpu_clock``: another CPU clock
+    (``bench_layouts`` counts the DataLoader's worker processes too)."""
     rates = {name: [] for name in contenders}
     if cpu_rates is not None:
         cpu_rates.update({name: [] for name in contenders})
@@ -71,9 +72,9 @@ def measure(repeats, contenders, cpu_rates=None):
             # the garbage an earlier contender left (Petastorm's reader leaves reference cycles) is collected here,
             # untimed, rather than by whichever contender's allocations trigger the next collection
             gc.collect()
-            start, start_cpu = time.perf_counter(), time.process_time()
+            start, start_cpu = time.perf_counter(), cpu_clock()
             rows = fn()
-            wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            wall, cpu = time.perf_counter() - start, cpu_clock() - start_cpu
             if round_:
                 rates[name].append(rows / wall)
                 if cpu_rates is not None:
