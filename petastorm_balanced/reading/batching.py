@@ -66,7 +66,8 @@ class WindowBatcher:
     """Turns column chunks pushed in delivery order into batches of exactly ``batch_size`` rows.
 
     ``key`` is the generator key prefix ``(seed, epoch, rank, slot)``; ``None`` means no shuffling. Memory is one
-    window plus the chunk being pushed. Numeric batches are writable arrays.
+    window plus the chunk being pushed. Shuffled numeric batches are writable arrays; unshuffled ones are views of
+    the chunks pushed where a chunk holds whole batches (writable where the chunk's arrays are).
     """
 
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
@@ -100,9 +101,7 @@ class WindowBatcher:
                                f"{self._total - self._row} left; the reader delivered more rows than planned")
         self._buffered += rows
         if self._key is None:
-            self._parts.append(columns)
-            while not self.done and self._buffered >= min(self._window_rows, self._total - self._row):
-                yield from self._unshuffled(min(self._window_rows, self._total - self._row))
+            yield from self._unshuffled(columns, rows)
             return
         while rows:  # each chunk goes into its window as it comes (its memory is then free for the next one)
             size = min(self._window_rows, self._total - self._row)
@@ -142,35 +141,41 @@ class WindowBatcher:
             for begin in range(skip, size, step):
                 yield window.gather(order[begin:begin + step])
 
-    def _unshuffled(self, size: int) -> Iterator[ColumnArrays]:
-        parts = self._take(size)
-        window = parts[0] if len(parts) == 1 else {name: _concat([p[name] for p in parts]) for name in parts[0]}
-        del parts
-        # batches are writable arrays (torch needs that); one copy per window, not one per batch
-        window = {name: values if isinstance(values, pa.Array) or values.flags.writeable
-                  or values.dtype == object else values.copy() for name, values in window.items()}
-        self._window += 1
-        self._row += size
-        skip, self._skip = self._skip, 0
-        if skip < size:
-            yield {name: values[skip:] for name, values in window.items()} if skip else window
+    def _unshuffled(self, columns: ColumnArrays, rows: int) -> Iterator[ColumnArrays]:
+        """Runs in plan order, cut as soon as the chunks pushed hold whole batches: where a chunk holds them, the
+        run is a view of it (no copy: its batches are views of the decoded arrays); only small chunks (gathered up
+        to ``RUN_ROWS`` rows, so runs stay long enough to convert cheaply) and the batch that straddles two chunks
+        are concatenated. The rows and batches are those of any other cut."""
+        if self._skip:  # the first chunk's rows before the start
+            skip = min(self._skip, rows)
+            self._skip -= skip
+            self._row += skip
+            self._buffered -= skip
+            columns, rows = {name: values[skip:] for name, values in columns.items()}, rows - skip
+            if not rows:
+                return
+        self._parts.append(columns)
+        held, end = self._buffered, self._row + self._buffered >= self._total
+        if not end and held < max(RUN_ROWS, self._batch):
+            return
+        parts, self._parts = self._parts, []
+        if len(parts) > 1 and rows >= max(RUN_ROWS, self._batch):  # a large chunk after a few rows: the straddling
+            need = (rows - held) % self._batch                       # batch alone, then views of the chunk
+            head = parts[:-1] + ([{name: values[:need] for name, values in columns.items()}] if need else [])
+            yield from self._hand_out({name: _concat([p[name] for p in head]) for name in columns}, held - rows + need)
+            parts = [{name: values[need:] for name, values in columns.items()} if need else columns]
+            held = rows - need
+        run = parts[0] if len(parts) == 1 else {name: _concat([p[name] for p in parts]) for name in parts[0]}
+        whole = held if end else held // self._batch * self._batch
+        if whole:
+            yield from self._hand_out(run if whole == held else {name: v[:whole] for name, v in run.items()}, whole)
+        if whole < held:
+            self._parts = [{name: values[whole:] for name, values in run.items()}]
 
-    def _take(self, size: int) -> list[ColumnArrays]:
-        """The first ``size`` buffered rows, as the parts that hold them (views where a part is cut)."""
-        taken, need = [], size
-        while need:
-            part = self._parts[0]
-            rows = _num_rows(part)
-            if rows <= need:
-                taken.append(part)
-                self._parts.pop(0)
-                need -= rows
-            else:
-                taken.append({name: values[:need] for name, values in part.items()})
-                self._parts[0] = {name: values[need:] for name, values in part.items()}
-                need = 0
-        self._buffered -= size
-        return taken
+    def _hand_out(self, run: ColumnArrays, rows: int) -> Iterator[ColumnArrays]:
+        self._row += rows
+        self._buffered -= rows
+        yield run
 
 
 # Rows gathered at a time from a row-major window (rounded to whole batches): no permuted copy of the whole window

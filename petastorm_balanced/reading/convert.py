@@ -56,8 +56,10 @@ def _large_offsets(values: pa.Array) -> pa.Array:
                             "large_binary, large_list)")
 
 
-def to_values(column, spec: ColumnSchema) -> dict[str, Values]:
-    """``{name: values}`` and, for a masked column, ``{mask name: validity}``."""
+def to_values(column, spec: ColumnSchema, *, owned: bool = False) -> dict[str, Values]:
+    """``{name: values}`` and, for a masked column, ``{mask name: validity}``. ``owned``: the column's buffers are
+    held by nothing else (decoded from Parquet for this read), so a number column may be delivered as a writable view
+    of them (``_writable_view``) rather than copied later to be writable."""
     array = one_array(column)
     if array.null_count and not spec.nullable:
         raise InvalidValueError(f"column {spec.name!r} holds nulls although the files' statistics say it has none "
@@ -71,14 +73,16 @@ def to_values(column, spec: ColumnSchema) -> dict[str, Values]:
     out: dict[str, Values] = {}
     t = array.type
     if pa.types.is_floating(t):
-        out[spec.name] = array.to_numpy(zero_copy_only=False)  # nulls are NaN
+        view = _writable_view(array) if owned and not array.null_count else None
+        out[spec.name] = view if view is not None else array.to_numpy(zero_copy_only=False)  # nulls are NaN
         return out
     if not (pa.types.is_integer(t) or pa.types.is_boolean(t)):  # temporal: the integers Arrow stores
         array = array.view(pa.int64() if t.bit_width == 64 else pa.int32())
     if array.null_count:
         out[spec.name] = array.fill_null(False if pa.types.is_boolean(t) else 0).to_numpy(zero_copy_only=False)
     else:
-        out[spec.name] = array.to_numpy(zero_copy_only=False)
+        view = _writable_view(array) if owned else None
+        out[spec.name] = view if view is not None else array.to_numpy(zero_copy_only=False)
     dtype = spec.dtype or "int64"  # a tensor column always has one
     want = _DTYPES.get(dtype)
     if want is None:
@@ -88,6 +92,20 @@ def to_values(column, spec: ColumnSchema) -> dict[str, Values]:
     if spec.mask is not None:
         out[spec.mask] = _validity(array)
     return out
+
+
+def _writable_view(array: pa.Array) -> np.ndarray | None:
+    """The values of a fixed-width number array without nulls as a writable numpy view of its data buffer, where
+    Arrow marks that buffer mutable (memory it allocated, not a file mapping or another object's bytes); else None.
+    Why: ``to_numpy`` views are read-only, and torch tensors must be writable, so each one cost a copy of every
+    number column once per run; a view costs nothing, and nothing else reads the buffer (``owned``)."""
+    t = array.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or pa.types.is_float16(t):
+        return None
+    data = array.buffers()[1]
+    if data is None or not data.is_mutable:
+        return None
+    return np.frombuffer(data, dtype=t.to_pandas_dtype())[array.offset:array.offset + len(array)]
 
 
 def _validity(array: pa.Array) -> np.ndarray:

@@ -190,7 +190,7 @@ def _to_columns(table: pa.Table, fields: dict | None, schemas: Sequence[ColumnSc
         if unischema_field is not None and not is_scalar(unischema_field):
             out[name] = _decode_cells(column, unischema_field, spec)
             continue
-        out.update(convert.to_values(column, spec))
+        out.update(convert.to_values(column, spec, owned=True))  # a table read for this call alone
     return out
 
 

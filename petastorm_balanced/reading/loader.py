@@ -10,6 +10,7 @@ backend (``backends/arrow.py``) or Petastorm's reader (``backends/petastorm.py``
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
@@ -85,15 +86,14 @@ class BalancedLoader(PlannedView):
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
                                 cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths)
 
-        def tensors():
-            for batch_run in runs:  # a token budget's batches come one per run
-                size = settings.batch_size or len(batch_run[stream.PADDING])
-                yield from self._cut(batch_run, size, settings.padding_mask)
-
-        fed = feed(tensors(), self._feed)  # one batch may be held ahead: it counts only once delivered here
+        # a token budget's batches come one per run; the runs' batches chained in C (no frame of ours per batch)
+        tensors = itertools.chain.from_iterable(self._cut(batch_run, settings.batch_size or len(
+            batch_run[stream.PADDING]), settings.padding_mask) for batch_run in runs)
+        fed = feed(tensors, self._feed)  # one batch may be held ahead: it counts only once delivered here
+        delivered = run.delivered
         try:
             for batch in fed:
-                run.delivered()
+                delivered()
                 yield batch
         finally:
             close_iterator(fed)

@@ -139,24 +139,37 @@ class BundleReader:
         self._footers.list_ahead([fsutil.join(self._root, f.path) for f in bundle], self._io)
         return Started(bundle, [self._io.submit(self._fragment, f) for f in bundle])
 
-    def read(self, bundle: list[Fragment] | Started) -> dict:
-        """The bundle's rows as columns (decoded, transformed); ``bundle`` may be what ``start`` returned."""
+    def read(self, bundle: list[Fragment] | Started) -> list[tuple[list[Fragment], dict]]:
+        """The bundle's rows as chunks of columns (decoded, transformed), each with the fragments it holds;
+        ``bundle`` may be what ``start`` returned. Its fragments are converted in groups of at least
+        ``fragments.BUNDLE_ROWS`` rows (a large row group alone): joining large row groups into one array would copy
+        every value once more, for no fewer conversions."""
         fragments = bundle.bundle if isinstance(bundle, Started) else bundle
+        tables = self.tables(bundle)
         if self._transform is not None:
-            return self._transform.apply(self.table(bundle), fragments)
-        return fr.to_columns(self.table(bundle), self._fields, self._schemas, fragments)
+            return [(fragments, self._transform.apply(fr.concat_tables(tables), fragments))]
+        chunks, begin = [], 0
+        for group in fr.bundle(fragments, fr.BUNDLE_ROWS):
+            table = fr.concat_tables(tables[begin:begin + len(group)])
+            begin += len(group)
+            chunks.append((group, fr.to_columns(table, self._fields, self._schemas, group)))
+        return chunks
 
     def table(self, bundle: list[Fragment] | Started, indices=None) -> pa.Table:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
+        return fr.concat_tables(self.tables(bundle, indices))
+
+    def tables(self, bundle: list[Fragment] | Started, indices=None) -> list[pa.Table]:
+        """The bundle's rows as one Arrow table per fragment, not decoded."""
         started = bundle if isinstance(bundle, Started) else None
         if started is None or not started.futures:
             fragments = started.bundle if started is not None else bundle
             assert isinstance(fragments, list)
             if self._io is None or len(fragments) < 2:
-                return fr.concat_tables([self._fragment(f, indices) for f in fragments])
+                return [self._fragment(f, indices) for f in fragments]
             started = Started(fragments, [self._io.submit(self._fragment, f, indices) for f in fragments])
         try:
-            return fr.concat_tables([future.result() for future in started.futures])
+            return [future.result() for future in started.futures]
         finally:
             started.cancel()
 
@@ -218,7 +231,8 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large else fr.BUNDLE_ROWS)
         results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead, start=reader.start)
         try:
-            yield from zip(bundles, results, strict=False)
+            for chunks_read in results:
+                yield from chunks_read
         finally:
             results.close()  # cancels the reads not started, waits for those in flight
             reader.close()
