@@ -212,6 +212,9 @@ class Filling:
                         for itemsize, names in by_size.items() if len(names) > 1 and self.row_major]
         grouped = {name for names, _ in self._groups for name in names}
         self._parts: dict[str, list] = {name: [] for name in self._names if name not in grouped}
+        # boolean columns with no True so far (the padding flags of a window without padding): gathered as zeros
+        self._false = {name for name in self._parts if name in self._dtypes and self._dtypes[name] == np.bool_
+                       and first[name].ndim == 1}
 
     def add(self, part: ColumnArrays) -> None:
         rows = _num_rows(part)
@@ -228,11 +231,14 @@ class Filling:
                 np.stack([c[begin:end] for c in columns], axis=1, out=matrix[self.rows + begin:self.rows + end])
         for name, parts in self._parts.items():
             parts.append(part[name])
+        for name in [name for name in self._false if not _all_false(part[name])]:
+            self._false.discard(name)
         self.rows += rows
 
     def window(self) -> Window:
-        columns = {name: parts[0] if len(parts) == 1 else _concat(parts) for name, parts in self._parts.items()}
-        return Window(self._names, self._dtypes, self._groups, columns, self.row_major)
+        columns = {name: np.zeros(self.rows, dtype=np.bool_) if name in self._false else
+                   parts[0] if len(parts) == 1 else _concat(parts) for name, parts in self._parts.items()}
+        return Window(self._names, self._dtypes, self._groups, columns, self.row_major, frozenset(self._false))
 
 
 class Window(Mapping):
@@ -245,9 +251,11 @@ class Window(Mapping):
     in cache. The rows and their order are the same either way.
     """
 
-    def __init__(self, names: list[str], dtypes: dict, groups: list, columns: ColumnArrays, row_major: bool):
+    def __init__(self, names: list[str], dtypes: dict, groups: list, columns: ColumnArrays, row_major: bool,
+                 false: frozenset = frozenset()):
         self._names, self._dtypes, self._groups, self._columns = names, dtypes, groups, columns
         self.row_major = row_major
+        self._false = false  # boolean columns that hold no True: their gathers are zeros, not read
 
     def __getitem__(self, name: str):
         if name in self._columns:
@@ -265,12 +273,17 @@ class Window(Mapping):
 
     def gather(self, order: np.ndarray) -> ColumnArrays:
         """The rows ``order`` (no row twice) as fresh writable columns, in the window's column order."""
-        out = {name: _gather(values, order) for name, values in self._columns.items()}
+        out = {name: np.zeros(len(order), dtype=np.bool_) if name in self._false else _gather(values, order)
+               for name, values in self._columns.items()}
         for names, matrix in self._groups:
             block = np.take(matrix, order, axis=0).T.copy()  # (columns, rows): each column one contiguous row
             for i, name in enumerate(names):
                 out[name] = block[i].view(self._dtypes[name])
         return {name: out[name] for name in self._names}
+
+
+def _all_false(values) -> bool:
+    return isinstance(values, np.ndarray) and values.dtype == np.bool_ and values.ndim == 1 and not values.any()
 
 
 def _concat(parts):

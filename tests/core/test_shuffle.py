@@ -51,3 +51,20 @@ def test_top_digit_sort_puts_tied_rows_in_the_stable_order(n, distinct, data):
     words |= rng.integers(0, 2**16, n).astype(np.uint64) << np.uint64(48)  # bits above 48 are not part of the key
     expected = np.argsort(words & np.uint64(2**48 - 1), kind="stable")
     assert np.array_equal(shuffle._by_top_digit(words), expected)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2**17, 400_000), distinct=st.integers(1, 5_000), low=st.sampled_from([1, 4, 2**20, 2**40]),
+       data=st.data())
+def test_bucket_sort_gives_the_stable_order(n, distinct, low, data):
+    """From 2**17 rows on, rows are put in buckets by their word's top bits, then each bucket is sorted: with few
+    distinct top bits (forced here: whole windows in one bucket, or rows equal in all 48 bits) and with PCG64's own
+    words, the rows still come by the whole 48-bit word, then by row, as the v1 permutation orders them."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    words = rng.integers(0, distinct, n).astype(np.uint64) << np.uint64(40)
+    words |= rng.integers(0, low, n).astype(np.uint64)
+    words |= rng.integers(0, 2**16, n).astype(np.uint64) << np.uint64(48)  # bits above 48 are not part of the key
+    bits = max(1, (n - 1).bit_length())
+    assert np.array_equal(shuffle._by_buckets(words, bits), np.argsort(words & np.uint64(2**48 - 1), kind="stable"))
+    key = (data.draw(st.integers(0, 2**31)), 1, 0, 0, 2)
+    assert np.array_equal(shuffle.window_permutation(n, key), v1_permutation(n, key))
