@@ -16,7 +16,7 @@ Each is read with its numeric columns and with all columns, world size 1, by
   one conversion per column as in ``hand``;
 - ``loader``: ``make_loader`` (Arrow backend, ``--workers`` reading threads, torch batches), made once, one epoch
   a round, unshuffled (``shuffle=False``) and shuffled (the default window: the rows here fit one window, so it is
-  one uniform permutation, as ``bulk``);
+  one uniform permutation, as ``bulk``); ``loader_numpy``: the same with ``batch_format="numpy"``;
 - ``dl1``, ``dl2``: ``BalancedIterableDataset(...).dataloader(num_workers=K)`` (torch DataLoader worker
   processes, their start included: one epoch a round), unshuffled and shuffled.
 
@@ -66,10 +66,9 @@ def layout_dataset(path: str, kind: str, rows: int, group_rows: int, files: int,
             columns["x"] = rng.random(n, dtype=np.float32)
             columns["lang"] = pa.array(langs[rng.integers(0, len(langs), n)].tolist())
         else:
-            makers = [lambda: rng.integers(0, 1 << 40, n), lambda: rng.integers(0, 1000, n).astype(np.int32),
-                      lambda: rng.random(n, dtype=np.float32), lambda: rng.random(n)]
-            for c in range(44):
-                columns[f"n{c:02d}"] = makers[c % 4]()
+            for c in range(44):  # int64, int32, float32, float64 in turn
+                columns[f"n{c:02d}"] = [rng.integers(0, 1 << 40, n), rng.integers(0, 1000, n).astype(np.int32),
+                                        rng.random(n, dtype=np.float32), rng.random(n)][c % 4]
             for c in range(5):
                 columns[f"s{c}"] = pa.array(langs[rng.integers(0, len(langs), n)].tolist())
         pq.write_table(pa.table(columns), os.path.join(path, f"part-{i:05d}.parquet"), row_group_size=group_rows)
@@ -108,10 +107,10 @@ def bulk_reference(plan, columns) -> int:
     return _convert(table.take(pa.array(order)))
 
 
-def loader_epochs(plan, columns, *, shuffle: bool, workers: int, batch: int, backend: str):
+def loader_epochs(plan, columns, *, shuffle: bool, workers: int, batch: int, backend: str, batch_format="torch"):
     from petastorm_balanced import make_loader
     loader = make_loader(0, 1, plan=plan, batch_size=batch, workers_count=workers, shuffle=shuffle,
-                         schema_fields=columns, backend=backend)
+                         schema_fields=columns, backend=backend, batch_format=batch_format)
 
     def epoch() -> int:  # every batch holds batch rows (G1); len() of a tensor costs more than reading its rows
         loader.set_epoch(0)
@@ -139,6 +138,10 @@ def layout(url: str, columns, args) -> dict:
     for shuffle, suffix in ((False, ""), (True, "_shuffled")):
         contenders[f"loader{suffix}"] = loader_epochs(plan, columns, shuffle=shuffle, workers=args.workers,
                                                       batch=args.batch, backend=args.backend)
+        # numpy batches: the same pipeline without torch's tensor views (about 1 us per column and batch)
+        contenders[f"loader_numpy{suffix}"] = loader_epochs(plan, columns, shuffle=shuffle, workers=args.workers,
+                                                            batch=args.batch, backend=args.backend,
+                                                            batch_format="numpy")
         for k in args.dataloader_workers:
             contenders[f"dl{k}{suffix}"] = dataloader_epochs(plan, columns, shuffle=shuffle, num_workers=k,
                                                              batch=args.batch)

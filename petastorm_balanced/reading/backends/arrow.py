@@ -141,18 +141,30 @@ class BundleReader:
 
     def read(self, bundle: list[Fragment] | Started) -> list[tuple[list[Fragment], dict]]:
         """The bundle's rows as chunks of columns (decoded, transformed), each with the fragments it holds;
-        ``bundle`` may be what ``start`` returned. Its fragments are converted in groups of at least
-        ``fragments.BUNDLE_ROWS`` rows (a large row group alone): joining large row groups into one array would copy
-        every value once more, for no fewer conversions."""
+        ``bundle`` may be what ``start`` returned. A fragment of ``fragments.BUNDLE_ROWS`` rows or more is converted
+        alone (joining large row groups into one array would copy every value once more, for no fewer conversions),
+        the smaller ones between them together (one conversion for many small row groups)."""
         fragments = bundle.bundle if isinstance(bundle, Started) else bundle
         tables = self.tables(bundle)
         if self._transform is not None:
             return [(fragments, self._transform.apply(fr.concat_tables(tables), fragments))]
-        chunks, begin = [], 0
-        for group in fr.bundle(fragments, fr.BUNDLE_ROWS):
-            table = fr.concat_tables(tables[begin:begin + len(group)])
-            begin += len(group)
-            chunks.append((group, fr.to_columns(table, self._fields, self._schemas, group)))
+        chunks: list[tuple[list[Fragment], dict]] = []
+        small: list[int] = []  # positions of the small fragments not converted yet
+
+        def convert(group: list[int]) -> None:
+            held = [fragments[i] for i in group]
+            table = fr.concat_tables([tables[i] for i in group])
+            chunks.append((held, fr.to_columns(table, self._fields, self._schemas, held)))
+        for i, table in enumerate(tables):
+            if table.num_rows < fr.BUNDLE_ROWS:
+                small.append(i)
+                continue
+            if small:
+                convert(small)
+                small = []
+            convert([i])
+        if small:
+            convert(small)
         return chunks
 
     def table(self, bundle: list[Fragment] | Started, indices=None) -> pa.Table:
