@@ -147,16 +147,14 @@ _BUCKET_ROWS_BITS = 11  # about 2**11 rows per bucket or more: its keys sort in 
 
 
 def _by_buckets(words: np.ndarray, bits: int) -> np.ndarray:
-    """The stable sort by 48-bit word in two levels: rows put in ``2**d`` buckets by the word's top ``d`` bits (one
-    stable counting pass over 8-bit digits, which keeps each bucket's rows in row order), then each bucket sorted
-    by ``(the word's other 48 - d bits << bits) | row``, keys that are unique and fit 64 bits (``d >= bits - 16``),
-    so the buckets in turn give rows by word and then by row: the stable sort's order. Each bucket's keys fit the
-    CPU caches, where one sort of all keys spans several MB. Up to 2**32 rows."""
+    """The stable sort by 48-bit word in two levels: rows put in ``2**d`` buckets by the word's top ``d`` bits (a
+    stable counting sort, one 8-bit pass up to 2**24 rows, which keeps each bucket's rows in row order), then each
+    bucket sorted by ``(the word's other 48 - d bits << bits) | row``, keys that are unique and fit 64 bits
+    (``d >= bits - 16``), so the buckets in turn give rows by word and then by row: the stable sort's order. Each
+    bucket's keys fit the CPU caches, where one sort of all keys spans several MB. Up to 2**32 rows."""
     d = max(bits - 16, min(8, bits - _BUCKET_ROWS_BITS))
     rest = np.uint64(48 - d)
-    top = (words >> rest).astype(np.uint16 if d > 8 else np.uint8)  # the word's bits 48 - d to 47 (and above: cut)
-    if d < (16 if d > 8 else 8):
-        top &= top.dtype.type((1 << d) - 1)
+    top = ((words >> rest) & np.uint64((1 << d) - 1)).astype(np.uint16 if d > 8 else np.uint8)  # bits 48-d to 47
     order = np.argsort(top, kind="stable")  # (rows,): rows by bucket, each bucket in row order
     keys = words[order]
     keys &= np.uint64((1 << (48 - d)) - 1)
