@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..core import balance as balance_module
 from ..core.cost import arrangement
@@ -20,13 +21,12 @@ from ..core.shuffle import budget_window
 from ..errors import InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
-from . import columns, stream, transform
+from . import columns, stream, transform, window_budget
 from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions
 from .schema import batch_schema, extra_column
-
-EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
+from .window_budget import EXTRA_ROW_BYTES  # the padding flag and the cost column's bytes (mixture.py reads it)
 
 
 class Settings:
@@ -53,9 +53,16 @@ class Settings:
         self.cost_lengths = next((c.lengths for c in self.columns.schemas
                                   if self.cost is not None and c.name == self.cost.column), None)
         self.shuffle_budget = int(options.shuffle_budget)  # bytes (parsed by LoaderOptions)
+        self.shuffle_spill_budget = int(options.shuffle_spill_budget)
         shuffle_window = options.shuffle_window
-        if shuffle_window is None:  # as many rows as the budget holds (G16)
-            shuffle_window = budget_window(self.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES, rows_batch)
+        self.row_bytes = self.columns.row_bytes + EXTRA_ROW_BYTES  # decoded bytes per row (measured when sizing)
+        if shuffle_window is None and options.shuffle:  # as many rows as the budget holds (G16)
+            shuffle_window, self.row_bytes = window_budget.window_rows(plan, self.columns, options, rows_batch,
+                                                                       rank_rows)
+            # the measured bytes size the reader's bundles too (fragments.bundle_rows); they never change a batch
+            self.columns = replace(self.columns, row_bytes=self.row_bytes - EXTRA_ROW_BYTES)
+        elif shuffle_window is None:  # unshuffled windows only group batches: the footers' estimate is enough
+            shuffle_window = budget_window(self.shuffle_budget, self.row_bytes, rows_batch)
         steps = None
         if budget and self.cost is not None:
             steps = self.cost.budget_steps(rank_rows, shuffle_window)
@@ -86,6 +93,10 @@ class Settings:
     shuffle_window = property(lambda self: self.layout.shuffle_window, doc="rows per shuffle window (resolved)")
     reshuffle = property(lambda self: self.layout.reshuffle)
     partition_epoch = property(lambda self: self.layout.partition_epoch)
+
+    def placement(self, num_workers: int = 1):
+        """Where a slot keeps its windows' rows (``window_budget.placement``): a new one per epoch's iteration."""
+        return window_budget.placement(self.options, num_workers)
 
     def key(self, epoch: int, slot: int = 0, stage: int = 0):
         return self.layout.key(epoch, slot, stage)

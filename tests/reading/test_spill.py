@@ -1,0 +1,185 @@
+"""Shuffle windows on local disk (``shuffle_spill_dir``) and a memory budget that holds (G16): the rows a window
+cannot keep in memory wait in files, the batches are those of the same window in memory, no file stays after the
+epoch or ``close()``, a crashed process's folder is swept, and peak anonymous memory stays within the budget plus
+the documented constant where rows are larger than their footers say."""
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from petastorm_balanced import make_loader, plan_shards
+from petastorm_balanced.core.quality import Quality
+from petastorm_balanced.errors import InvalidValueError
+from petastorm_balanced.reading import spill
+from tests.support.jobs import ROOT
+from tests.support.resume_contract import check_resume_contract
+from tests.support.stacks import HAVE_PETASTORM
+
+pytestmark = pytest.mark.filterwarnings("ignore::petastorm_balanced.errors.ShuffleQualityWarning")
+
+ROWS, CLASSES, BATCH = 12_000, 40, 64
+BACKENDS = ["arrow"] + (["petastorm"] if HAVE_PETASTORM else [])
+
+
+@pytest.fixture(scope="module")
+def sorted_data(tmp_path_factory):
+    """Sorted by label, with numbers of two widths, a fixed-shape tensor-like pair and text (every kind a window
+    holds: a row-major matrix, a column of its own, an Arrow column)."""
+    path = tmp_path_factory.mktemp("spill") / "ds"
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    for i, ids in enumerate(np.array_split(np.arange(ROWS, dtype=np.int64), 3)):
+        table = pa.table({"id": ids, "label": (ids * CLASSES // ROWS).astype(np.int32), "x": rng.random(len(ids)),
+                          "y": rng.random(len(ids)).astype(np.float32),
+                          "text": pa.array([f"row {v} " + "x" * int(v % 50) for v in ids])})
+        pq.write_table(table, path / f"part-{i}.parquet", row_group_size=500)
+    return str(path)
+
+
+def batches(loader):
+    with loader:
+        return [{k: (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in b.items()} for b in loader]
+
+
+def files_under(folder) -> list:
+    return [os.path.join(d, n) for d, _, names in os.walk(folder) for n in names]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_with_a_spill_folder_equal_an_in_memory_window(sorted_data, tmp_path, backend, monkeypatch):
+    plan = plan_shards(sorted_data, 2, batch_size=BATCH, engine="local")
+    made = []
+    real = spill.SpillFolder.file
+    monkeypatch.setattr(spill.SpillFolder, "file", lambda self, suffix: made.append(suffix) or real(self, suffix))
+    for rank in range(2):
+        for epoch in (0, 1):
+            common = dict(epoch=epoch, backend=backend, batch_format="numpy", shuffle_window=3_200)
+            memory = batches(make_loader(rank, 2, plan=plan, shuffle_budget="1GiB", shuffle_spill_dir=False,
+                                         **common))
+            on_disk = batches(make_loader(rank, 2, plan=plan, shuffle_budget="64KiB",
+                                          shuffle_spill_dir=str(tmp_path), **common))
+            assert memory == on_disk and len(memory) == plan.steps_per_epoch(2, BATCH)
+    assert ".npy" in made and ".arrow" in made  # numbers and text both went to disk
+    assert files_under(tmp_path) == []
+
+
+def test_a_spill_folder_holds_a_ranks_share_and_batches_are_as_random_as_a_permutation(sorted_data, tmp_path):
+    reference = ds.dataset(sorted_data).to_table(columns=["label"])["label"].to_numpy()
+    plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
+    small = make_loader(0, 1, plan=plan, shuffle_budget="256KiB", backend="arrow", epoch=1)
+    spilled = make_loader(0, 1, plan=plan, shuffle_budget="256KiB", shuffle_spill_dir=str(tmp_path),
+                          backend="arrow", epoch=1)
+    assert small.shuffle_window < ROWS // 4 and spilled.shuffle_window >= ROWS - BATCH
+    assert spilled.shuffle_spill_dir == str(tmp_path) and spilled.shuffle_spill_budget == 64 * 2**30
+    with small:
+        before = Quality.of([b["label"].numpy() for b in small], reference)
+    with spilled:
+        after = Quality.of([b["label"].numpy() for b in spilled], reference)
+    assert before.ratio > 2.0, before  # the measure can fail: the memory window's batches are far from i.i.d.
+    assert after.ratio <= 1.15, after
+    assert files_under(tmp_path) == []  # the epoch ended: nothing left
+
+
+def test_no_spill_file_outlives_close_or_a_broken_loop(sorted_data, tmp_path):
+    plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
+    loader = make_loader(0, 1, plan=plan, shuffle_budget="64KiB", shuffle_spill_dir=str(tmp_path), backend="arrow")
+    iterator = iter(loader)
+    next(iterator)
+    assert [f for f in files_under(tmp_path) if not f.endswith(spill.LOCK)]  # the window is on disk now
+    loader.close()
+    assert files_under(tmp_path) == [] and os.listdir(tmp_path) == []
+
+
+def test_a_crashed_process_folder_is_swept_at_the_next_start(sorted_data, tmp_path):
+    code = ("import os, sys; from petastorm_balanced.reading.spill import SpillFolder; "
+            "f = SpillFolder(sys.argv[1]); open(f.file('.npy'), 'w').write('x'); os._exit(1)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False, cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": ROOT})
+    left = os.listdir(tmp_path)
+    assert len(left) == 1 and left[0].startswith(spill.PREFIX)
+    alive = spill.SpillFolder(str(tmp_path))  # a live owner's folder is never swept
+    alive.file(".npy")
+    plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
+    with make_loader(0, 1, plan=plan, shuffle_budget="64KiB", shuffle_spill_dir=str(tmp_path),
+                     backend="arrow") as loader:
+        next(iter(loader))
+        names = os.listdir(tmp_path)
+        assert left[0] not in names and os.path.basename(alive.path) in names
+    alive.remove()
+    assert os.listdir(tmp_path) == []
+
+
+def test_resume_is_exact_with_windows_on_disk(sorted_data, tmp_path):
+    plan = plan_shards(sorted_data, 2, batch_size=BATCH, engine="local")
+
+    def make():
+        return make_loader(1, 2, plan=plan, backend="arrow", shuffle_budget="64KiB", shuffle_window=2_048,
+                           shuffle_spill_dir=str(tmp_path))
+    check_resume_contract(make, iter, epochs=3)
+    gc.collect()  # the contract leaves loaders mid-epoch without close(): collected, they leave nothing either
+    assert files_under(tmp_path) == []
+
+
+def test_spill_settings_are_checked_and_a_mixture_refuses_a_spill_folder(sorted_data, tmp_path):
+    plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
+    with pytest.raises(InvalidValueError, match="shuffle_spill_dir"):
+        make_loader(0, 1, plan=plan, shuffle_spill_dir="s3://bucket/tmp")
+    with pytest.raises(InvalidValueError, match="shuffle_spill_budget"):
+        make_loader(0, 1, plan=plan, shuffle_spill_dir=str(tmp_path), shuffle_spill_budget="lots")
+    with pytest.raises(InvalidValueError, match="shuffle_spill_dir"):
+        make_loader(0, 1, plan=[plan, plan], weights=[0.5, 0.5], shuffle_spill_dir=str(tmp_path))
+
+
+# --- the budget tells the truth: rows larger than their footers say -------------------------------------------
+
+STRING = 4096
+# Peak anonymous memory above the loader's own at rest: the budget plus this constant per reading thread (a row
+# group read, decoded and queued; its allocator's arena) and a fixed part (docs/shuffle.md, "Memory").
+PER_THREAD, FIXED = 48 * 2**20, 16 * 2**20
+
+
+def dictionary_strings(path, rows=24_000):
+    """4 KB strings drawn from 8 values: dictionary-encoded, a few bytes a row in the footers."""
+    path.mkdir()
+    values = [chr(65 + i) * STRING for i in range(8)]
+    for f, ids in enumerate(np.array_split(np.arange(rows), 4)):
+        pq.write_table(pa.table({"id": ids, "text": pa.array([values[i % 8] for i in ids])}),
+                       path / f"part-{f:03d}.parquet", row_group_size=1_000)
+    return str(path)
+
+
+def late_long_strings(path, files=32, rows=1_000):
+    """Short strings in the first 16 files (the footers once sampled), 4 KB ones in every file after."""
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    for f in range(files):
+        ids = np.arange(f * rows, (f + 1) * rows)
+        if f < 16:
+            text = [f"r{i}" for i in ids]
+        else:
+            blob = rng.integers(65, 90, STRING + rows, dtype=np.uint8).tobytes().decode()
+            text = [blob[i:i + STRING] for i in range(rows)]
+        pq.write_table(pa.table({"id": ids, "text": pa.array(text)}), path / f"part-{f:03d}.parquet",
+                       row_group_size=500)
+    return str(path)
+
+
+@pytest.mark.parametrize("make", [dictionary_strings, late_long_strings])
+def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
+    data = make(tmp_path / "ds")
+    url = str(tmp_path / "plan")
+    plan_shards(data, 1, batch_size=BATCH, engine="local", output_url=url)
+    budget, workers = 8 * 2**20, 2
+    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.support.peak_memory", url,
+                          "--budget", str(budget), "--workers", str(workers)], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, check=True)
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    assert measured["rows"] > 0
+    assert measured["peak_anon"] <= budget + workers * PER_THREAD + FIXED, measured
