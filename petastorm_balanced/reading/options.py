@@ -67,8 +67,9 @@ class LoaderOptions:
                                                                      self.shuffle_spill_budget))
         spill = self.shuffle_spill_dir
         if not (spill is None or spill is False or (isinstance(spill, (str, os.PathLike)) and str(spill))):
-            raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a local folder (a str or path), None (windows "
-                                    "sized by memory, overflow to the system temp folder) or False (never on disk)")
+            raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a local folder (a str or path), None "
+                                    "(windows sized by memory, overflow to the system temp folder) or False (never "
+                                    "on disk)")
         if isinstance(spill, (str, os.PathLike)) and "://" in str(spill):
             raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a folder on local disk (windows are read "
                                     "back memory-mapped), not a URL; pass a path such as '/local_disk0/tmp'")

@@ -44,7 +44,7 @@ class SpillFolder:
     def __init__(self, base: str):
         self.base = base
         self.path: str | None = None
-        self._lock = None
+        self._lock: Any = None  # the open lock file, held while this process lives
         self._count = 0
         self._mutex = threading.Lock()
 
@@ -55,11 +55,12 @@ class SpillFolder:
                 sweep(self.base)
                 self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=self.base)
                 self._pid = os.getpid()
-                self._lock = open(os.path.join(self.path, LOCK), "w")  # noqa: SIM115 (held while we live)
-                self._lock.write(f"{os.getpid()}\n")
-                self._lock.flush()
+                lock = open(os.path.join(self.path, LOCK), "w")  # noqa: SIM115 (held while we live)
+                lock.write(f"{os.getpid()}\n")
+                lock.flush()
                 if FLOCK is not None:
-                    FLOCK.flock(self._lock.fileno(), FLOCK.LOCK_EX | FLOCK.LOCK_NB)
+                    FLOCK.flock(lock.fileno(), FLOCK.LOCK_EX | FLOCK.LOCK_NB)
+                self._lock = lock
             self._count += 1
             return os.path.join(self.path, f"{self._count}{suffix}")
 
@@ -77,7 +78,7 @@ class SpillFolder:
 
 def sweep(base: str) -> list[str]:
     """Remove the spill folders under ``base`` whose owner process is gone (a crash, a kill); returns them."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:
