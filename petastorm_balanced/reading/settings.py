@@ -72,7 +72,9 @@ class Settings:
                              balance_by="rows" if self.cost is None else "cost", steps=steps)
         self.padding_mask = options.padding_mask
         if options.shuffle:
-            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window)
+            spilled = options.shuffle_spill_dir not in (None, False)  # a spill folder: nothing more to offer
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window,
+                              0.0 if spilled else self.row_bytes)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
@@ -133,18 +135,22 @@ def _rows_batch(plan: ShardPlan, options: LoaderOptions, budget: bool) -> int:
     return check_int("batch_size", batch_size, minimum=1)
 
 
-def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int) -> None:
-    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window."""
+def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, row_bytes: float = 0.0) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window;
+    with ``row_bytes`` (decoded bytes per row), it says the local disk a spill folder would take instead."""
     if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
+    spill = "" if not row_bytes else (
+        f" A spill folder holds them in one window instead (make_loader(shuffle_spill_dir=<local disk>): about "
+        f"{rank_rows * row_bytes / 2**30:.2f} GiB of it for this rank; batches as random as a uniform permutation's).")
     warnings.warn(ShuffleQualityWarning(
         f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
         f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
         "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
         f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
         "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
-        f"--shuffle-quality {name}` measures it"), stacklevel=4)
+        f"--shuffle-quality {name}` measures it" + spill), stacklevel=4)
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool

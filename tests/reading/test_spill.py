@@ -183,3 +183,18 @@ def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     assert measured["rows"] > 0
     assert measured["peak_anon"] <= budget + workers * PER_THREAD + FIXED, measured
+
+
+def test_the_warning_and_inspect_say_what_a_spill_folder_buys(sorted_data, tmp_path):
+    from petastorm_balanced.errors import ShuffleQualityWarning
+    from petastorm_balanced.tools.shuffle_quality import shuffle_quality
+    plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
+    with pytest.warns(ShuffleQualityWarning, match=r"shuffle_spill_dir=<local disk>\): about 0\.00 GiB"):
+        make_loader(0, 1, plan=plan, shuffle_budget="256KiB", backend="arrow").close()
+    report = shuffle_quality(plan, "label", shuffle_budget="256KiB", epoch=1)
+    assert report.windows_per_rank > 1 and report.rank.ratio > 2.0
+    assert report.spill_window >= ROWS - BATCH and report.spill_rank.ratio <= 1.15
+    row = 8 + 4 + 8 + 4  # id, label, x, y; the text column's bytes on top
+    assert ROWS * row < report.spill_disk_bytes < ROWS * (row + 100)
+    assert "with a spill folder" in report.format() and report.as_dict()["spill_rank"]["ratio"] <= 1.15
+    assert shuffle_quality(plan, "label", epoch=1).spill_window is None  # one window already: nothing to add
