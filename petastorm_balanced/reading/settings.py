@@ -141,9 +141,11 @@ def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: in
     if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
+    disk = rank_rows * row_bytes
     spill = "" if not row_bytes else (
-        f" A spill folder holds them in one window instead (make_loader(shuffle_spill_dir=<local disk>): about "
-        f"{rank_rows * row_bytes / 2**30:.2f} GiB of it for this rank; batches as random as a uniform permutation's).")
+        ". A spill folder holds them in one window instead (make_loader(shuffle_spill_dir=<local disk>): about "
+        + (f"{disk / 2**30:.1f} GiB" if disk >= 2**30 else f"{disk / 2**20:.0f} MiB")
+        + " of it for this rank; batches as random as a uniform permutation's)")
     warnings.warn(ShuffleQualityWarning(
         f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
         f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
