@@ -7,8 +7,8 @@ global batch (every rank's batch of one step together, what a DDP gradient avera
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 

@@ -189,7 +189,8 @@ def test_the_warning_and_inspect_say_what_a_spill_folder_buys(sorted_data, tmp_p
     from petastorm_balanced.errors import ShuffleQualityWarning
     from petastorm_balanced.tools.shuffle_quality import shuffle_quality
     plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
-    with pytest.warns(ShuffleQualityWarning, match=r"measures it\. A spill folder .*shuffle_spill_dir=<local disk>\): about [0-9]+ MiB"):
+    said = r"measures it\. A spill folder .*shuffle_spill_dir=<local disk>\): about [0-9]+ MiB"
+    with pytest.warns(ShuffleQualityWarning, match=said):
         make_loader(0, 1, plan=plan, shuffle_budget="256KiB", backend="arrow").close()
     report = shuffle_quality(plan, "label", shuffle_budget="256KiB", epoch=1)
     assert report.windows_per_rank > 1 and report.rank.ratio > 2.0
