@@ -199,3 +199,20 @@ def test_the_warning_and_inspect_say_what_a_spill_folder_buys(sorted_data, tmp_p
     assert ROWS * row < report.spill_disk_bytes < ROWS * (row + 100)
     assert "with a spill folder" in report.format() and report.as_dict()["spill_rank"]["ratio"] <= 1.15
     assert shuffle_quality(plan, "label", epoch=1).spill_window is None  # one window already: nothing to add
+
+
+def test_dataloader_workers_share_the_budget_and_deliver_the_same_batches(sorted_data, tmp_path):
+    """Each of K DataLoader workers holds a K-th of the rank's window memory, the rest of its window on disk; the
+    batches are those of windows held in memory."""
+    from petastorm_balanced import BalancedIterableDataset
+    plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
+
+    def run(**kwargs):
+        data = BalancedIterableDataset(plan, 0, 1, batch_size=BATCH, shuffle_window=3_200, batch_format="numpy",
+                                       **kwargs)
+        return [{k: v.tolist() if hasattr(v, "tolist") else list(v) for k, v in b.items()}
+                for b in data.dataloader(num_workers=2)]
+    memory = run(shuffle_budget="1GiB", shuffle_spill_dir=False)
+    shared = run(shuffle_budget="256KiB", shuffle_spill_dir=str(tmp_path))
+    assert memory == shared and len(memory) == plan.steps_per_epoch(1, BATCH)
+    assert files_under(tmp_path) == []
