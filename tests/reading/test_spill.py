@@ -216,3 +216,28 @@ def test_dataloader_workers_share_the_budget_and_deliver_the_same_batches(sorted
     shared = run(shuffle_budget="256KiB", shuffle_spill_dir=str(tmp_path))
     assert memory == shared and len(memory) == plan.steps_per_epoch(1, BATCH)
     assert files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("balance", ["rows", "cost"])
+def test_elastic_resume_and_cost_balance_are_unchanged_by_a_spill_folder(sorted_data, tmp_path, balance):
+    """A state saved at world 2 resumes at world 3 (G10; a cost-balanced loader, which refuses that, at world 2 with
+    its costs, G11): the same batches whether the windows wait in memory or on disk."""
+    plan = plan_shards(sorted_data, 2, batch_size=BATCH, engine="local", cost="length(text)")
+
+    def epoch_rest(spill_dir, budget):
+        common = dict(backend="arrow", batch_format="numpy", shuffle_window=2_048, balance=balance,
+                      shuffle_budget=budget, shuffle_spill_dir=spill_dir)
+        old = make_loader(0, 2, plan=plan, **common)
+        iterator = iter(old)
+        for _ in range(5):
+            next(iterator)
+        state = old.state_dict()
+        old.close()
+        out, world = [], 3 if balance == "rows" else 2
+        for rank in range(world):
+            with make_loader(rank, world, plan=plan, **common) as resumed:
+                resumed.load_state_dict(state)
+                out.append([(b["id"].tolist(), b.get("_cost", np.zeros(0)).tolist()) for b in resumed])
+        return out
+    assert epoch_rest(False, "1GiB") == epoch_rest(str(tmp_path), "64KiB")
+    assert files_under(tmp_path) == []
