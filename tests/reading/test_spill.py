@@ -171,18 +171,41 @@ def late_long_strings(path, files=32, rows=1_000):
     return str(path)
 
 
+def one_unsampled_file(path, files=112, long_file=19, long_groups=16):
+    """One file of 4 KB strings among 112 of short ones: after the first 16 (whose footers are read), and its 16
+    row groups between two of the 8 row groups the window's sample decodes (at 18 and 36 of the 128): its rows
+    weigh what nothing measured said."""
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    for f in range(files):
+        if f == long_file:
+            rows = long_groups * 1_000
+            ids = np.arange(10**6, 10**6 + rows)
+            blob = rng.integers(65, 90, STRING + rows, dtype=np.uint8).tobytes().decode()
+            text = [blob[i:i + STRING] for i in range(rows)]
+        else:
+            ids = np.arange(f * 500, (f + 1) * 500)
+            text = [f"r{i}" for i in ids]
+        pq.write_table(pa.table({"id": ids, "text": pa.array(text)}), path / f"part-{f:03d}.parquet",
+                       row_group_size=1_000)
+    return str(path)
+
+
 @pytest.mark.parametrize("make", [dictionary_strings, late_long_strings])
 def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
     data = make(tmp_path / "ds")
     url = str(tmp_path / "plan")
     plan_shards(data, 1, batch_size=BATCH, engine="local", output_url=url)
     budget, workers = 8 * 2**20, 2
+    temp = tmp_path / "tmp"  # the system temp folder of the child: where rows beyond the budget go by default
+    temp.mkdir()
     out = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.support.peak_memory", url,
                           "--budget", str(budget), "--workers", str(workers)], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, check=True)
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(temp)}, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     assert measured["rows"] > 0
     assert measured["peak_anon"] <= budget + workers * PER_THREAD + FIXED, measured
+    assert files_under(temp) == []
 
 
 def test_the_warning_and_inspect_say_what_a_spill_folder_buys(sorted_data, tmp_path):
@@ -241,3 +264,23 @@ def test_elastic_resume_and_cost_balance_are_unchanged_by_a_spill_folder(sorted_
         return out
     assert epoch_rest(False, "1GiB") == epoch_rest(str(tmp_path), "64KiB")
     assert files_under(tmp_path) == []
+
+
+def test_rows_larger_than_measured_go_to_the_temp_folder_and_change_no_batch(tmp_path, monkeypatch):
+    """What the sample misses: the window counts the bytes it holds as it fills and sends the rest to the system
+    temp folder (by default), so its memory stays within its share of the budget; the batches are unchanged."""
+    import tempfile
+    data = one_unsampled_file(tmp_path / "ds", long_groups=4)
+    plan = plan_shards(data, 1, batch_size=BATCH, engine="local")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    made = []
+    real = spill.SpillFolder.file
+    monkeypatch.setattr(spill.SpillFolder, "file", lambda self, suffix: made.append(suffix) or real(self, suffix))
+    common = dict(backend="arrow", batch_format="numpy", shuffle_budget="4MiB")
+    guarded = make_loader(0, 1, plan=plan, **common)
+    assert guarded.shuffle_window * STRING > 10 * 4 * 2**20  # sized from rows that look short
+    assert batches(guarded) == batches(make_loader(0, 1, plan=plan, shuffle_spill_dir=False,
+                                                   shuffle_window=guarded.shuffle_window, **common))
+    assert ".arrow" in made and files_under(temp) == []
