@@ -44,12 +44,20 @@ def measured_row_bytes(plan: ShardPlan, columns, *, count: int = SAMPLE_ROW_GROU
     """The largest decoded bytes per row among the sampled row groups, as the window holds them (numpy arrays
     and Arrow arrays after ``fragments.to_columns``, masks included); 0.0 when the plan has no rows."""
     reader = BundleReader(plan, columns.spec, columns.fields, columns.schemas)
+    fragments = sample_fragments(plan, count)
+    # on a remote store the next row group's request is in flight while one is decoded (one round trip ahead,
+    # not eight row groups held at once)
+    started = [reader.start([f]) for f in fragments[:1]]
     largest = 0.0
     try:
-        for fragment in sample_fragments(plan, count):
-            decoded = reader.read([fragment])
+        for i, fragment in enumerate(fragments):
+            if i + 1 < len(fragments):
+                started.append(reader.start([fragments[i + 1]]))
+            decoded = reader.read(started.pop(0))
             largest = max(largest, sum(nbytes(values) for values in decoded.values()) / fragment.num_rows)
             del decoded
     finally:
+        for begun in started:
+            begun.cancel()
         reader.close()
     return largest
