@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +37,7 @@ except ImportError:
 
 PREFIX = "pb-spill-"  # folders of this name under a spill folder belong to petastorm-balanced loaders
 LOCK = "owner.lock"  # held by the owning process; its first line is the owner's pid
+YOUNG_S = 60.0  # a folder without its lock file is left alone this long (its owner may be writing the lock)
 
 
 class SpillFolder:
@@ -95,8 +97,11 @@ def _owner_alive(folder: str) -> bool:
     lock = os.path.join(folder, LOCK)
     try:
         handle = open(lock)  # noqa: SIM115
-    except OSError:
-        return False  # no lock file: a folder whose owner died before writing it
+    except OSError:  # no lock file: being made right now by its owner, or its owner died before writing it
+        try:
+            return time.time() - os.path.getmtime(folder) < YOUNG_S
+        except OSError:
+            return True
     with handle:
         if FLOCK is not None:
             try:

@@ -284,3 +284,13 @@ def test_rows_larger_than_measured_go_to_the_temp_folder_and_change_no_batch(tmp
     assert batches(guarded) == batches(make_loader(0, 1, plan=plan, shuffle_spill_dir=False,
                                                    shuffle_window=guarded.shuffle_window, **common))
     assert ".arrow" in made and files_under(temp) == []
+
+
+def test_a_folder_without_its_lock_is_swept_only_once_old(tmp_path):
+    young, old = tmp_path / f"{spill.PREFIX}1-a", tmp_path / f"{spill.PREFIX}2-b"
+    young.mkdir()
+    old.mkdir()
+    (old / "1.npy").write_bytes(b"x")
+    os.utime(old, (0, 0))  # made long ago, its owner died before it wrote its lock
+    assert spill.sweep(str(tmp_path)) == [str(old)]
+    assert os.listdir(tmp_path) == [young.name]  # may be being made right now: left alone
