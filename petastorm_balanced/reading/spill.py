@@ -9,7 +9,7 @@ the rows of the run being cut into anonymous memory. The row order is the window
 disk: placement never changes a batch, only where its rows wait (``tests/reading/test_spill.py`` compares both).
 
 Layout on disk: the fixed-width numpy columns (numbers, fixed-shape tensors) of a window in row-major
-``np.memmap`` matrices, one per item size (a gathered row is one or two pages, as ``batching.Window``'s in-memory
+raw files (``DiskArray``), one per item size (a gathered row is one or two pages, as ``batching.Window``'s in-memory
 matrix); the Arrow columns (text, lists) as Arrow IPC files, one record batch per chunk, memory-mapped and taken
 from chunk by chunk. Files are deleted as soon as their window has been served, the folder at the end of the epoch
 and at ``close()``, and folders left by a process that died are swept at the next start (each folder's lock file
@@ -17,6 +17,7 @@ is held, with ``fcntl.flock``, for as long as its owner lives; the kernel releas
 """
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
@@ -126,14 +127,14 @@ class Placement:
         self.peak_written = 0
         self._warned = False
 
-    def allocate(self, shape: tuple, dtype, held: int) -> np.ndarray:
-        """An array for a window's fixed-width column(s): in memory if it fits beside ``held`` bytes, else a
-        memory-mapped file."""
+    def allocate(self, shape: tuple, dtype, held: int):
+        """An array for a window's fixed-width column(s): in memory (``np.ndarray``) if it fits beside ``held``
+        bytes, else a ``DiskArray``."""
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if self.folder is None or held + nbytes <= self.memory or nbytes == 0:
             return np.empty(shape, dtype=dtype)
         self.count(nbytes)
-        return np.lib.format.open_memmap(self.folder.file(".npy"), mode="w+", dtype=dtype, shape=shape)
+        return DiskArray(self.folder.file(".bin"), shape, dtype)
 
     def count(self, nbytes: int) -> None:
         self.written += nbytes
@@ -152,6 +153,38 @@ class Placement:
         if self.folder is not None:
             self.folder.remove()
         self.written = 0
+
+
+class DiskArray:
+    """A window's fixed-width rows in a file: written in row order with ``pwrite`` as chunks arrive (no page faults
+    of a writable map: one epoch of 1M rows of 34 columns through ``np.memmap`` took 1.08 s of CPU, 0.97 s so,
+    against 0.86 s for the memory window of 1/64 the rows), then mapped read-only, its pages faulted in at once
+    (``MAP_POPULATE``), for the window's gathers."""
+
+    def __init__(self, path: str, shape: tuple, dtype):
+        self.path, self.shape, self.dtype = path, tuple(shape), np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+        self._row_bytes = self.nbytes // max(1, self.shape[0])
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def write(self, row: int, values: np.ndarray) -> None:
+        """Rows ``row`` to ``row + len(values)``."""
+        data = np.ascontiguousarray(values, dtype=self.dtype).reshape(-1).view(np.uint8).data
+        offset = row * self._row_bytes
+        while len(data):
+            done = os.pwrite(self._fd, data, offset)
+            data, offset = data[done:], offset + done
+
+    def __setitem__(self, rows: slice, values) -> None:
+        self.write(rows.start, values)
+
+    def mapped(self) -> np.ndarray:
+        """The rows written, mapped read-only (the file's descriptor closed: the map keeps it)."""
+        os.ftruncate(self._fd, self.nbytes)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(self._fd, self.nbytes, flags=flags, prot=mmap.PROT_READ)
+        os.close(self._fd)
+        return np.frombuffer(mapped, dtype=self.dtype).reshape(self.shape)
 
 
 def nbytes(values) -> int:

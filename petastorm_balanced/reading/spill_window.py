@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from .batching import _GROUPED_KINDS, ROW_MAJOR_BYTES, ColumnArrays, Window, _concat, _num_rows
-from .spill import BlockColumn, Placement, SpilledColumn, nbytes, spillable
+from .spill import BlockColumn, DiskArray, Placement, SpilledColumn, nbytes, spillable
 
 _BLOCK = 4096  # rows interleaved at a time into a row-major matrix (as ``batching.Filling``)
 
@@ -43,7 +43,7 @@ class SpillFilling:
         self._files: list[str] = []  # this window's spill files, deleted once it is served
         self.held = 0  # bytes of this window in memory
         self.on_disk = 0  # bytes of this window in spill files
-        self._groups = []
+        self._groups: list = []
         for itemsize, names in by_size.items():
             self._groups.append((names, self._allocate((size, len(names)), f"u{itemsize}")))
         grouped = {name for names, _ in self._groups for name in names}
@@ -53,13 +53,13 @@ class SpillFilling:
         self._spilled: dict[str, SpilledColumn] = {}
         self.row_major = large
 
-    def _allocate(self, shape: tuple, dtype) -> np.ndarray:
+    def _allocate(self, shape: tuple, dtype):
         array = self._placement.allocate(shape, dtype, self.held)
-        if isinstance(array, np.memmap):
+        if isinstance(array, DiskArray):
             self.on_disk += array.nbytes
-            self._files.append(str(array.filename))
-            return array.view(np.ndarray)  # a plain view of the mapped file: gathers give plain arrays
-        self.held += array.nbytes
+            self._files.append(array.path)
+        else:
+            self.held += array.nbytes
         return array
 
     def add(self, part: ColumnArrays) -> None:
@@ -75,10 +75,13 @@ class SpillFilling:
                 columns.append(values.view(matrix.dtype))
             for begin in range(0, rows, _BLOCK):
                 end = min(begin + _BLOCK, rows)
-                np.stack([c[begin:end] for c in columns], axis=1, out=matrix[begin_row + begin:begin_row + end])
+                if isinstance(matrix, DiskArray):
+                    matrix.write(begin_row + begin, np.stack([c[begin:end] for c in columns], axis=1))
+                else:
+                    np.stack([c[begin:end] for c in columns], axis=1, out=matrix[begin_row + begin:begin_row + end])
         for name, array in self._arrays.items():
             values = part[name]
-            if values.dtype != array.dtype or values.shape[1:] != array.shape[1:]:
+            if values.dtype != array.dtype or values.shape[1:] != tuple(array.shape[1:]):
                 raise RuntimeError(f"column {name!r} came as {values.dtype} of shape {values.shape} after "
                                    f"{array.dtype} rows of shape {array.shape[1:]}: the reader changed a column's "
                                    "type within a window")
@@ -114,7 +117,8 @@ class SpillFilling:
         self._placement.count(size)
 
     def window(self) -> SpilledWindow:
-        columns: dict = dict(self._arrays)
+        columns: dict = {name: a.mapped() if isinstance(a, DiskArray) else a for name, a in self._arrays.items()}
+        groups = [(names, m.mapped() if isinstance(m, DiskArray) else m) for names, m in self._groups]
         for name, parts in self._parts.items():
             if name in self._spilled:
                 columns[name] = BlockColumn(self._spilled[name].chunks())
@@ -124,7 +128,7 @@ class SpillFilling:
                 columns[name] = BlockColumn(parts)
             else:
                 columns[name] = _concat(parts)
-        return SpilledWindow(self._names, self._dtypes, self._groups, columns, self.row_major, self._placement,
+        return SpilledWindow(self._names, self._dtypes, groups, columns, self.row_major, self._placement,
                              self.on_disk, self._files)
 
 

@@ -66,7 +66,7 @@ def test_batches_with_a_spill_folder_equal_an_in_memory_window(sorted_data, tmp_
             on_disk = batches(make_loader(rank, 2, plan=plan, shuffle_budget="64KiB",
                                           shuffle_spill_dir=str(tmp_path), **common))
             assert memory == on_disk and len(memory) == plan.steps_per_epoch(2, BATCH)
-    assert ".npy" in made and ".arrow" in made  # numbers and text both went to disk
+    assert ".bin" in made and ".arrow" in made  # numbers and text both went to disk
     assert files_under(tmp_path) == []
 
 
@@ -99,13 +99,13 @@ def test_no_spill_file_outlives_close_or_a_broken_loop(sorted_data, tmp_path):
 
 def test_a_crashed_process_folder_is_swept_at_the_next_start(sorted_data, tmp_path):
     code = ("import os, sys; from petastorm_balanced.reading.spill import SpillFolder; "
-            "f = SpillFolder(sys.argv[1]); open(f.file('.npy'), 'w').write('x'); os._exit(1)")
+            "f = SpillFolder(sys.argv[1]); open(f.file('.bin'), 'w').write('x'); os._exit(1)")
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False, cwd=ROOT,
                    env={**os.environ, "PYTHONPATH": ROOT})
     left = os.listdir(tmp_path)
     assert len(left) == 1 and left[0].startswith(spill.PREFIX)
     alive = spill.SpillFolder(str(tmp_path))  # a live owner's folder is never swept
-    alive.file(".npy")
+    alive.file(".bin")
     plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
     with make_loader(0, 1, plan=plan, shuffle_budget="64KiB", shuffle_spill_dir=str(tmp_path),
                      backend="arrow") as loader:
