@@ -191,9 +191,10 @@ def nbytes(values) -> int:
     """Bytes of decoded rows a column chunk holds (an Arrow array counts its slice only)."""
     if isinstance(values, pa.Array):
         return int(values.nbytes)
-    if isinstance(values, np.ndarray) and values.dtype == object:
-        return int(values.nbytes) + sum(getattr(v, "nbytes", 64) for v in values[:64]) * len(values) // 64 \
-            if len(values) else 0
+    if isinstance(values, np.ndarray) and values.dtype == object:  # Python objects: the first 64 as a sample
+        sample = values[:64]
+        each = sum(getattr(v, "nbytes", 64) for v in sample) / max(1, len(sample))
+        return int(values.nbytes + each * len(values))
     return int(getattr(values, "nbytes", 0))
 
 
