@@ -21,7 +21,7 @@ from .backends.arrow import BundleReader
 from .spill import nbytes
 
 SAMPLE_ROW_GROUPS = 8  # row groups decoded, spread evenly over the catalog
-SAMPLE_ROWS = 16384  # planned rows of each used (a row group is read whole, then cut: this bounds the conversion)
+SAMPLE_ROWS = 2048  # planned rows of each decoded (a row group is read whole, then cut: codecs run on these alone)
 
 
 def sample_fragments(plan: ShardPlan, count: int = SAMPLE_ROW_GROUPS) -> list[Fragment]:
