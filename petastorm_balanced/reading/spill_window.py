@@ -13,10 +13,22 @@ import os
 
 import numpy as np
 
-from .batching import _GROUPED_KINDS, ROW_MAJOR_BYTES, ColumnArrays, Window, _concat, _num_rows
+from .batching import _GROUPED_KINDS, ROW_MAJOR_BYTES, ColumnArrays, Filling, Window, _concat, _num_rows
 from .spill import BlockColumn, DiskArray, Placement, SpilledColumn, nbytes, spillable
 
 _BLOCK = 4096  # rows interleaved at a time into a row-major matrix (as ``batching.Filling``)
+
+
+def filling_for(placement: Placement):
+    """``WindowBatcher``'s ``filling``: ``batching.Filling`` for a window of fixed-width columns that fits the
+    placement's memory (its bytes are exact: nothing to measure or place), else a ``SpillFilling``."""
+    def filling(size: int, first: ColumnArrays):
+        fixed = all(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in first.values())
+        row = sum(v.dtype.itemsize * int(np.prod(v.shape[1:], dtype=np.int64)) for v in first.values()) if fixed else 0
+        if fixed and size * row <= placement.memory:
+            return Filling(size, first)
+        return SpillFilling(size, first, placement)
+    return filling
 
 
 class SpillFilling:

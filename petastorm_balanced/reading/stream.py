@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 
@@ -20,7 +19,7 @@ from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
 from .schema import MASK_SUFFIX
 from .spill import Placement
-from .spill_window import SpillFilling
+from .spill_window import filling_for
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 
@@ -65,7 +64,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     if cost is not None:
         def arrange(window, window_key):
             return cost.arrange(window[cost.column if alias[0] else COST_COLUMN], batch_size, window_key)
-    filling = None if placement is None else partial(SpillFilling, placement=placement)
+    filling = None if placement is None else filling_for(placement)
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange, filling=filling)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
