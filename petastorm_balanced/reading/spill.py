@@ -212,6 +212,8 @@ class BlockColumn:
 
     def take(self, order: np.ndarray):
         order = np.asarray(order, dtype=np.int64)
+        if not len(order):
+            return self.chunks[0].slice(0, 0)
         block = np.searchsorted(self.starts, order, side="right") - 1  # (rows,) the chunk of each row
         by_block = np.argsort(block, kind="stable")
         edges = np.searchsorted(block[by_block], np.arange(len(self.chunks) + 1))

@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.core.quality import Quality
@@ -294,3 +296,16 @@ def test_a_folder_without_its_lock_is_swept_only_once_old(tmp_path):
     os.utime(old, (0, 0))  # made long ago, its owner died before it wrote its lock
     assert spill.sweep(str(tmp_path)) == [str(old)]
     assert os.listdir(tmp_path) == [young.name]  # may be being made right now: left alone
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=6), st.integers(0, 2**32 - 1), st.integers(0, 2))
+def test_a_column_in_chunks_takes_rows_in_any_order_as_one_array(sizes, seed, dropped):
+    """``BlockColumn.take`` (chunk by chunk, no joined copy) gives what Arrow's take on the joined column gives."""
+    chunks, start = [], 0
+    for n in sizes:
+        chunks.append(pa.array([f"v{i}" * (i % 3) for i in range(start, start + n)]))
+        start += n
+    order = np.random.default_rng(seed).permutation(start)[:max(0, start - dropped)]
+    expected = pa.concat_arrays(chunks).take(pa.array(order, type=pa.int64()))
+    assert spill.BlockColumn(chunks).take(order).to_pylist() == expected.to_pylist()
