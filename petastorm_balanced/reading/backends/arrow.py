@@ -139,7 +139,14 @@ class BundleReader:
         self._footers.list_ahead([fsutil.join(self._root, f.path) for f in bundle], self._io)
         return Started(bundle, [self._io.submit(self._fragment, f) for f in bundle])
 
-    def read(self, bundle: list[Fragment] | Started) -> list[tuple[list[Fragment], dict]]:
+    def read(self, bundle: list[Fragment] | Started) -> dict:
+        """The bundle's rows as columns (decoded, transformed); ``bundle`` may be what ``start`` returned."""
+        fragments = bundle.bundle if isinstance(bundle, Started) else bundle
+        if self._transform is not None:
+            return self._transform.apply(self.table(bundle), fragments)
+        return fr.to_columns(self.table(bundle), self._fields, self._schemas, fragments)
+
+    def read_chunks(self, bundle: list[Fragment] | Started) -> list[tuple[list[Fragment], dict]]:
         """The bundle's rows as chunks of columns (decoded, transformed), each with the fragments it holds;
         ``bundle`` may be what ``start`` returned. A fragment of ``fragments.BUNDLE_ROWS`` rows or more is converted
         alone (joining large row groups into one array would copy every value once more, for no fewer conversions),
@@ -243,7 +250,7 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         # (rows over 512 bytes: fewer rows a bundle either way, so the prefetch stays a few MiB: ``bundle_rows``)
         bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large
                             else min(fr.BUNDLE_ROWS, fr.bundle_rows(columns.row_bytes)))
-        results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead, start=reader.start)
+        results = in_order(reader.read_chunks, bundles, workers_count=threads, ahead=ahead, start=reader.start)
         try:
             for chunks_read in results:
                 yield from chunks_read
