@@ -161,3 +161,34 @@ def test_the_package_and_numpy_batches_work_without_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", NO_TORCH, str(tmp_path / "ds")], capture_output=True, text=True,
                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("batch_format", ["torch", "numpy"])
+def test_writing_into_unshuffled_batches_of_large_row_groups_changes_nothing_else(tmp_path, batch_format):
+    """Row groups of ``fragments.BUNDLE_ROWS`` rows or more are cut into batches as views of their decoded buffers
+    (writable, no copy): writing into every delivered batch must change no other batch of the epoch and no later
+    epoch (nothing holds those buffers but the batches), and every value is ``pyarrow.dataset``'s."""
+    import pyarrow.dataset as ds
+
+    from petastorm_balanced.reading import fragments
+    rows = fragments.BUNDLE_ROWS * 2 + 64
+    for f in range(2):
+        ids = np.arange(f * rows, (f + 1) * rows, dtype=np.int64)
+        table = pa.table({"id": ids, "x": ids.astype(np.float32) / 3, "n": (ids % 1000).astype(np.int32)})
+        pq.write_table(table, tmp_path / f"part-{f}.parquet", row_group_size=fragments.BUNDLE_ROWS)
+    plan = plan_shards(str(tmp_path), 1, batch_size=64, engine="local")
+    expected = ds.dataset(str(tmp_path), format="parquet").to_table().sort_by("id")
+    want = {name: expected.column(name).to_numpy() for name in ("id", "x", "n")}
+    loader = make_loader(0, 1, plan=plan, shuffle=False, batch_format=batch_format, workers_count=2)
+    for _ in range(2):
+        loader.set_epoch(0)
+        seen = {name: [] for name in want}
+        for batch in loader:
+            for name in want:
+                values = batch[name].numpy() if batch_format == "torch" else batch[name]
+                seen[name].append(values.copy())
+                if values.flags.writeable:
+                    values[:] = 0  # the user's step writes into its batch
+        order = np.argsort(np.concatenate(seen["id"]))  # the plan's row group order is its own
+        for name, values in want.items():
+            assert np.array_equal(np.concatenate(seen[name])[order], values), name
