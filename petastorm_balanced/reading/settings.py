@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..core import balance as balance_module
 from ..core.cost import arrangement
@@ -20,7 +21,7 @@ from ..core.shuffle import budget_window
 from ..errors import InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
-from . import columns, stream, transform
+from . import columns, packing, stream, transform
 from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions
@@ -40,9 +41,12 @@ class Settings:
         self.rank, self.world_size = world.rank, world.size
         # cost balancing (None: rows only); with a token budget batches have no fixed size
         self.cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce,
-                                 max_batch_cost=options.max_batch_cost, batch_size=options.batch_size,
-                                 shuffle=options.shuffle)
-        budget = self.cost is not None and self.cost.budget is not None
+                                 max_batch_cost=options.max_batch_cost, shuffle=options.shuffle,
+                                 batch_size=None if options.pack is not None else options.batch_size)
+        self.packing = None if options.pack is None else packing.resolve(plan, options, self.cost)
+        if self.cost is not None and self.packing is not None:  # (resolve refuses a plan without a cost)
+            self.cost = replace(self.cost, pack=self.packing)
+        budget = self.cost is not None and self.cost.per_window
         rows_batch = _rows_batch(plan, options, budget)  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(plan.total_rows, self.world_size, rows_batch)
         rank_rows = plan.rows_per_rank(self.world_size, rows_batch)  # a rank's rows per pass, padding included
@@ -78,6 +82,10 @@ class Settings:
             self.schema = batch_schema(self.transform.outputs, extras)
         else:
             self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
+        if self.packing is not None:  # (S, L) sequences instead of rows
+            target = self.columns.target
+            self.schema = packing.packed_schema(self.packing, self.schema, None if target is None or self.packing.column
+                                                not in target.names else target.field(self.packing.column).type)
         self._checksum: str | None = None
 
     # the layout's answers, which the loaders and their position ask for
@@ -105,6 +113,10 @@ class Settings:
                                              self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
         if self.cost is not None and self.cost.budget is None and self.shuffle:  # which batches a window makes
             cost[loader_state.COST_ARRANGEMENT] = self.cost.version  # (unshuffled: the plan's order, no window)
+        if self.packing is not None:  # which documents a window's steps hold
+            cost.update({loader_state.PACK: self.packing.column, loader_state.SEQ_LEN: self.packing.seq_len,
+                         loader_state.SEQUENCES: self.packing.sequences, loader_state.PACKING: self.packing.version,
+                         loader_state.LONG_DOCUMENTS: self.packing.long_documents})
         return {**dict(zip(loader_state.IDENTITY_KEYS, values, strict=True)), **cost}
 
 

@@ -40,12 +40,12 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
-    budget = cost is not None and cost.budget is not None
-    step = 1 if budget else batch_size  # rows per batcher step: a token budget cuts batches row by row
+    budget = cost is not None and cost.per_window
+    step = 1 if budget else batch_size  # rows per batcher step: a token budget or packing cuts batches row by row
     if step is None:
         raise ValueError("slot_runs: batch_size=None needs a cost with a token budget")
     size = window_rows(step, shuffle_window, shuffle)
-    if cost is not None and cost.budget is not None:
+    if cost is not None and cost.per_window:
         start = cost.budget_start(total, size, rows, batches_done)
     else:
         start = start_point(rows, batch_size=step, window_rows=size, batches_done=batches_done, shuffle=shuffle)
