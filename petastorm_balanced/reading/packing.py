@@ -16,6 +16,7 @@ What a packed batch holds (``loader.schema``), every array ``(S, L)`` but the la
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -55,6 +56,11 @@ def resolve(plan: ShardPlan, options: LoaderOptions, cost: CostOptions | None) -
             raise InvalidValueError(f"{name}={value!r} with pack={column!r}: packing deals each shuffle window's "
                                     f"documents into steps, which {name} would change; leave {name}={fix!r}"
                                     + (" (padding is where tokens__segments == 0)" if name == "padding_mask" else ""))
+    fields = options.schema_fields
+    if fields is not None and all(isinstance(f, str) for f in fields) and \
+            not any(f == column or re.fullmatch(f, column) for f in fields):
+        raise InvalidValueError(f"pack={column!r} is not among the columns read (schema_fields={list(fields)!r}); "
+                                "add it to schema_fields")
     if cost is None or plan.cost is None:
         raise InvalidValueError(f"pack={column!r} needs each document's length from the plan: plan with "
                                 f"cost='size({column})' (or a column of token counts, cost='n_tokens') and keep "
