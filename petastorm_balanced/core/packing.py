@@ -29,11 +29,16 @@ a whole step (``S x L``) cannot be packed into one step and is refused when the 
 >>> import numpy as np
 >>> lengths = np.array([700, 300, 200, 120, 100, 90, 80, 60, 40, 30, 20, 8])
 >>> packing = Packing("tokens", seq_len=256, sequences=4, mean_tokens=float(lengths.mean()))
->>> steps = packing.steps(len(lengths)); steps
-4
+>>> packing.steps(len(lengths))  # 1,748 tokens: two steps of 4 x 256
+2
 >>> order, rows_per_step = packing.arrange(lengths, (0, 0, 0, 0, 0))
 >>> int(lengths[order].sum()) == int(lengths.sum())  # every token placed
 True
+>>> steps = np.split(order, np.cumsum(rows_per_step)[:-1])
+>>> [int(lengths[step].sum()) for step in steps]  # tokens per step (at most 4 x 256)
+[730, 1018]
+>>> [int(attention_cost(lengths[step], 256).sum()) for step in steps]  # what attention costs: close
+[167316, 152036]
 >>> layout = pack_step(lengths[order[:rows_per_step[0]]], seq_len=256, sequences=4)
 >>> bool((np.bincount(layout.sequence, weights=layout.length, minlength=4) <= 256).all())
 True
