@@ -64,7 +64,7 @@ def ours(windows: list[np.ndarray], mean: float) -> dict:
         order, counts = packing.arrange(lengths, (0, 0, rank, 0, 0))
         left += int(lengths.sum() - lengths[order].sum())
         ends = np.cumsum(counts)
-        for step, (end, count) in enumerate(zip(ends, counts)):
+        for step, (end, count) in enumerate(zip(ends, counts, strict=True)):
             layout = pack_step(lengths[order[end - count:end]], seq_len=SEQ_LEN, sequences=SEQUENCES)
             attention[rank, step] = float((layout.length.astype(np.float64) ** 2).sum())
             padding += SEQ_LEN * SEQUENCES - int(layout.length.sum())
@@ -138,7 +138,7 @@ def main() -> None:
     print(f"L={SEQ_LEN}, {SEQUENCES} sequences a step; load average {os.getloadavg()[0]:.1f}")
     for kind in ("lognormal", "web-like"):
         for world in (8, 64):
-            docs = args.docs_per_rank if world == 8 else max(2_000, args.docs_per_rank // 4)
+            docs = args.docs_per_rank if world == 8 else max(2_000, args.docs_per_rank // 2)
             lengths = lengths_of(kind, docs * world, np.random.default_rng([world, len(kind)]))
             windows = ranks_windows(lengths, world)
             figures = ours(windows, float(lengths.mean()))

@@ -159,7 +159,7 @@ _PROBES = 32  # lightest steps tried before the roomiest one (near a window's en
 def _lightest_with_room(heap: list, load: list[int], room: list[int], size: int) -> int | None:
     """The lightest step (of the first ``_PROBES`` valid entries) with ``size`` tokens of room; its entry is
     consumed (the caller pushes the new one). Full steps leave the heap for good."""
-    refused = []
+    refused: list[tuple[int, int, int]] = []
     found = None
     while heap and len(refused) < _PROBES:
         entry = heapq.heappop(heap)
@@ -242,4 +242,5 @@ def pack_step(lengths: np.ndarray, *, seq_len: int, sequences: int) -> StepLayou
     first = np.r_[True, table[1:, 3] != table[:-1, 3]] if len(table) else np.zeros(0, dtype=bool)
     index = np.arange(len(table))
     segment = index - np.maximum.accumulate(np.where(first, index, 0)) + 1
-    return StepLayout(*(table[:, i] for i in range(5)), segment=segment.astype(np.int64))
+    return StepLayout(row=table[:, 0], start=table[:, 1], length=table[:, 2], sequence=table[:, 3],
+                      offset=table[:, 4], segment=segment.astype(np.int64))

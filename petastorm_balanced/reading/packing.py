@@ -40,6 +40,8 @@ _LIST_FUNCTIONS = ("size", "cardinality")
 def resolve(plan: ShardPlan, options: LoaderOptions, cost: CostOptions | None) -> Packing:
     """The loader's ``Packing``, every combination it cannot serve exactly refused here, naming the parameter."""
     column, seq_len = options.pack, options.seq_len
+    if column is None:
+        raise AssertionError("packing.resolve called without pack=")
     if seq_len is None:
         raise InvalidValueError(f"pack={column!r} needs seq_len= (tokens per packed sequence, e.g. seq_len=2048)")
     check_int("seq_len", seq_len, minimum=1, hint=" (tokens per packed sequence)")

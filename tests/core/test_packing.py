@@ -17,12 +17,12 @@ def _coverage(lengths, order, counts, seq_len, sequences):
     """Per document: the (start, length) intervals its pieces cover, checked to fit every step's shape."""
     covered: dict[int, list] = {}
     ends = np.cumsum(counts)
-    for end, count in zip(ends, counts):
+    for end, count in zip(ends, counts, strict=True):
         docs = order[end - count:end]
         layout = pack_step(lengths[docs], seq_len=seq_len, sequences=sequences)
         used = np.zeros((sequences, seq_len), dtype=np.int64)
         for row, start, length, seq, off in zip(layout.row, layout.start, layout.length, layout.sequence,
-                                                layout.offset):
+                                                layout.offset, strict=True):
             assert 0 < length and off + length <= seq_len
             used[seq, off:off + length] += 1
             covered.setdefault(int(docs[row]), []).append((int(start), int(length)))
@@ -76,7 +76,7 @@ def test_the_same_window_gives_the_same_steps(lengths, key):
     lengths = np.asarray(lengths, dtype=np.int64)
     packing = Packing("tokens", 256, 4, float(lengths.mean()) if len(lengths) else 0.0)
     first, second = packing.arrange(lengths, key), packing.arrange(lengths.copy(), key)
-    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 
 
 def test_steps_depend_on_the_rows_alone():
@@ -113,7 +113,7 @@ def test_issue_figures_on_lognormal_lengths():
         assert len(counts) == steps  # equal steps
         left_out += int(lengths.sum() - lengths[order].sum())
         ends = np.cumsum(counts)
-        for step, (end, count) in enumerate(zip(ends, counts)):
+        for step, (end, count) in enumerate(zip(ends, counts, strict=True)):
             layout = pack_step(lengths[order[end - count:end]], seq_len=seq_len, sequences=sequences)
             attention[rank, step] = float((layout.length.astype(np.float64) ** 2).sum())
             padding += seq_len * sequences - int(layout.length.sum())

@@ -51,7 +51,7 @@ def _epoch(loader):
 def _oracle(root):
     table = pads.dataset(root, format="parquet").to_table(columns=["doc", "tokens", "label"])
     return {int(d): (np.asarray(t, dtype=np.int32), int(lab)) for d, t, lab in
-            zip(table["doc"].to_pylist(), table["tokens"].to_pylist(), table["label"].to_pylist())}
+            zip(table["doc"].to_pylist(), table["tokens"].to_pylist(), table["label"].to_pylist(), strict=True)}
 
 
 def _runs(segments_row):
@@ -59,7 +59,7 @@ def _runs(segments_row):
     change = np.flatnonzero(np.diff(segments_row)) + 1
     starts = np.r_[0, change]
     lengths = np.diff(np.r_[starts, len(segments_row)])
-    return [(int(segments_row[s]), int(s), int(n)) for s, n in zip(starts, lengths)]
+    return [(int(segments_row[s]), int(s), int(n)) for s, n in zip(starts, lengths, strict=True)]
 
 
 def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan):
@@ -106,7 +106,7 @@ def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan)
 
 def test_resume_is_exact_and_epochs_differ(plan):
     reference = [_epoch(_loader(plan, 1, epoch=e)) for e in (0, 1)]
-    assert not all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(*reference))
+    assert not all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(*reference, strict=True))
     loader = _loader(plan, 1)
     flat = reference[0] + reference[1]
     for cut in (1, len(reference[0]) // 2, len(reference[0]) - 1, len(reference[0]) + 3):
@@ -125,7 +125,7 @@ def test_resume_is_exact_and_epochs_differ(plan):
         rest = _epoch(resumed)
         expected = flat[cut:len(reference[0])] if cut < len(reference[0]) else flat[cut:]
         assert len(rest) == len(expected)
-        for got, want in zip(rest, expected):
+        for got, want in zip(rest, expected, strict=True):
             assert all(np.array_equal(got[k], want[k]) for k in want)
 
 
@@ -133,11 +133,11 @@ def test_torch_and_the_petastorm_backend_give_the_same_batches(plan):
     reference = _epoch(_loader(plan, 2))
     pytest.importorskip("torch")
     torch_batches = _epoch(_loader(plan, 2, batch_format="torch"))
-    assert all(np.array_equal(a[k], b[k]) for a, b in zip(reference, torch_batches) for k in a)
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(reference, torch_batches, strict=True) for k in a)
     pytest.importorskip("petastorm")
     petastorm_batches = _epoch(_loader(plan, 2, backend="petastorm"))
     assert len(petastorm_batches) == len(reference)
-    assert all(np.array_equal(a[k], b[k]) for a, b in zip(reference, petastorm_batches) for k in a)
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(reference, petastorm_batches, strict=True) for k in a)
 
 
 def test_varlen_inputs_cover_the_flattened_batch(plan):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InvalidValueError
-from ..shuffle import StartPoint
 from ..packing import Packing
+from ..shuffle import StartPoint
 from .arrangement import ARRANGEMENT_VERSION, ARRANGEMENTS
 from .budget import arrange_budget, budget_batches
 
