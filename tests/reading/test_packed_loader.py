@@ -188,3 +188,34 @@ def test_a_mixture_and_an_elastic_mid_epoch_state_are_refused(plan):
                         batch_format="numpy", schema_fields=["doc", "tokens", "label"])
     with pytest.raises(InvalidValueError, match="does not carry to world size 2"):
         other.load_state_dict(state)
+
+
+def test_jax_and_tensorflow_adapters_take_packed_batches(plan):
+    """The adapters are numpy loaders underneath: the same packed batches, as jax.Arrays and tf tensors."""
+    fields = {"schema_fields": ["tokens"], "pack": "tokens", "seq_len": SEQ_LEN, "backend": "arrow"}
+    reference = next(iter(_loader(plan, 3, schema_fields=["tokens"])))
+    pytest.importorskip("jax")
+    from petastorm_balanced.jax import make_jax_iterator
+    batch = next(iter(make_jax_iterator(3, WORLD, plan=plan, batch_size=SEQUENCES, **fields)))
+    assert all(np.array_equal(np.asarray(batch[k]), reference[k]) for k in reference)
+    pytest.importorskip("tensorflow")
+    from petastorm_balanced.tf import make_tf_dataset
+    dataset = make_tf_dataset(3, WORLD, plan=plan, batch_size=SEQUENCES, **fields)
+    batch = next(iter(dataset))
+    assert all(np.array_equal(batch[k].numpy(), reference[k]) for k in reference)
+
+
+def test_a_count_column_that_disagrees_with_the_tokens_is_refused(tmp_path):
+    lengths = np.array([5, 9, 3, 12] * 20)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    counts = lengths.copy()
+    counts[7] += 1  # one row's count is wrong
+    table = pa.table({"tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.arange(offsets[-1],
+                                                                                                dtype=np.int32))),
+                      "n_tokens": counts})
+    pq.write_table(table, str(tmp_path / "part-0.parquet"))
+    wrong = plan_shards(str(tmp_path), 1, engine="local", cost="n_tokens")
+    loader = make_loader(0, 1, plan=wrong, batch_size=2, pack="tokens", seq_len=16, batch_format="numpy",
+                         schema_fields=["tokens"])
+    with pytest.raises(InvalidValueError, match="the plan's cost says a document has 13 tokens but its 'tokens' holds 12"):
+        list(loader)
