@@ -62,13 +62,14 @@ def _runs(segments_row):
     return [(int(segments_row[s]), int(s), int(n)) for s, n in zip(starts, lengths, strict=True)]
 
 
-def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan):
+@pytest.mark.parametrize("window", [None, 300])
+def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan, window):
     oracle = _oracle(tokenized)
     delivered = {doc: np.zeros(len(t), dtype=np.int64) for doc, (t, _) in oracle.items()}
     steps = set()
     padding = total = 0
     for rank in range(WORLD):
-        loader = _loader(plan, rank)
+        loader = _loader(plan, rank, shuffle_window=window)
         batches = _epoch(loader)
         steps.add((len(loader), len(batches)))
         for batch in batches:
@@ -104,13 +105,13 @@ def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan)
     assert padding / total <= 0.02
 
 
-def test_resume_is_exact_and_epochs_differ(plan):
-    reference = [_epoch(_loader(plan, 1, epoch=e)) for e in (0, 1)]
+@pytest.mark.parametrize("window", [None, 300])  # one window per rank, and several (the last one shorter)
+def test_resume_is_exact_and_epochs_differ(plan, window):
+    reference = [_epoch(_loader(plan, 1, epoch=e, shuffle_window=window)) for e in (0, 1)]
     assert not all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(*reference, strict=True))
-    loader = _loader(plan, 1)
     flat = reference[0] + reference[1]
     for cut in (1, len(reference[0]) // 2, len(reference[0]) - 1, len(reference[0]) + 3):
-        loader = _loader(plan, 1)
+        loader = _loader(plan, 1, shuffle_window=window)
         taken = []
         while len(taken) < cut:
             for batch in loader:
@@ -120,7 +121,7 @@ def test_resume_is_exact_and_epochs_differ(plan):
         state = loader.state_dict()
         assert state["pack"] == {"pack": "tokens", "seq_len": SEQ_LEN, "sequences": SEQUENCES, "packing": 1,
                                  "long_documents": "split"}
-        resumed = _loader(plan, 1)
+        resumed = _loader(plan, 1, shuffle_window=window)
         resumed.load_state_dict(state)
         rest = _epoch(resumed)
         expected = flat[cut:len(reference[0])] if cut < len(reference[0]) else flat[cut:]
