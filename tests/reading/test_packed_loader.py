@@ -101,8 +101,10 @@ def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan,
     assert counts.max() == 1  # no token twice
     for doc, seen in delivered.items():  # a document comes whole or not at all
         assert seen.all() or not seen.any(), doc
-    assert 1 - counts.mean() <= 0.01  # left out: only what windows held beyond their steps
-    assert padding / total <= 0.02
+    # left out: only what windows held beyond their steps; a window of 300 documents (about 40 steps) strays
+    # further from the plan's mean tokens than one of a rank's 1,000 (docs/packing.md)
+    assert 1 - counts.mean() <= (0.01 if window is None else 0.05)
+    assert padding / total <= (0.02 if window is None else 0.05)
 
 
 @pytest.mark.parametrize("window", [None, 300])  # one window per rank, and several (the last one shorter)
