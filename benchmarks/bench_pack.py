@@ -11,7 +11,9 @@ and 30% lognormal median 40 sigma 0.8, clipped the same way, the shape of web te
 - the slowest rank's attention cost (sum over pieces of length squared) over the ranks' mean, per step: the mean and
   the worst over the epoch's steps, at 8 and 64 ranks, and the share of tokens left out (documents that found no
   room in their window's steps). The ranks' documents are dealt as a plan deals them: row groups of 1,000
-  documents in the cost-dealt order (``core/cost/order.cost_order``), equal documents per rank;
+  documents in the cost-dealt order (``core/cost/order.cost_order``), equal documents per rank, one window per
+  rank, and the steps are the loader's: enough for the rank the plan says holds the most tokens
+  (``core/packing.window_steps``);
 - tokens per CPU-second of a packed loader against the unpacked one (``list_format="padded"``, batches of 16
   documents) over the same Parquet dataset, in one process, interleaved rounds (``--rounds``).
 """
@@ -31,7 +33,7 @@ sys.path.insert(0, ROOT)
 warnings.simplefilter("ignore")
 
 from petastorm_balanced.core.cost.order import cost_order  # noqa: E402
-from petastorm_balanced.core.packing import Packing, pack_step  # noqa: E402
+from petastorm_balanced.core.packing import Packing, pack_step, window_steps  # noqa: E402
 
 SEQ_LEN, SEQUENCES, ROW_GROUP = 512, 16, 1000
 
@@ -45,22 +47,32 @@ def lengths_of(kind: str, count: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(raw.astype(np.int64), 1, 3 * SEQ_LEN)
 
 
-def ranks_windows(lengths: np.ndarray, world: int, seed: int = 0) -> list[np.ndarray]:
-    """Each rank's documents as a plan deals them: row groups in the cost-dealt order, equal rows per rank."""
+def ranks_windows(lengths: np.ndarray, world: int, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each rank's documents as a plan deals them (row groups in the cost-dealt order, equal rows per rank), and
+    the tokens the plan estimates for each rank (exact for whole row groups, a split one at its mean)."""
     groups = np.array_split(lengths, max(1, len(lengths) // ROW_GROUP))
     counts = np.array([len(g) for g in groups])
     sums = np.array([int(g.sum()) for g in groups])
-    dealt = np.concatenate([groups[i] for i in cost_order(counts, sums, seed=seed, epoch=0)])
+    order = cost_order(counts, sums, seed=seed, epoch=0)
+    dealt = np.concatenate([groups[i] for i in order])
     per_rank = len(dealt) // world
-    return [dealt[r * per_rank:(r + 1) * per_rank] for r in range(world)]
+    x = np.r_[0, np.cumsum(counts[order])].astype(np.float64)  # rows and tokens at row group boundaries
+    y = np.r_[0, np.cumsum(sums[order])].astype(np.float64)
+    estimates = np.diff(np.interp(np.arange(world + 1) * per_rank, x, y))
+    return [dealt[r * per_rank:(r + 1) * per_rank] for r in range(world)], estimates
 
 
-def ours(windows: list[np.ndarray], mean: float) -> dict:
-    packing = Packing("tokens", SEQ_LEN, SEQUENCES, mean)
-    steps = packing.steps(len(windows[0]))
-    attention = np.zeros((len(windows), steps))
+def ours(windows: list[np.ndarray], mean: float, estimates: np.ndarray, ranks: int | None = None) -> dict:
+    """Our packing of each rank's window, with the loader's steps: from every rank's estimated tokens."""
+    world = len(windows)
+    steps_rule = window_steps(np.arange(world), np.full(world, len(windows[0])), estimates, world_size=world,
+                              window_rows=len(windows[0]), step_tokens=SEQ_LEN * SEQUENCES)
+    packing = Packing("tokens", SEQ_LEN, SEQUENCES, mean, window_steps=steps_rule)
+    steps = packing.steps_of_window(0, len(windows[0]))
+    ranks = world if ranks is None else ranks
+    attention = np.zeros((ranks, steps))
     padding = left = 0
-    for rank, lengths in enumerate(windows):
+    for rank, lengths in enumerate(windows[:ranks]):
         order, counts = packing.arrange(lengths, (0, 0, rank, 0, 0))
         left += int(lengths.sum() - lengths[order].sum())
         ends = np.cumsum(counts)
@@ -69,8 +81,8 @@ def ours(windows: list[np.ndarray], mean: float) -> dict:
             attention[rank, step] = float((layout.length.astype(np.float64) ** 2).sum())
             padding += SEQ_LEN * SEQUENCES - int(layout.length.sum())
     ratio = attention.max(axis=0) / attention.mean(axis=0)
-    tokens = sum(int(w.sum()) for w in windows)
-    return {"steps": steps, "padding": padding / (len(windows) * steps * SEQ_LEN * SEQUENCES),
+    tokens = sum(int(w.sum()) for w in windows[:ranks])
+    return {"steps": steps, "padding": padding / (ranks * steps * SEQ_LEN * SEQUENCES),
             "left_out": left / tokens, "ratio_mean": float(ratio.mean()), "ratio_worst": float(ratio.max())}
 
 
@@ -142,17 +154,17 @@ def main() -> None:
         for world in (8, 64):
             docs = args.docs_per_rank if world == 8 else max(2_000, args.docs_per_rank // 2)
             lengths = lengths_of(kind, docs * world, np.random.default_rng([world, len(kind)]))
-            windows = ranks_windows(lengths, world)
-            figures = ours(windows, float(lengths.mean()))
+            windows, estimates = ranks_windows(lengths, world)
+            figures = ours(windows, float(lengths.mean()), estimates)
             print(f"{kind:9s} world {world:2d}: {docs:,} docs/rank, {figures['steps']} steps; padding "
                   f"{figures['padding']:.2%}, left out {figures['left_out']:.3%}; slowest rank / mean attention "
                   f"per step: mean {figures['ratio_mean']:.3f}, worst {figures['ratio_worst']:.3f}")
             if world == 8:
-                grain_figures = grain_padding(windows[:args.grain_ranks])
-                mine = ours(windows[:args.grain_ranks], float(lengths.mean()))["padding"]
+                grain_figures = grain_padding(windows[:args.grain_ranks]) if args.grain_ranks else None
                 if grain_figures is None:
                     print("           grain not installed (pip install grain): no Grain padding to compare")
                 else:
+                    mine = ours(windows, float(lengths.mean()), estimates, ranks=args.grain_ranks)["padding"]
                     print(f"           the first {args.grain_ranks} ranks' documents: ours {mine:.2%}, Grain " +
                           ", ".join(f"{name} {value:.2%}" for name, value in grain_figures.items()))
     if not args.skip_throughput:

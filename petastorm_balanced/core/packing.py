@@ -2,21 +2,23 @@
 exactly ``L`` tokens, the same number of steps on every rank, each step about the same attention cost on every rank.
 Pure numpy over document lengths: no I/O, no torch.
 
-Why decided per shuffle window from a count the plan gives: a rank must know its steps before the epoch
+Why decided per shuffle window from what the plan knows: a rank must know its steps before the epoch
 (``len(loader)``) and agree with every other rank without communication. Every rank reads the same number of
-documents (the plan balances rows, one by one), in windows of the same number of rows, and the plan knows the mean
-tokens per document (its cost, ``cost="n_tokens"`` or ``"size(tokens)"``). So a window of ``R`` documents becomes
-exactly ``steps = ceil(R x mean x (1 + PACK_SLACK) / (S x L))`` steps on every rank (``Packing.steps``), and a
-position is still an epoch and a count of steps: resuming re-reads one window and packs it again, identically.
-The plan's cost order keeps the running tokens of every stretch of rows within about one row group of the mean
-(``cost/order.py``), so a window's tokens are close to ``R x mean``; ``PACK_SLACK`` absorbs the rest, and a
-document that still finds no room is left out of this epoch (``pack_window`` says how many tokens; rare, bounded
-by the window's excess over its ``steps x S x L`` slots).
+documents (the plan balances rows, one by one), in windows of the same number of rows, and the plan knows every
+row group's tokens (its cost, ``cost="n_tokens"`` or ``"size(tokens)"``) and which rows each rank reads. So every
+rank computes, for each window, the tokens every rank's window holds (exact for whole row groups, a row group cut
+by a window's or a rank's boundary counted at its mean) and gives the window enough steps for the fullest rank,
+plus ``ESTIMATE_SLACK`` (``window_steps``). A position is still an epoch and a count of steps: resuming re-reads one
+window and packs it again, identically. Padding is then the ranks' spread of tokens (the plan's cost order keeps
+every rank's stretch within about one row group of the mean, ``cost/order.py``); a document is left out only where
+a cut row group held more than its mean share beyond the slack, and the loader warns when that happens
+(``reading/packing_check.py``). Without per-rank estimates (``Packing.window_steps`` None), a window of ``R``
+documents gets ``ceil(R x mean x (1 + PACK_SLACK) / (S x L))`` steps.
 
 Inside a window (``pack_window``), documents are dealt to steps by a capacity-constrained LPT on attention cost
-(the sum over pieces of piece length squared, what causal attention over a piece costs): documents of at least
-``L / 8`` tokens in decreasing length, then the short ones in a seeded random order, each to the step with the
-lowest attention cost that still has room for its tokens. Every step then holds close to ``S x L`` tokens and
+(the sum over pieces of piece length squared, what causal attention over a piece costs): documents in decreasing
+length (ties in a seeded random order), each to the step with the lowest attention cost that still has room for
+its tokens; the shortest come last and fill the rooms left. Every step then holds close to ``S x L`` tokens and
 close to the window's mean attention per step; every rank's window mean is the same up to sampling noise, so the
 steps that meet across ranks cost about the same. Inside a step (``pack_step``), pieces go into the ``S``
 sequences best-fit decreasing; a piece that fits no gap is cut over the largest gaps (so a step never overflows).
@@ -36,9 +38,9 @@ a whole step (``S x L``) cannot be packed into one step and is refused when the 
 True
 >>> steps = np.split(order, np.cumsum(rows_per_step)[:-1])
 >>> [int(lengths[step].sum()) for step in steps]  # tokens per step (at most 4 x 256)
-[730, 1018]
+[728, 1020]
 >>> [int(attention_cost(lengths[step], 256).sum()) for step in steps]  # what attention costs: close
-[167316, 152036]
+[166880, 152472]
 >>> layout = pack_step(lengths[order[:rows_per_step[0]]], seq_len=256, sequences=4)
 >>> bool((np.bincount(layout.sequence, weights=layout.length, minlength=4) <= 256).all())
 True
@@ -56,8 +58,8 @@ from .shuffle import raw_words, window_permutation
 
 PACKING_VERSION = 1  # of the rule that makes a window's steps; a saved position names it
 PACK_SLACK = 0.005  # room for windows with more tokens than the mean says: about 0.5% padding, rarely a left-out doc
+ESTIMATE_SLACK = 0.002  # room for the estimate of a row group split between slots (``window_steps``)
 LONG_DOCUMENTS = ("split", "drop")
-SHORT_FRACTION = 8  # documents under L / 8 tokens are placed last, in a seeded random order
 # generator key tags (distinct from cost/arrangement.py's)
 _ORDER, _STEPS, _TIE = 11, 12, 13
 
@@ -80,6 +82,8 @@ class Packing:
     mean_tokens: float
     long_documents: str = "split"
     version: int = PACKING_VERSION
+    # steps of each window of this epoch, the same on every rank (``window_steps``); None: from the mean alone
+    window_steps: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.long_documents not in LONG_DOCUMENTS:
@@ -92,16 +96,51 @@ class Packing:
         return self.seq_len * self.sequences
 
     def steps(self, rows: int) -> int:
-        """Steps a window of ``rows`` documents becomes: the same on every rank (it depends on the plan alone)."""
+        """Steps a window of ``rows`` documents becomes from the plan's mean tokens alone (without
+        ``window_steps``): the same on every rank."""
         if rows <= 0:
             return 0
         expected = rows * self.mean_tokens * (1 + PACK_SLACK)
         return int(max(1, np.ceil(expected / self.step_tokens)))
 
+    def steps_of_window(self, window: int, rows: int) -> int:
+        """Steps of window number ``window`` (of ``rows`` documents) of this epoch."""
+        if self.window_steps is None:
+            return self.steps(rows)
+        return self.window_steps[window] if rows > 0 else 0
+
     def arrange(self, lengths: np.ndarray, key: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``(order, rows_per_step)`` of one window (``pack_window`` with this packing's settings)."""
-        return pack_window(lengths, steps=self.steps(len(lengths)), seq_len=self.seq_len,
+        """``(order, rows_per_step)`` of one window (``pack_window`` with this packing's settings); the key's last
+        word is the window's number."""
+        return pack_window(lengths, steps=self.steps_of_window(int(key[-1]), len(lengths)), seq_len=self.seq_len,
                            sequences=self.sequences, key=key, long_documents=self.long_documents)
+
+
+def window_steps(rank: np.ndarray, rows: np.ndarray, tokens: np.ndarray, *, world_size: int, window_rows: int,
+                 step_tokens: int, slack: float = ESTIMATE_SLACK) -> tuple[int, ...]:
+    """Steps of each window of an epoch, from every rank's pieces (``rank``, ``rows``, estimated ``tokens``; all
+    (pieces,), each rank's in delivery order): enough for the rank whose window holds the most tokens, plus
+    ``slack``. Every rank computes the same from the plan, so steps stay equal; a rank's window then overflows only
+    where a piece's estimate (a row group split between slots, counted at its mean) fell short by more than the
+    slack. Every rank holds the same rows, so the windows line up.
+
+    >>> window_steps(np.array([0, 0, 1]), np.array([4, 4, 8]), np.array([900.0, 100.0, 1200.0]), world_size=2,
+    ...              window_rows=4, step_tokens=512)
+    (2, 2)
+    """
+    rank, rows = np.asarray(rank, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.float64)
+    per_rank = np.bincount(rank, weights=rows, minlength=world_size)
+    total = int(per_rank.max(initial=0))
+    bounds = np.minimum(np.arange(0, total + window_rows, window_rows), total)  # (windows + 1,)
+    most = np.zeros(max(len(bounds) - 1, 0))
+    for r in range(world_size):
+        mine = rank == r
+        x = np.r_[0, np.cumsum(rows[mine])].astype(np.float64)
+        y = np.r_[0, np.cumsum(tokens[mine])]
+        most = np.maximum(most, np.diff(np.interp(bounds, x, y)))  # tokens per window, linear inside a piece
+    steps = np.ceil(most * (1 + slack) / step_tokens).astype(np.int64)
+    return tuple(int(s) for s in np.maximum(steps, (np.diff(bounds) > 0).astype(np.int64)))
 
 
 def pack_window(lengths: np.ndarray, *, steps: int, seq_len: int, sequences: int, key: Sequence[int],
@@ -122,10 +161,10 @@ def pack_window(lengths: np.ndarray, *, steps: int, seq_len: int, sequences: int
     if long_documents == "drop":
         keep &= lengths <= seq_len
     attention = attention_cost(lengths, seq_len)
-    # long documents first, longest first; short ones last, in a seeded random order (ties too)
+    # longest first (ties in a seeded random order): the last documents placed are the shortest, which fit the
+    # rooms the others left, so a window whose steps hold its tokens leaves nothing out
     words = raw_words((*key, _ORDER), len(lengths))
-    big = np.where(lengths * SHORT_FRACTION >= seq_len, lengths, 0)
-    candidates = np.lexsort((words, -big))
+    candidates = np.lexsort((words, -lengths))
     candidates = candidates[keep[candidates]]
     tie = window_permutation(steps, (*key, _TIE)).tolist()
     load = [0] * steps  # attention so far per step

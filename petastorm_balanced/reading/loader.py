@@ -83,7 +83,8 @@ class BalancedLoader(PlannedView):
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths)
+                                cost=settings.cost_of(epoch, run.stages), drop=settings.drop,
+                                cost_lengths=settings.cost_lengths)
         if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/packing.py)
             runs = packing.packed_runs(runs, settings.packing, settings.schema)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,7 @@ import pyarrow.compute as pc
 
 from ..core.cost.options import CostOptions
 from ..core.cost.spec import COST_COLUMN, parse_cost
-from ..core.packing import Packing, pack_step
+from ..core.packing import Packing, pack_step, window_steps
 from ..core.params import check_int
 from ..errors import InvalidValueError
 from ..plan.model import ShardPlan
@@ -78,6 +79,21 @@ def resolve(plan: ShardPlan, options: LoaderOptions, cost: CostOptions | None) -
                                 "long_documents='drop', or filter when planning (where='size(tokens) <= ...')")
     mean = float(plan.catalog.cost_sums().sum()) / max(plan.total_rows, 1)
     return Packing(column, seq_len, sequences, mean, options.long_documents)
+
+
+def of_epoch(packing: Packing, plan: ShardPlan, pieces, window_rows: int) -> Packing:
+    """``packing`` with the steps of each window of one epoch (``core.packing.window_steps``), from every rank's
+    ``pieces`` (``plan.pieces``): a piece holding a row group's matching rows counts the plan's exact tokens, a
+    part of one its mean tokens per row times its rows; padding rows (policy="pad") none."""
+    counts = plan.catalog.matching_counts().astype(np.float64)  # (row groups,)
+    sums = plan.catalog.cost_sums().astype(np.float64)
+    rows = pieces.num_rows
+    group = pieces.catalog_row
+    tokens = np.where(rows == counts[group], sums[group], sums[group] * rows / np.maximum(counts[group], 1))
+    tokens[pieces.padding] = 0.0
+    steps = window_steps(pieces.rank, rows, tokens, world_size=pieces.world_size, window_rows=window_rows,
+                         step_tokens=packing.step_tokens)
+    return replace(packing, window_steps=steps)
 
 
 def packed_schema(packing: Packing, schema: BatchSchema, pack_type: pa.DataType | None) -> BatchSchema:

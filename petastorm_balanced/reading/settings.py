@@ -66,7 +66,9 @@ class Settings:
         self.layout = Layout(plan, self.world_size, self.rank, batch_size=None if budget else rows_batch,
                              shuffle=options.shuffle, shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                              partition_epoch=options.partition_epoch,
-                             balance_by="rows" if self.cost is None else "cost", steps=steps)
+                             balance_by="rows" if self.cost is None else "cost", steps=steps,
+                             epoch_steps=None if self.packing is None else self._packed_steps)
+        self._packings: dict[tuple, CostOptions] = {}  # (epoch, stages) -> that epoch's CostOptions (packing)
         self.padding_mask = options.padding_mask
         if options.shuffle:
             warn_stored_order(self.columns.clustered, rank_rows, shuffle_window)
@@ -100,6 +102,22 @@ class Settings:
 
     def steps_of(self, epoch: int, stages=()) -> int:
         return self.layout.steps_of(epoch, stages)
+
+    def cost_of(self, epoch: int, stages=()) -> CostOptions | None:
+        """The cost arrangement of ``epoch``: with packing, its windows' steps, from every rank's pieces (the same
+        on every rank, ``reading/packing.of_epoch``)."""
+        if self.packing is None or self.cost is None:
+            return self.cost
+        key = (epoch, tuple(stages))
+        if key not in self._packings:
+            pieces = self.plan.pieces(**self.layout.pieces_args(epoch, 1, stages))
+            self._packings = {key: replace(self.cost, pack=packing.of_epoch(self.packing, self.plan, pieces,
+                                                                            self.shuffle_window))}  # the last one
+        return self._packings[key]
+
+    def _packed_steps(self, epoch: int) -> int:
+        cost = self.cost_of(epoch)
+        return 0 if cost is None or cost.pack is None else sum(cost.pack.window_steps or ())
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
         return self.plan.assignment(self.rank, **self.layout.pieces_args(epoch, num_workers, stages))

@@ -17,6 +17,7 @@ from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
+from .packing_check import warn_left_out
 from .schema import MASK_SUFFIX
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
@@ -60,7 +61,11 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     arrange = None
     if cost is not None:
         def arrange(window, window_key):
-            return cost.arrange(window[cost.column if alias[0] else COST_COLUMN], batch_size, window_key)
+            costs = window[cost.column if alias[0] else COST_COLUMN]
+            arranged = cost.arrange(costs, batch_size, window_key)
+            if cost.pack is not None:  # never silent: documents a packed window left out (reading/packing.py)
+                warn_left_out(cost.pack, costs, arranged[0], window_key)
+            return arranged
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)

@@ -1,6 +1,8 @@
 """Packed sequences from a real tokenized Parquet dataset (``make_loader(pack=..., seq_len=...)``): values equal to
 what ``pyarrow.dataset`` reads, every token at most once and nearly all once, equal steps on every rank, exact
 resume, both backends and both batch formats, and the combinations it cannot serve refused by name."""
+import warnings
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -8,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from petastorm_balanced import make_loader, plan_shards
-from petastorm_balanced.errors import InvalidValueError
+from petastorm_balanced.errors import InvalidValueError, PackingWarning
 from petastorm_balanced.reading.packing import varlen_inputs
 
 SEQ_LEN, SEQUENCES, WORLD, DOCS = 128, 8, 4, 4000
@@ -68,9 +70,13 @@ def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan,
     delivered = {doc: np.zeros(len(t), dtype=np.int64) for doc, (t, _) in oracle.items()}
     steps = set()
     padding = total = 0
+    left_out_warnings = []
     for rank in range(WORLD):
         loader = _loader(plan, rank, shuffle_window=window)
-        batches = _epoch(loader)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PackingWarning)
+            batches = _epoch(loader)
+        left_out_warnings += [w for w in caught if issubclass(w.category, PackingWarning)]
         steps.add((len(loader), len(batches)))
         for batch in batches:
             loader.schema.check(batch)
@@ -101,10 +107,12 @@ def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan,
     assert counts.max() == 1  # no token twice
     for doc, seen in delivered.items():  # a document comes whole or not at all
         assert seen.all() or not seen.any(), doc
-    # left out: only what windows held beyond their steps; a window of 300 documents (about 40 steps) strays
-    # further from the plan's mean tokens than one of a rank's 1,000 (docs/packing.md)
-    assert 1 - counts.mean() <= (0.01 if window is None else 0.05)
-    assert padding / total <= (0.02 if window is None else 0.05)
+    missing = [doc for doc, seen in delivered.items() if len(seen) and not seen.any()]
+    if window is None:  # one window per rank: every token once, but for the plan's equal rows (< WORLD documents)
+        assert not left_out_warnings and len(missing) < WORLD
+    else:  # windows of 300 documents cut row groups of 250: estimates stray, and what a window leaves out is said
+        assert left_out_warnings and 1 - counts.mean() <= 0.05
+    assert padding / total <= 0.05
 
 
 @pytest.mark.parametrize("window", [None, 300])  # one window per rank, and several (the last one shorter)
@@ -220,5 +228,5 @@ def test_a_count_column_that_disagrees_with_the_tokens_is_refused(tmp_path):
     wrong = plan_shards(str(tmp_path), 1, engine="local", cost="n_tokens")
     loader = make_loader(0, 1, plan=wrong, batch_size=2, pack="tokens", seq_len=16, batch_format="numpy",
                          schema_fields=["tokens"])
-    with pytest.raises(InvalidValueError, match="the plan's cost says a document has 13 tokens but its 'tokens' holds 12"):
+    with pytest.raises(InvalidValueError, match="cost says a document has 13 tokens but its 'tokens' holds 12"):
         list(loader)
