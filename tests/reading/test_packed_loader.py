@@ -230,3 +230,11 @@ def test_a_count_column_that_disagrees_with_the_tokens_is_refused(tmp_path):
                          schema_fields=["tokens"])
     with pytest.raises(InvalidValueError, match="cost says a document has 13 tokens but its 'tokens' holds 12"):
         list(loader)
+
+
+def test_a_window_spilled_to_disk_packs_as_in_memory(plan, tmp_path):
+    """shuffle_spill_dir keeps the whole window (on disk): the same steps and batches as in memory."""
+    in_memory = _epoch(_loader(plan, 0))
+    spilled = _epoch(_loader(plan, 0, shuffle_spill_dir=str(tmp_path), shuffle_budget="64KiB"))
+    assert len(spilled) == len(in_memory)
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(in_memory, spilled, strict=True) for k in a)
