@@ -18,6 +18,7 @@ from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
 from .schema import MASK_SUFFIX
+from .stats import current
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 
@@ -64,6 +65,8 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
+    recorder = current()  # loader.stats(): windows shuffled and cut into batches count to "batch"
+    push = batcher.push if recorder is None else lambda columns: recorder.timed(batcher.push(columns), "batch")
     stream = iter(chunks(todo))
     try:
         for chunk, columns in stream:
@@ -90,11 +93,11 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
                     del columns[name]
                     columns.pop(name + MASK_SUFFIX, None)
             if alias and alias[0]:
-                for run in batcher.push(columns):
+                for run in push(columns):
                     run[COST_COLUMN] = run[cost.column]  # type: ignore[union-attr]
                     yield run
             else:
-                yield from batcher.push(columns)
+                yield from push(columns)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
