@@ -18,11 +18,13 @@ seconds per thread that did it (reading threads work side by side, the consuming
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Generator, Iterable, Iterator
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
+ENABLED = os.environ.get("PB_STATS", "1") != "0"  # PB_STATS=0: nothing timed (the benchmark's baseline)
 STALL = 0.2  # the loop waited at least this share of its time: the input pipeline bounded throughput
 TRAINING = "training"
 STAGES = ("list", "read", "decode", "transform", "batch", "convert", "device")
@@ -42,7 +44,7 @@ _LOCAL = threading.local()  # .recorder: the recorder of the next() running in t
 
 def current() -> Recorder | None:
     """The recorder of the loader whose ``next()`` runs in this thread (None outside one: nothing is counted)."""
-    return getattr(_LOCAL, "recorder", None)
+    return getattr(_LOCAL, "recorder", None) if ENABLED else None
 
 
 class Cell:
@@ -140,6 +142,11 @@ class Recorder:
     def measured(self, batches: Iterable[Any], *, loop: bool = True) -> Generator[Any, None, None]:
         """``batches``, timing the loop around them (``wait_s``, ``training_s``; not with ``loop=False``: inside
         a DataLoader worker); this recorder is ``current()`` in this thread while each ``next()`` runs."""
+        if not ENABLED:
+            return cast(Generator, batches if isinstance(batches, Generator) else (b for b in batches))
+        return self._measured(batches, loop)
+
+    def _measured(self, batches: Iterable[Any], loop: bool) -> Generator[Any, None, None]:
         source = iter(batches)
         local = _LOCAL
         handed = None
@@ -172,6 +179,11 @@ class Recorder:
 
     def timed(self, items: Iterable[Any], stage: str) -> Iterator[Any]:
         """``items``, the time of each ``next()`` counted to ``stage`` (less what stages nested in it recorded)."""
+        if not ENABLED:
+            return iter(items)
+        return self._timed(items, stage)
+
+    def _timed(self, items: Iterable[Any], stage: str) -> Iterator[Any]:
         source = iter(items)
         cell = self.cell()
         try:

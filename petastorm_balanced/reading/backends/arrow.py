@@ -191,8 +191,8 @@ class BundleReader:
             handle = retry.call(lambda: files.get(fragment.path), url=location, policy=self._retry)
         except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
             raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
-        if cell is not None:  # opening the file (its footer read and checked once per epoch, then kept)
-            cell.since("list", start, inner)
+        if cell is not None and not self.remote:  # opening the file (footer read and checked once per epoch); on
+            cell.since("list", start, inner)  # remote storage it overlaps the reads, and counts to their "read"
         if self._cache is not None:  # a cache entry is keyed by the checked footer, time included
             self._confirm(fragment)
         try:
