@@ -89,7 +89,7 @@ class BalancedLoader(PlannedView):
         def tensors():
             for batch_run in runs:  # a token budget's batches come one per run
                 size = settings.batch_size or len(batch_run[stream.PADDING])
-                yield from self._recorder.timed(self._cut(batch_run, size, settings.padding_mask), "convert")
+                yield from self._cut(batch_run, size, settings.padding_mask)
 
         fed = feed(tensors(), self._feed)  # one batch may be held ahead: it counts only once delivered here
         try:

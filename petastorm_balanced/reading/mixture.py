@@ -377,8 +377,7 @@ class MixtureLoader(PlannedView):
 
         def tensors():
             for numpy_run in runs:
-                yield from self._recorder.timed(self._cut(numpy_run, settings.batch_size, settings.padding_mask),
-                                                "convert")
+                yield from self._cut(numpy_run, settings.batch_size, settings.padding_mask)
 
         fed = feed(tensors(), self._feed)
         try:

@@ -148,25 +148,27 @@ class Recorder:
 
     def _measured(self, batches: Iterable[Any], loop: bool) -> Generator[Any, None, None]:
         source = iter(batches)
-        local = _LOCAL
-        handed = None
+        local, clock, pull = _LOCAL, perf_counter, source.__next__
+        handed = 0.0
         try:
             while True:
-                asked = perf_counter()
-                if handed is not None:  # the loop's own time since the last batch (the last one's too)
-                    self.loop[1] += asked - handed
+                asked = clock()
                 previous = getattr(local, "recorder", None)
                 local.recorder = self
                 try:
-                    batch = next(source)
+                    batch = pull()
                 except StopIteration:
+                    if handed and loop:  # the loop's time on the last batch
+                        self.loop[1] += asked - handed
                     return
                 finally:
                     local.recorder = previous
                 if loop:
-                    now = perf_counter()
+                    now = clock()
                     times = self.loop  # read each time: ``begin`` (inside the first next()) replaces it
-                    if not times[2]:
+                    if handed:
+                        times[1] += asked - handed  # the loop's own time since the last batch
+                    else:
                         times[3] = now - asked
                     times[0] += now - asked
                     times[2] += 1

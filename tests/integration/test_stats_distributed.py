@@ -11,27 +11,28 @@ from petastorm_balanced import plan_shards
 from tests.support.jobs import ROOT, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
-FILES, ROWS, LIGHT = 8, 2000, 2048  # files of one row group each; rows per file; floats per light row
+FILES, ROWS, LIGHT = 8, 2000, 4096  # files of one row group each; rows per file; bytes per light row
 
 
 def write(path, heavy: set[str]) -> None:
-    """``FILES`` files of equal rows and row groups; the files in ``heavy`` hold 3x the floats per row."""
+    """``FILES`` files of equal rows (one row group each); the rows of the files in ``heavy`` hold 3x the bytes
+    (gzip-compressed, so reading them costs in proportion to their bytes)."""
     path.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for i in range(FILES):
         name = f"part-{i}.parquet"
         width = 3 * LIGHT if name in heavy else LIGHT
-        values = rng.random((ROWS, width), dtype=np.float32)
-        vec = pa.ListArray.from_arrays(np.arange(0, ROWS * width + 1, width, dtype=np.int32), values.ravel())
-        table = pa.table({"id": np.arange(i * ROWS, (i + 1) * ROWS), "vec": vec})
-        pq.write_table(table, path / name, compression="NONE", use_dictionary=False)
+        raw = rng.integers(0, 4, size=ROWS * width, dtype=np.uint8).tobytes()
+        blob = pa.array([raw[j * width:(j + 1) * width] for j in range(ROWS)], type=pa.binary())
+        table = pa.table({"id": np.arange(i * ROWS, (i + 1) * ROWS), "blob": blob})
+        pq.write_table(table, path / name, compression="GZIP", use_dictionary=False)
 
 
 def share_files(plan, rank: int) -> set[str]:
     return {f.path for f in plan.assignment(rank)}
 
 
-def share_floats(plan, rank: int, heavy: set[str]) -> int:
+def share_bytes(plan, rank: int, heavy: set[str]) -> int:
     return sum(f.num_rows * (3 * LIGHT if f.path in heavy else LIGHT) for f in plan.assignment(rank))
 
 
@@ -44,7 +45,7 @@ def test_the_rank_with_three_times_the_bytes_is_named_slowest(tmp_path):
     url = (tmp_path / "plan").as_uri()
     plan = plan_shards((tmp_path / "heavy").as_uri(), 2, batch_size=100, engine="local", output_url=url)
     assert share_files(plan, heavy_rank) == share_files(light, heavy_rank)  # same shape, same shares
-    ratio = share_floats(plan, heavy_rank, heavy_files) / share_floats(plan, 1 - heavy_rank, heavy_files)
+    ratio = share_bytes(plan, heavy_rank, heavy_files) / share_bytes(plan, 1 - heavy_rank, heavy_files)
     assert ratio >= 2.5, ratio  # about 3x the bytes (a row group split between the ranks stays light)
     torchrun(2, ROOT / "tests" / "support" / "stats_job.py", url, tmp_path / "report.json", timeout=300)
     report = json.loads((tmp_path / "report.json").read_text())
