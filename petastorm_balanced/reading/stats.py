@@ -278,7 +278,8 @@ class _View:
         limit, evidence = bounded_by(self.seconds, self.threads, wait, training)
         return {"wait_s": round(wait, 6), "training_s": round(training, 6), "batches": batches,
                 "first_batch_s": round(first, 6), "stages": stages,
-                "threads": {name: self.threads[name] for name in stages}, "limit": limit, "evidence": evidence,
+                "threads": {name: self.threads[name] for name in stages},
+                "calls": {name: self.calls[name] for name in stages}, "limit": limit, "evidence": evidence,
                 **{name: self.counts.get(name, 0) for name in ("rows", "bytes", "requests", "retries")}}
 
 
