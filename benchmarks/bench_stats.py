@@ -86,7 +86,8 @@ def main() -> None:
         accounted = (s["batches"] * per_batch + sum(s["calls"].values()) * per_interval) / (off * rows)
         print(json.dumps({"accounted_overhead": round(accounted, 5), "ns_per_batch": round(per_batch * 1e9),
                           "ns_per_interval": round(per_interval * 1e9), "batches": s["batches"],
-                          "intervals": sum(s["calls"].values()),"rows": args.rows, "batch_size": args.batch_size, "rounds": args.rounds,
+                          "intervals": sum(s["calls"].values()), "rows": args.rows, "batch_size": args.batch_size,
+                          "rounds": args.rounds,
                           "cpu_ns_per_row_on": round(on * 1e9, 1), "cpu_ns_per_row_off": round(off * 1e9, 1),
                           "overhead": round(on / off - 1, 4), "loadavg": open("/proc/loadavg").read().split()[:3],
                           "stages": loaders[True].stats()["stages"]}, indent=1))

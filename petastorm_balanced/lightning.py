@@ -127,7 +127,8 @@ class InputStatsLogger(pl.Callback):
 
     def __init__(self, folder: str | None = None):
         super().__init__()
-        self.folder, self.report = folder, None
+        self.folder = folder
+        self.report: dict | None = None
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         from .stats import gather

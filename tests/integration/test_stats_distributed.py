@@ -1,6 +1,7 @@
-"""A real torchrun job (gloo, two ranks) where one rank's share holds 3x the bytes: ``gather`` at the second epoch's
-end (the first also pays each process's one-time start-up) names that rank as the slowest on every rank, with a reading stage as its limit (the fast rank waits for it inside the all-reduce,
-which its loader counts as training)."""
+"""A real torchrun job (gloo, two ranks) where one rank's share holds 3x the bytes: ``gather`` at the second
+epoch's end (the first also pays each process's one-time start-up) names that rank as the slowest on every rank,
+with a reading stage as its limit (the fast rank waits for it inside the all-reduce, which its loader counts as
+training)."""
 import json
 
 import numpy as np
