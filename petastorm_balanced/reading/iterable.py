@@ -308,7 +308,7 @@ class BalancedDataLoader(_Loader):
         # With workers the main process counts; without, the dataset iterates (and counts) here.
         run = dataset._position.begin() if self.num_workers > 0 else None
         if run is not None:
-            dataset._recorder.begin(run.epoch)
+            dataset._recorder.begin(dataset.epoch)  # the run's (a mixture's run keeps it in its point)
         return batches, run
 
     def set_epoch(self, epoch: int) -> None:
