@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import BadInputError, PlanError
 from ..io import fs as fsutil
 from ..plan.format import PLAN_JSON
+from . import progress
 from .progress import Progress
 
 PROG = "petastorm-balanced"
@@ -33,6 +34,7 @@ class InputError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    progress.QUIET = args.quiet
     # Petastorm 0.12.1 drives pyarrow's legacy API; its deprecation warnings are noise a CLI user cannot act on.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -262,6 +264,7 @@ def cmd_spark_job_path(args) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Equal steps on every rank over Parquet: plan shards, "
                                      "inspect and verify plans, compare with Petastorm's own sharding.")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or progress log lines")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("plan", help="scan a dataset and write a balanced plan")
