@@ -1,8 +1,8 @@
 """What ``loader.stats()`` costs: CPU per row with statistics on against off, in one process.
 
 Not a test: ``python benchmarks/bench_stats.py [--rows N] [--rounds R]``. One plain dataset (numeric and string
-columns), one loader per mode, epochs alternated on/off ``--rounds`` times so drifting machine load hits both
-alike; the figure is CPU seconds (``process_time``: every thread of the process) per row, the best round of each
+columns), one loader per mode, epochs of one loader alternated on/off ``--rounds`` times (each mode first in half the rounds)
+so drifting machine load hits both alike; the figure is CPU seconds (``process_time``: every thread of the process) per row, the best round of each
 mode, and the overhead ratio (the goal: <= 0.5%). On a loaded machine that A/B ratio drifts by several percent
 either way, so the figure that decides is ``accounted``: what the statistics do per epoch (one loop wrapper per
 batch, one timed interval per bundle, run or group of batches: ``stats()["calls"]``), each priced in a tight loop
@@ -72,13 +72,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         info = datagen.make_plain_dataset(os.path.join(tmp, "ds"), num_files=8, total_rows=args.rows, seed=1)
         plan = plan_shards(info.url, 1, batch_size=args.batch_size, engine="local")
-        loaders = {mode: make_loader(0, 1, plan=plan, batch_format="numpy", workers_count=2) for mode in (True, False)}
-        for mode, loader in loaders.items():
+        loader = make_loader(0, 1, plan=plan, batch_format="numpy", workers_count=2)
+        loaders = {True: loader, False: loader}  # one loader, counting switched on and off between its epochs
+        for mode in (True, False):
             epoch_cpu(loader, mode)  # warm: imports, caches, the first epoch's one-time costs
         best = {True: float("inf"), False: float("inf")}
-        for _ in range(args.rounds):
-            for mode in (False, True):
-                seconds, rows = epoch_cpu(loaders[mode], mode)
+        for round_ in range(args.rounds):
+            for mode in ((False, True) if round_ % 2 else (True, False)):  # each mode first in half the rounds
+                seconds, rows = epoch_cpu(loader, mode)
                 best[mode] = min(best[mode], seconds / rows)
         on, off = best[True], best[False]
         s = loaders[True].stats()
