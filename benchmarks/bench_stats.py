@@ -1,14 +1,14 @@
 """What ``loader.stats()`` costs: CPU per row with statistics on against off, in one process.
 
 Not a test: ``python benchmarks/bench_stats.py [--rows N] [--rounds R]``. One plain dataset (numeric and string
-columns), one loader per mode, epochs of one loader alternated on/off ``--rounds`` times (each mode first in half the rounds)
-so drifting machine load hits both alike; the figure is CPU seconds (``process_time``: every thread of the process) per row, the best round of each
-mode, and the overhead ratio (the goal: <= 0.5%). On a loaded machine that A/B ratio drifts by several percent
-either way, so the figure that decides is ``accounted``: what the statistics do per epoch (one loop wrapper per
-batch, one timed interval per bundle, run or group of batches: ``stats()["calls"]``), each priced in a tight loop
-here, over the epoch's CPU with statistics off. "Off" is ``PB_STATS=0``'s path: no recorder is current, no
-stage timed, the loop not wrapped. Batches of 256 rows (smaller batches cost more per row: the consumer's
-figures are counted per batch).
+columns), epochs of one loader alternated on/off ``--rounds`` times (each mode first in half the rounds) so drifting
+machine load hits both alike; the figure is CPU seconds (``process_time``: every thread of the process) per row, the
+best round of each mode, and the overhead ratio (the goal: <= 0.5%). On a loaded machine that A/B ratio drifts by
+several percent either way, so the figure that decides is ``accounted``: what the statistics do per epoch (one loop
+wrapper per batch, one timed interval per bundle, run or group of batches: ``stats()["calls"]``), each priced in a
+tight loop here, over the epoch's CPU with statistics off. "Off" is ``PB_STATS=0``'s path: no recorder is current,
+no stage timed, the loop not wrapped. Batches of 256 rows (smaller batches cost more per row: the loop's figures are
+counted per batch).
 """
 from __future__ import annotations
 

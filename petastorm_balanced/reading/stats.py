@@ -94,6 +94,7 @@ class Recorder:
         self._base: dict[int, Cell] = {}  # each live cell as it stood when the epoch began
         self._closed = _View()  # the epochs before this one
         self._remote = _View()  # sent by DataLoader workers, this epoch
+        self._remote_ids: dict[str, set] = {}  # the workers' threads that sent each stage, this epoch
         self.epoch: int | None = None
         self.loop = [0.0, 0.0, 0, 0.0]  # wait_s, training_s, batches, first batch's wait (this epoch)
         self.sink: Any = None  # inside a DataLoader worker: a queue to the main process (``WorkerSink``)
@@ -129,13 +130,19 @@ class Recorder:
         with self._lock:  # cells of finished threads are in the closed figures: dropped; live ones re-based
             self._cells = [c for c in self._cells if c.thread is None or c.thread.is_alive()]
             self._base = {id(c): c.copy() for c in self._cells}
-        self._remote = _View()
+        self._remote, self._remote_ids = _View(), {}
         self.loop = [0.0, 0.0, 0, 0.0]
         self.epoch = epoch
 
     def merge(self, sent: dict) -> None:
-        """Figures a DataLoader worker sent (``WorkerSink``): added to this epoch's."""
-        self._remote.merge(_View.of(sent), longest=False)
+        """Figures a DataLoader worker sent (``WorkerSink``): added to this epoch's; a stage's threads are those
+        of every worker that sent it (a worker sends several times: counted once)."""
+        view = _View.of(sent)
+        for stage, tags in sent.get("ids", {}).items():
+            self._remote_ids.setdefault(stage, set()).update(tags)
+        view.threads = {}
+        self._remote.merge(view, longest=False)
+        self._remote.threads = {stage: len(tags) for stage, tags in self._remote_ids.items()}
 
     # -- the loop -----------------------------------------------------------------------------------------------
 
@@ -327,12 +334,17 @@ class WorkerSink:
         delta = _View()
         with recorder._lock:
             cells = list(recorder._cells)
+        ids: dict[str, list[str]] = {}
         for cell in cells:
+            before = dict(delta.threads)
             delta.add_cell(cell, self.base.get(id(cell)))
             self.base[id(cell)] = cell.copy()
+            for stage, n in delta.threads.items():
+                if n > before.get(stage, 0):  # this thread did the stage since the last message
+                    ids.setdefault(stage, []).append(f"{os.getpid()}-{id(cell)}")
         if delta.seconds or delta.counts:
             try:
-                self.queue.put_nowait(delta.sent())
+                self.queue.put_nowait({**delta.sent(), "ids": ids})
             except Exception:  # noqa: BLE001 - a full or closed queue loses figures, never a batch
                 pass
 

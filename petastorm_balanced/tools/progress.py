@@ -72,8 +72,9 @@ class Progress:
 
 
 def _tqdm(label: str, total: int | None, stream: TextIO) -> Any:
+    import importlib
     try:
-        from tqdm import tqdm
+        tqdm = importlib.import_module("tqdm").tqdm  # optional, untyped
     except ImportError:
         return None
     return tqdm(total=total, desc=label, file=stream, leave=False, dynamic_ncols=True)
