@@ -29,7 +29,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.load import resolve_plan
 from ..world import resolve_world
 from . import state as loader_state
-from . import stats, stream
+from . import stream, worker_stats
 from .backends import BACKENDS, resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
@@ -131,7 +131,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         slot = mixture_slot if self._mixture else type(self)._slot
         batches = slot(self, num_workers, worker, self._numpy_out, info is not None)
-        return stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
+        return worker_stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
@@ -300,7 +300,7 @@ class BalancedDataLoader(_Loader):
         dataset._num_workers = slots
         dataset._numpy_out = self._tensors_here  # workers copy the dataset while the base iterator starts
         if self.num_workers > 0:  # the workers' stage figures come back through it (reading/stats.py)
-            stats.open_queue(dataset, self.multiprocessing_context)
+            worker_stats.open_queue(dataset, self.multiprocessing_context)
         try:
             batches = super().__iter__()
         finally:

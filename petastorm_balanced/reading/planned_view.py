@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .stats import Recorder, drain
+from .stats import Recorder
+from .worker_stats import drain
 
 if TYPE_CHECKING:
     from .position import Position

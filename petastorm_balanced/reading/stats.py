@@ -85,7 +85,7 @@ class Cell:
 
 class Recorder:
     """A loader's figures, for the epoch in progress and since it was made. Not pickled with its state: a copy in
-    a DataLoader worker starts empty and sends what it adds (``set_sink``, ``merge``)."""
+    a DataLoader worker starts empty and sends what it adds (``worker_stats.py``; ``merge`` takes it in)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -97,14 +97,12 @@ class Recorder:
         self._remote_ids: dict[str, set] = {}  # the workers' threads that sent each stage, this epoch
         self.epoch: int | None = None
         self.loop = [0.0, 0.0, 0, 0.0]  # wait_s, training_s, batches, first batch's wait (this epoch)
-        self.sink: Any = None  # inside a DataLoader worker: a queue to the main process (``WorkerSink``)
 
     def __getstate__(self) -> dict:
-        return {"sink": self.sink}
+        return {}  # a copy (a spawned DataLoader worker's) starts empty: figures travel by ``worker_stats``
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()  # type: ignore[misc]
-        self.sink = state["sink"]
+        vars(self).update(vars(Recorder()))
 
     def cell(self) -> Cell:
         """This thread's cell (made and registered on its first use)."""
@@ -313,78 +311,3 @@ def bounded_by(seconds: dict[str, float], threads: dict[str, int], wait_s: float
     if not share:
         return None, evidence
     return next(iter(share)), evidence
-
-
-class WorkerSink:
-    """Figures of a DataLoader worker, sent to the main process through a queue made before the workers start:
-    at most every ``EVERY_S`` seconds while batches flow, and when the worker's iteration ends."""
-
-    EVERY_S = 1.0
-
-    def __init__(self, queue: Any):
-        self.queue = queue
-        self.sent_at = 0.0
-        self.base: dict[int, Cell] = {}
-
-    def send(self, recorder: Recorder, *, force: bool = False) -> None:
-        now = perf_counter()
-        if not force and now - self.sent_at < self.EVERY_S:
-            return
-        self.sent_at = now
-        delta = _View()
-        with recorder._lock:
-            cells = list(recorder._cells)
-        ids: dict[str, list[str]] = {}
-        for cell in cells:
-            before = dict(delta.threads)
-            delta.add_cell(cell, self.base.get(id(cell)))
-            self.base[id(cell)] = cell.copy()
-            for stage, n in delta.threads.items():
-                if n > before.get(stage, 0):  # this thread did the stage since the last message
-                    ids.setdefault(stage, []).append(f"{os.getpid()}-{id(cell)}")
-        if delta.seconds or delta.counts:
-            try:
-                self.queue.put_nowait({**delta.sent(), "ids": ids})
-            except Exception:  # noqa: BLE001 - a full or closed queue loses figures, never a batch
-                pass
-
-
-def drain(queue: Any, recorder: Recorder) -> None:
-    """Take what DataLoader workers sent into ``recorder`` (in the main process, when ``stats()`` is asked)."""
-    import queue as queues
-    while True:
-        try:
-            sent = queue.get_nowait()
-        except (queues.Empty, OSError, ValueError, EOFError):
-            return
-        recorder.merge(sent)
-
-
-def in_worker(owner: Any, batches: Iterable[Any]) -> Generator[Any, None, None]:
-    """A DataLoader worker's batches: its stages counted by a recorder of its own (a forked copy of the parent's
-    holds the parent's figures) and sent to the main process through ``owner._stats_queue`` when there is one."""
-    queue = owner.__dict__.get("_stats_queue")
-    recorder = owner.__dict__["_stats_recorder"] = Recorder()
-    if queue is None:
-        yield from recorder.measured(batches, loop=False)
-        return
-    queue.cancel_join_thread()  # a worker never waits at exit for figures nobody reads
-    sink = WorkerSink(queue)
-    try:
-        for batch in recorder.measured(batches, loop=False):
-            sink.send(recorder)
-            yield batch
-    finally:
-        sink.send(recorder, force=True)
-
-
-def open_queue(owner: Any, context: Any) -> Any:
-    """The queue ``owner``'s DataLoader workers send their figures through, made once (before workers start) in
-    the DataLoader's multiprocessing context."""
-    queue = owner.__dict__.get("_stats_queue")
-    if queue is None:
-        import multiprocessing
-        queue = owner.__dict__["_stats_queue"] = (context or multiprocessing).Queue()
-    else:
-        drain(queue, owner._recorder)
-    return queue
