@@ -18,6 +18,7 @@ seconds per thread that did it (reading threads work side by side, the consuming
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Generator, Iterable, Iterator
@@ -39,6 +40,8 @@ MEANING = {
     "device": "pinning and copies to the device",
     TRAINING: "the training loop's own time between batches",
 }
+FILL_LOG_S = 10.0  # a first window filling longer than this says how far it got, every FILL_LOG_S (remote storage)
+PROGRESS = logging.getLogger("petastorm_balanced.progress")
 _LOCAL = threading.local()  # .recorder: the recorder of the next() running in this thread
 
 
@@ -97,6 +100,7 @@ class Recorder:
         self._remote_ids: dict[str, set] = {}  # the workers' threads that sent each stage, this epoch
         self.epoch: int | None = None
         self.loop = [0.0, 0.0, 0, 0.0]  # wait_s, training_s, batches, first batch's wait (this epoch)
+        self._fill = [0, perf_counter(), perf_counter()]  # rows read before the first batch, started, last logged
 
     def __getstate__(self) -> dict:
         return {}  # a copy (a spawned DataLoader worker's) starts empty: figures travel by ``worker_stats``
@@ -131,6 +135,20 @@ class Recorder:
         self._remote, self._remote_ids = _View(), {}
         self.loop = [0.0, 0.0, 0, 0.0]
         self.epoch = epoch
+        self._fill = [0, perf_counter(), perf_counter()]  # rows read before the first batch, started, last logged
+
+    def filling(self, rows: int, window: int) -> None:
+        """``rows`` more were read (a chunk, in the loop's thread): while no batch of the epoch was delivered, a
+        log line every ``FILL_LOG_S`` says how far the first shuffle window (``window`` rows) got."""
+        fill = self._fill
+        if self.loop[2]:
+            return
+        fill[0] += rows
+        now = perf_counter()
+        if now - fill[2] >= FILL_LOG_S:
+            fill[2] = now
+            PROGRESS.info("filling the first shuffle window of epoch %s: %d of %d rows read (%.0f s)", self.epoch,
+                          fill[0], window, now - fill[1])
 
     def merge(self, sent: dict) -> None:
         """Figures a DataLoader worker sent (``WorkerSink``): added to this epoch's; a stage's threads are those

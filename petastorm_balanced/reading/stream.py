@@ -71,6 +71,8 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     try:
         for chunk, columns in stream:
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
+            if recorder is not None:  # a slow first window (remote storage) says how far it got
+                recorder.filling(len(columns[PADDING]), min(size, total))
             if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
                 raw = columns[cost_lengths] if cost_lengths is not None and spec.function in ("size", "cardinality") \

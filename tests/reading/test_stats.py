@@ -135,3 +135,15 @@ def test_nothing_is_counted_when_disabled(plan, monkeypatch):
     again = np.concatenate([b["id"] for b in make_loader(0, 2, plan=plan, batch_format="numpy")])
     assert np.array_equal(ids, again)  # the same batches with and without statistics
     assert loader.stats()["batches"] == 0
+
+
+def test_a_slow_first_window_logs_how_far_it_got(plan, monkeypatch, caplog):
+    import logging
+    monkeypatch.setattr(stats_module, "FILL_LOG_S", 0.0)
+    loader = make_loader(0, 2, plan=plan, batch_format="numpy", workers_count=2)
+    with caplog.at_level(logging.INFO, logger="petastorm_balanced.progress"):
+        assert sum(1 for _ in loader) == len(loader)
+    lines = [r.getMessage() for r in caplog.records if "first shuffle window" in r.getMessage()]
+    assert lines and lines[-1].split(" rows read")[0].split(": ")[1].split(" of ")[0].isdigit(), lines
+    read, window = (int(x) for x in lines[-1].split(": ")[1].split(" rows read")[0].split(" of "))
+    assert 0 < read <= window + 8192  # a chunk may cross the window's end
