@@ -102,7 +102,7 @@ petastorm-balanced plan reviews --world-size 4 --batch-size 64 --engine local --
 petastorm-balanced inspect plan --json > inspect.json
 petastorm-balanced verify plan --read --epochs 1 | tail -2
 step "every code block of README.md and docs/*.md (scripts/doc_blocks.py)"
-"$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" --wheel "$wheel" "$@"
+"$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" "$@"
 
 step "TensorFlow and JAX examples from the wheel (docs/frameworks.md): a second venv, numpy 2, no torch"
 # tensorflow-cpu is the CPU build of the [tf] extra's tensorflow (the same code, what CI's machines can run), and
@@ -111,7 +111,7 @@ step "TensorFlow and JAX examples from the wheel (docs/frameworks.md): a second 
 fw=$(user_venv frameworks jax "$TF_CPU" --no-deps "$TF_KERAS")
 "$fw/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm-balanced|pyarrow|numpy|tensorflow.cpu|tf.keras|jax) '
 if "$fw/bin/python" -c 'import torch' 2>/dev/null; then echo "torch is in the framework venv"; exit 1; fi
-"$fw/bin/python" "$root/scripts/doc_blocks.py" --bin "$fw/bin" --wheel "$wheel" --require-needs \
+"$fw/bin/python" "$root/scripts/doc_blocks.py" --bin "$fw/bin" --require-needs \
   "$root/docs/frameworks.md"
 
 step "API reference: mkdocs build --strict"
