@@ -13,11 +13,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..core.params import check_int
+from ..core.shuffle import DEFAULT_BUDGET
 from ..errors import InvalidTypeError, InvalidValueError
 from .list_shapes import ListOptions
 from .tensors import TORCH, check_batch_format
 
-SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
+SHUFFLE_BUDGET = DEFAULT_BUDGET  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
 
 
 @dataclass(frozen=True)
