@@ -8,7 +8,7 @@
 #      installed planning job under spark-submit (README's "The planning job on a cluster")
 #   4. the API reference: mkdocs build --strict (docs/api.md, mkdocstrings)
 #   5. docs/frameworks.md's TensorFlow and JAX examples, from the wheel in a second venv (numpy 2, no torch)
-# The user venvs live in the checkout, ignored by git: .venv-user (about 3 GB) and .venv-frameworks (about 2 GB)
+# The user venvs live in the checkout, ignored by git: .venv-user (about 1.9 GB) and .venv-frameworks (about 2.3 GB)
 # (or under $PB_CACHE), rebuilt when the wheel's requirements or the extras change (the stamp .key-<hash> inside names
 # them); a rerun only reinstalls the wheel. scripts/test.sh runs this tier last; PB_USER_TIER=0 skips it there.
 #   scripts/user_tier.sh [doc_blocks.py arguments, e.g. --only docs/spark.md:29]
@@ -90,7 +90,7 @@ user_venv() {
   fi
   echo "$dir"
 }
-venv=$(user_venv user "$EXTRAS" "about 3 GB" "$TORCH")
+venv=$(user_venv user "$EXTRAS" "about 1.9 GB" "$TORCH")
 "$venv/bin/python" -m pip check
 "$venv/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm|petastorm-balanced|pyarrow|numpy|pandas|pyspark|torch) '
 
@@ -113,7 +113,7 @@ step "TensorFlow and JAX examples from the wheel (docs/frameworks.md): a second 
 # tensorflow-cpu is the CPU build of the [tf] extra's tensorflow (the same code, what CI's machines can run), and
 # tf-keras declares `tensorflow`, so it goes in without its dependencies; the wheel then takes [jax]. Every block of
 # frameworks.md must run here: a module that does not import fails the tier instead of skipping the block.
-fw=$(user_venv frameworks jax "about 2 GB" "$TF_CPU" --no-deps "$TF_KERAS")
+fw=$(user_venv frameworks jax "about 2.3 GB" "$TF_CPU" --no-deps "$TF_KERAS")
 "$fw/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm-balanced|pyarrow|numpy|tensorflow.cpu|tf.keras|jax) '
 if "$fw/bin/python" -c 'import torch' 2>/dev/null; then echo "torch is in the framework venv"; exit 1; fi
 "$fw/bin/python" "$root/scripts/doc_blocks.py" --bin "$fw/bin" --require-needs \

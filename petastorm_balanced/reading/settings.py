@@ -64,9 +64,8 @@ class Settings:
                              partition_epoch=options.partition_epoch,
                              balance_by="rows" if self.cost is None else "cost", steps=steps)
         self.padding_mask = options.padding_mask
-        if options.shuffle and self.rank == 0:  # one rank says it: every rank has as many rows and the same window
-            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window,
-                              None if options.shuffle_window is not None else self.shuffle_budget)
+        if options.shuffle and options.shuffle_window is None and self.rank == 0:  # a window given is what was asked;
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window, self.shuffle_budget)  # rank 0 says it
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
@@ -123,16 +122,16 @@ def _rows_batch(plan: ShardPlan, options: LoaderOptions, budget: bool) -> int:
     return check_int("batch_size", batch_size, minimum=1)
 
 
-def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, budget: int | None) -> None:
-    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window: its
-    shuffled batches then mix only nearby row groups, measurably less random than a uniform permutation's.
-    ``budget``: the ``shuffle_budget`` the window came from (None: ``shuffle_window`` was given)."""
+def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, budget: int) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than the one window
+    that ``budget`` (the ``shuffle_budget``) holds: its shuffled batches then mix only nearby row groups, measurably
+    less random than the uniform permutation a shuffle asks for. Every rank has as many rows and the same window, so
+    rank 0 alone says it; a ``shuffle_window`` given is the window asked for, and is not warned about."""
     if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
-    need = None if budget is None else -(-budget * rank_rows // window // 2**20)  # MiB
-    fix = (f"pass shuffle_window={rank_rows} to hold them in one" if need is None else
-           f"pass shuffle_budget=\"{need}MiB\" to hold them in one" if need <= 16 * 2**10 else
+    need = -(-budget * rank_rows // window // 2**20)  # MiB
+    fix = (f"pass shuffle_budget=\"{need}MiB\" to hold them in one" if need <= 16 * 2**10 else
            "write a shuffled copy once (petastorm_balanced.spark.make_shuffled_copy)")
     warnings.warn(ShuffleQualityWarning(
         f"rows are stored sorted by {name!r} (a row group spans {spread:.0%} of its range) and this rank's "
