@@ -64,8 +64,9 @@ class Settings:
                              partition_epoch=options.partition_epoch,
                              balance_by="rows" if self.cost is None else "cost", steps=steps)
         self.padding_mask = options.padding_mask
-        if options.shuffle and options.shuffle_window is None and self.rank == 0:  # a window given is what was asked;
-            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window, self.shuffle_budget)  # rank 0 says it
+        # Rank 0 says it (every rank has as many rows and the same window); a shuffle_window given is what was asked.
+        if options.shuffle and options.shuffle_window is None and self.rank == 0:
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window, self.shuffle_budget)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
