@@ -3,7 +3,8 @@
 Sorted storage matters only when a rank's rows need more than one shuffle window: while they fit one (the default
 ``shuffle_budget`` holds them), a loader's batches are cut from one uniform permutation of the rank's rows, whatever
 the stored order. So a plan warns when its own world size and batch size would need more windows at the default
-budget, and says the one thing that fixes it; ``petastorm-balanced inspect`` states the finding either way.
+budget, and says the one thing that fixes it (a larger budget, or past 4 GiB a spill folder on local disk);
+``petastorm-balanced inspect`` states the finding either way.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..plan.model import ShardPlan
 
 SAMPLE_FILES = 16  # footers read (the first planned files in path order): statistics only, no data
 EXTRA_ROW_BYTES = 9.0  # what the loader carries beside each row (``reading/settings.EXTRA_ROW_BYTES``)
-COPY_ABOVE = 16 * 2**30  # a budget past this is no advice: write a shuffled copy instead
+MEMORY_ADVICE = 4 * 2**30  # a budget past this is no advice: a spill folder (``reading/settings.MEMORY_ADVICE``)
 GiB, MiB = 2**30, 2**20
 
 
@@ -36,6 +37,7 @@ class StoredOrder:
     world_size: int
     rank_rows: int
     window_rows: int
+    row_bytes: float = 0.0  # estimated decoded bytes per row (the disk a spill folder takes)
 
     @property
     def windows(self) -> int:
@@ -54,8 +56,10 @@ class StoredOrder:
     def advice(self) -> str:
         """The one thing to do when it matters."""
         need = self.budget_needed()
-        if need > COPY_ABOVE:
-            return "write a shuffled copy once (petastorm_balanced.spark.make_shuffled_copy)"
+        if need > MEMORY_ADVICE:
+            disk = self.rank_rows * self.row_bytes
+            return (f"pass make_loader(shuffle_spill_dir=<local disk>), which holds them in one window there (about "
+                    f"{disk / GiB:.1f} GiB per rank)")
         size = f"{need // GiB}GiB" if need % GiB == 0 else f"{need // MiB}MiB"
         return f"pass make_loader(shuffle_budget=\"{size}\"), which holds them in one window"
 
@@ -111,8 +115,9 @@ def find_stored_order(plan: ShardPlan, world_size: int | None = None,
         schema = footers[0].schema.to_arrow_schema()
     except (pa.ArrowException, ValueError):
         return None
-    window = budget_window(DEFAULT_BUDGET, row_bytes(schema, footers) + EXTRA_ROW_BYTES, batch)
-    return StoredOrder(clustered_columns(value_ranges(footers)), world, rank_rows, window)
+    row = row_bytes(schema, footers) + EXTRA_ROW_BYTES
+    window = budget_window(DEFAULT_BUDGET, row, batch)
+    return StoredOrder(clustered_columns(value_ranges(footers)), world, rank_rows, window, row)
 
 
 def warn_stored_order(plan: ShardPlan) -> dict[str, float]:
