@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
+from multiprocessing.context import get_spawning_popen
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.load import resolve_plan
 from ..world import resolve_world
 from . import state as loader_state
-from . import stream
+from . import stream, worker_stats
 from .backends import BACKENDS, resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
@@ -131,13 +132,16 @@ class BalancedIterableDataset(PlannedView, _Base):
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         slot = mixture_slot if self._mixture else type(self)._slot
-        return slot(self, num_workers, worker, self._numpy_out, info is not None)
+        batches = slot(self, num_workers, worker, self._numpy_out, info is not None)
+        return worker_stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
         worker's fresh stack cannot show it."""
         state = self.__dict__.copy()
         state["_pickled_under"] = _rewrapper()
+        if "_stats_queue" in state and get_spawning_popen() is None:  # a queue pickles only to start a process
+            del state["_stats_queue"]
         return state
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
@@ -158,6 +162,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         else:
             run = self._position.begin()
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
+            self._recorder.begin(epoch)
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         # read in this process ("dummy" pool): the DataLoader's workers are the parallelism
@@ -297,12 +302,16 @@ class BalancedDataLoader(_Loader):
             dataset._position.rebase(dataset._num_workers)  # the pending position, for slots of another layout
         dataset._num_workers = slots
         dataset._numpy_out = self._tensors_here  # workers copy the dataset while the base iterator starts
+        if self.num_workers > 0:  # the workers' stage figures come back through it (reading/stats.py)
+            worker_stats.open_queue(dataset, self.multiprocessing_context)
         try:
             batches = super().__iter__()
         finally:
             dataset._numpy_out = False
         # With workers the main process counts; without, the dataset iterates (and counts) here.
         run = dataset._position.begin() if self.num_workers > 0 else None
+        if run is not None:
+            dataset._recorder.begin(dataset.epoch)  # the run's (a mixture's run keeps it in its point)
         return batches, run
 
     def set_epoch(self, epoch: int) -> None:
@@ -363,6 +372,8 @@ class _Counted:
                 convert = to_torch if self._loader.dataset._settings.options.batch_format == TORCH else to_numpy
                 batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
+            if self._run is not None:  # with workers: the loop's waits are timed here (reading/stats.py)
+                self._batches = self._loader.dataset._recorder.measured(self._batches)
         batch = next(self._batches)
         if self._run is not None:
             self._run.delivered()

@@ -19,7 +19,7 @@ from ..errors import InvalidValueError
 from ..plan.load import resolve_plan
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
-from . import stream
+from . import packing, stream
 from .backends import BACKENDS, resolve_backend
 from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
@@ -72,22 +72,26 @@ class BalancedLoader(PlannedView):
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
         # starts (and takes the position) at its first next(): a probe consumes nothing
-        iterator = self._iterator = self._run()
+        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
         return iterator
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
+        self._recorder.begin(epoch)
         chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader,
                                             transform=settings.transform)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths,
-                                placement=settings.placement())
+                                cost=settings.cost_of(epoch, run.stages), drop=settings.drop,
+                                cost_lengths=settings.cost_lengths, placement=settings.placement())
+        if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/packing.py)
+            runs = packing.packed_runs(runs, settings.packing, settings.schema)
 
-        # a token budget's batches come one per run; the runs' batches chained in C (no frame of ours per batch)
+        # a token budget's batches come one per run (packed: the sequences); the runs' batches chained in C (no
+        # generator frame of ours per batch)
         tensors = itertools.chain.from_iterable(self._cut(batch_run, settings.batch_size or len(
             batch_run[stream.PADDING]), settings.padding_mask) for batch_run in runs)
         fed = feed(tensors, self._feed)  # one batch may be held ahead: it counts only once delivered here
@@ -147,6 +151,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 weights: Sequence[float] | None = None, epoch_steps: int | None = None,
                 list_format: Any = "auto", list_shapes: Any = None, batch_format: str = TORCH,
+                pack: str | None = None, seq_len: int | None = None, long_documents: str = "split",
                 **petastorm_kwargs: Any) -> Loader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
@@ -215,6 +220,14 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     ...)`` values padded with 0 and a ``<name>__lengths`` tensor; ``"python"`` lists of lists. A dict sets it per
     column. ``list_shapes={"vec": (4,)}`` declares a shape instead of reading the lengths (checked on every batch:
     a row of another length is an error naming its file and row).
+
+    Packed sequences for language models (``reading/packing.py``, docs/packing.md): ``pack="tokens"``,
+    ``seq_len=L`` and ``batch_size=S`` make every step ``S`` sequences of exactly ``L`` tokens of the list column
+    ``tokens``: ``batch["tokens"]`` ``(S, L)``, ``tokens__segments`` (0 padding, k > 0 the k-th piece of the row),
+    ``tokens__positions`` and ``tokens__cu_seqlens`` for flash-attention's varlen kernels. The plan needs each
+    document's length as its cost (``cost="size(tokens)"`` or a column of counts); every rank takes the same steps
+    and about the same attention cost per step. ``long_documents="split"`` (default) cuts a document longer than
+    ``L`` into consecutive pieces, ``"drop"`` leaves it out.
     """
     options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
     if batch_format != TORCH and (pin_memory or device is not None):

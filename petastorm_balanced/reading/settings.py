@@ -21,7 +21,7 @@ from ..core.shuffle import budget_window
 from ..errors import InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
-from . import columns, stream, transform, window_budget
+from . import columns, packing, stream, transform, window_budget
 from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions
@@ -40,9 +40,12 @@ class Settings:
         self.rank, self.world_size = world.rank, world.size
         # cost balancing (None: rows only); with a token budget batches have no fixed size
         self.cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce,
-                                 max_batch_cost=options.max_batch_cost, batch_size=options.batch_size,
-                                 shuffle=options.shuffle)
-        budget = self.cost is not None and self.cost.budget is not None
+                                 max_batch_cost=options.max_batch_cost, shuffle=options.shuffle,
+                                 batch_size=None if options.pack is not None else options.batch_size)
+        self.packing = None if options.pack is None else packing.resolve(plan, options, self.cost)
+        if self.cost is not None and self.packing is not None:  # (resolve refuses a plan without a cost)
+            self.cost = replace(self.cost, pack=self.packing)
+        budget = self.cost is not None and self.cost.per_window
         rows_batch = _rows_batch(plan, options, budget)  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(plan.total_rows, self.world_size, rows_batch)
         rank_rows = plan.rows_per_rank(self.world_size, rows_batch)  # a rank's rows per pass, padding included
@@ -69,11 +72,14 @@ class Settings:
         self.layout = Layout(plan, self.world_size, self.rank, batch_size=None if budget else rows_batch,
                              shuffle=options.shuffle, shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                              partition_epoch=options.partition_epoch,
-                             balance_by="rows" if self.cost is None else "cost", steps=steps)
+                             balance_by="rows" if self.cost is None else "cost", steps=steps,
+                             epoch_steps=None if self.packing is None else self._packed_steps)
+        self._packings: dict[tuple, CostOptions] = {}  # (epoch, stages) -> that epoch's CostOptions (packing)
         self.padding_mask = options.padding_mask
-        if options.shuffle:
+        # Rank 0 says it (every rank has as many rows and the same window); a shuffle_window given is what was asked.
+        if options.shuffle and options.shuffle_window is None and self.rank == 0:
             spilled = options.shuffle_spill_dir not in (None, False)  # a spill folder: nothing more to offer
-            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window,
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window, self.shuffle_budget,
                               0.0 if spilled else self.row_bytes)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
@@ -87,6 +93,10 @@ class Settings:
             self.schema = batch_schema(self.transform.outputs, extras)
         else:
             self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
+        if self.packing is not None:  # (S, L) sequences instead of rows
+            target = self.columns.target
+            self.schema = packing.packed_schema(self.packing, self.schema, None if target is None or self.packing.column
+                                                not in target.names else target.field(self.packing.column).type)
         self._checksum: str | None = None
 
     # the layout's answers, which the loaders and their position ask for
@@ -106,6 +116,22 @@ class Settings:
     def steps_of(self, epoch: int, stages=()) -> int:
         return self.layout.steps_of(epoch, stages)
 
+    def cost_of(self, epoch: int, stages=()) -> CostOptions | None:
+        """The cost arrangement of ``epoch``: with packing, its windows' steps, from every rank's pieces (the same
+        on every rank, ``reading/packing.of_epoch``)."""
+        if self.packing is None or self.cost is None:
+            return self.cost
+        key = (epoch, tuple(stages))
+        if key not in self._packings:
+            pieces = self.plan.pieces(**self.layout.pieces_args(epoch, 1, stages))
+            self._packings = {key: replace(self.cost, pack=packing.of_epoch(self.packing, self.plan, pieces,
+                                                                            self.shuffle_window))}  # the last one
+        return self._packings[key]
+
+    def _packed_steps(self, epoch: int) -> int:
+        cost = self.cost_of(epoch)
+        return 0 if cost is None or cost.pack is None else sum(cost.pack.window_steps or ())
+
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
         return self.plan.assignment(self.rank, **self.layout.pieces_args(epoch, num_workers, stages))
 
@@ -118,6 +144,10 @@ class Settings:
                                              self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
         if self.cost is not None and self.cost.budget is None and self.shuffle:  # which batches a window makes
             cost[loader_state.COST_ARRANGEMENT] = self.cost.version  # (unshuffled: the plan's order, no window)
+        if self.packing is not None:  # which documents a window's steps hold
+            cost.update({loader_state.PACK: self.packing.column, loader_state.SEQ_LEN: self.packing.seq_len,
+                         loader_state.SEQUENCES: self.packing.sequences, loader_state.PACKING: self.packing.version,
+                         loader_state.LONG_DOCUMENTS: self.packing.long_documents})
         return {**dict(zip(loader_state.IDENTITY_KEYS, values, strict=True)), **cost}
 
 
@@ -135,24 +165,33 @@ def _rows_batch(plan: ShardPlan, options: LoaderOptions, budget: bool) -> int:
     return check_int("batch_size", batch_size, minimum=1)
 
 
-def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, row_bytes: float = 0.0) -> None:
-    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window;
-    with ``row_bytes`` (decoded bytes per row), it says the local disk a spill folder would take instead."""
+MEMORY_ADVICE = 4 * 2**30  # a shuffle_budget past this is no advice: a spill folder (local disk) holds the window
+
+
+def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, budget: int,
+                      row_bytes: float = 0.0) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than the one window
+    that ``budget`` (the ``shuffle_budget``) holds: its shuffled batches then mix only nearby row groups, measurably
+    less random than the uniform permutation a shuffle asks for. It names one fix: the budget that holds a rank's
+    rows, or past ``MEMORY_ADVICE`` a spill folder and the disk it takes (``row_bytes``: decoded bytes per row; 0
+    when a spill folder is already given), else a shuffled copy. Every rank has as many rows and the same window,
+    so rank 0 alone says it; a ``shuffle_window`` given is the window asked for, and is not warned about."""
     if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
+    need = -(-budget * rank_rows // window)  # bytes
     disk = rank_rows * row_bytes
-    spill = "" if not row_bytes else (
-        ". A spill folder holds them in one window instead (make_loader(shuffle_spill_dir=<local disk>): about "
-        + (f"{disk / 2**30:.1f} GiB" if disk >= 2**30 else f"{disk / 2**20:.0f} MiB")
-        + " of it for this rank; batches as random as a uniform permutation's)")
+    if need <= MEMORY_ADVICE:
+        fix = f"pass shuffle_budget=\"{-(-need // 2**20)}MiB\" to hold them in one"
+    elif row_bytes:
+        fix = ("pass shuffle_spill_dir=<local disk> to hold them in one there (about "
+               + (f"{disk / 2**30:.1f} GiB" if disk >= 2**30 else f"{disk / 2**20:.0f} MiB") + " for this rank)")
+    else:
+        fix = "write a shuffled copy once (petastorm_balanced.spark.make_shuffled_copy)"
     warnings.warn(ShuffleQualityWarning(
-        f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
-        f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
-        "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
-        f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
-        "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
-        f"--shuffle-quality {name}` measures it" + spill), stacklevel=4)
+        f"rows are stored sorted by {name!r} (a row group spans {spread:.0%} of its range) and this rank's "
+        f"{rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows, so shuffled batches "
+        f"mix only nearby row groups: {fix}"), stacklevel=4)
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow as pa
 from ..errors import InvalidValueError, MissingDependencyError
 from . import stream
 from .fragments import as_list, is_text
+from .stats import current
 
 TORCH, NUMPY = "torch", "numpy"
 BATCH_FORMATS = (TORCH, NUMPY)
@@ -82,6 +84,10 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     """
     if batch_format == TORCH:
         require_torch()
+    recorder = current()  # loader.stats(): cutting counts to "convert", timed per GROUP batches (not per batch)
+    cell = recorder.cell() if recorder is not None else None
+    start = perf_counter()
+    inner = cell.inner if cell is not None else 0.0
     names: list[str] = []
     parts: list[int] = []
     cutters: list[Callable] = []
@@ -96,9 +102,18 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
         parts.append(part_of[id(values)])
     count = _rows(run) // batch_size
     make = batch_dicts(tuple(names), tuple(parts))
+
+    def groups():  # one iterator of batch dicts per GROUP batches; cutting timed per group (not per batch)
+        begin, inner_at = start, inner
+        for first in range(0, count, GROUP):
+            group = [cut(first, min(GROUP, count - first)) for cut in cutters]
+            if cell is not None:
+                cell.since("convert", begin, inner_at)
+            yield make(*group)
+            if cell is not None:
+                begin, inner_at = perf_counter(), cell.inner
     # chained in C: past a group's first batch, a batch costs only its dict (no generator frame of ours per batch)
-    return itertools.chain.from_iterable(make(*[cut(first, min(GROUP, count - first)) for cut in cutters])
-                                         for first in range(0, count, GROUP))
+    return itertools.chain.from_iterable(groups())
 
 
 @functools.lru_cache(maxsize=64)
