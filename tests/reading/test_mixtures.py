@@ -2,6 +2,7 @@
 Parquet datasets: exact per-batch counts, the pass rule, equal steps on every rank, exact resume, a changed mixture,
 DataLoader workers, one schema, and the refusals."""
 import json
+import re
 from fractions import Fraction
 from itertools import islice
 
@@ -56,6 +57,47 @@ def test_weights_are_read_as_small_fractions():
     with pytest.raises(ValueError, match="small common denominator"):
         make_schedule(parse_weights([1 / 9973, 1 / 9967, 1 / 9949], 3), 7)
     assert MAX_PERIOD >= 1 << 20
+
+
+def _check_schedule(schedule, weights, batches):
+    """Every batch floor or ceil of its share, and the running count within one row of the weights as given."""
+    total = sum(weights)
+    shares = [Fraction(schedule.batch_size) * w / total for w in weights]
+    counts = schedule.counts(0, batches)
+    assert (counts.sum(axis=1) == schedule.batch_size).all()
+    for i, share in enumerate(shares):
+        assert set(counts[:, i].tolist()) <= {share.numerator // share.denominator,
+                                              -(-share.numerator // share.denominator)}
+        running = np.cumsum(counts[:, i])
+        ideal = [share * t for t in range(1, batches + 1)]
+        assert all(abs(int(r) - q) < 1 for r, q in zip(running.tolist(), ideal, strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(digits=st.lists(st.tuples(st.integers(1, 9), st.integers(-7, 2)), min_size=2, max_size=3),
+       batch_size=st.integers(1, 64))
+def test_any_positive_finite_weights_are_honoured_as_given_or_refused_naming_the_weight(digits, batch_size):
+    weights = [m * 10.0 ** e for m, e in digits]  # what users type: 4e-05, 0.7, 300.0
+    parsed = parse_weights(weights, len(weights))
+    assert sum(parsed) == 1
+    assert all(abs(float(p / parsed[0]) - w / weights[0]) <= 1e-12 * w / weights[0]
+               for p, w in zip(parsed, weights, strict=True)), "the shares are the weights given, not rounded ones"
+    try:
+        schedule = make_schedule(parsed, batch_size)
+    except ValueError as exc:
+        assert re.search(r"weights\[\d\] is .* repeats only every", str(exc)), exc
+        return
+    _check_schedule(schedule, [Fraction(str(w)) for w in weights], min(3 * schedule.period, 3000))
+
+
+def test_tiny_and_equal_tiny_weights_and_refusals_name_the_weight():
+    for weights in ([4e-5, 1], [1e-6, 1e-6], [1e-6, 3e-6], [1 / 3, 1 / 3, 1 / 3]):
+        parsed = parse_weights(weights, len(weights))
+        _check_schedule(make_schedule(parsed, 16), parsed, 2000)
+    assert parse_weights([4e-5, 1], 2) == (Fraction(1, 25001), Fraction(25000, 25001))
+    for bad in (0, -1.5, float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match=r"weights\[1\]=.* must be a positive finite number"):
+            parse_weights([1, bad], 2)
 
 
 @settings(max_examples=200, deadline=None)
