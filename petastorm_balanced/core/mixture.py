@@ -259,10 +259,22 @@ class Mixture:
         """Steps of ``point``'s epoch (its batches so far and those left)."""
         return point.batch + self.remaining(point)
 
-    def next_epoch(self, point: Point) -> Point:
-        """The first batch of the epoch after ``point``'s."""
+    def next_epoch(self, point: Point, epochs: int = 1) -> Point:
+        """The first batch of the ``epochs``-th epoch after ``point``'s, by arithmetic (the same cost for any
+        ``epochs``): after the end of ``point``'s epoch, each epoch takes ``epoch_steps`` batches, or (the default)
+        ends in the batch where the scarcest source's counter reaches its next pass, and that batch never carries
+        it a whole pass further (a pass holds at least a batch's share), so ``epochs - 1`` more epochs end where
+        its counter reaches ``epochs - 1`` more pass boundaries."""
+        epochs = check_int("epochs", epochs, minimum=1)
         end = self.advance(point, self.remaining(point))
-        return replace(end, epoch=point.epoch + 1, batch=0)
+        more = epochs - 1
+        if self.epoch_steps is not None:
+            batches = more * self.epoch_steps
+        else:
+            s, rows = self.scarcest, self.rows_per_pass[self.scarcest]
+            counter = end.counters[s]
+            batches = self._batches_to(s, end.phase, (counter // rows + more) * rows - counter) if more else 0
+        return replace(self.advance(end, batches), epoch=point.epoch + epochs, batch=0)
 
     def start(self, epoch: int) -> Point:
         """The first batch of ``epoch`` when every source started at its first row at epoch 0 with this schedule."""

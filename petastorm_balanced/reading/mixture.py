@@ -221,10 +221,7 @@ class MixturePosition:
             if epoch == current and batch == 0:
                 pass
             elif epoch > current:
-                point = self.point()
-                while point.epoch < epoch:
-                    point = self.mixture.next_epoch(point)
-                self.anchor = point
+                self.anchor = self.mixture.next_epoch(self.point(), epoch - current)
             else:  # a fresh timeline from the first pass: no elastic rest applies
                 self.anchor = self.mixture.start(epoch)
                 self.heads = (None,) * len(self.heads)

@@ -3,6 +3,7 @@ Parquet datasets: exact per-batch counts, the pass rule, equal steps on every ra
 DataLoader workers, one schema, and the refusals."""
 import json
 import re
+import time
 from fractions import Fraction
 from itertools import islice
 
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from petastorm_balanced import datagen, plan_shards
-from petastorm_balanced.core.mixture import MAX_PERIOD, Mixture, make_schedule, parse_weights
+from petastorm_balanced.core.mixture import MAX_PERIOD, Mixture, Point, make_schedule, parse_weights
 
 torch = pytest.importorskip("torch")
 
@@ -120,6 +121,22 @@ def test_default_epochs_follow_the_scarcest_source_and_start_agrees_with_walking
         length = mixture.steps_of(point)
         middle = mixture.advance(point, length // 2)
         assert mixture.steps_of(middle) == length
+
+
+@settings(max_examples=200, deadline=None)
+@given(weights=weights_st, batch_size=st.integers(1, 40), data=st.data())
+def test_jumping_epochs_is_arithmetic_and_agrees_with_walking_from_any_point(weights, batch_size, data):
+    schedule = make_schedule(parse_weights(weights, len(weights)), batch_size)
+    rows = tuple(data.draw(st.integers(int(-(-s // 1)), 300)) for s in schedule.shares)
+    mixture = Mixture(schedule, rows, data.draw(st.none() | st.integers(1, 40)))
+    # any point: counters where a resume with other weights or at another world size may leave them
+    counters = tuple(data.draw(st.integers(0, 5 * r)) for r in rows)
+    point = Point(data.draw(st.integers(0, 9)), 0, data.draw(st.integers(0, schedule.period - 1)), counters)
+    point = mixture.advance(point, data.draw(st.integers(0, max(mixture.remaining(point) - 1, 0))))
+    walked = point
+    for epochs in range(1, 7):
+        walked = mixture.next_epoch(walked)
+        assert mixture.next_epoch(point, epochs) == walked
 
 
 # ---------------------------------------------------------------- real loaders
@@ -397,3 +414,31 @@ def test_a_pad_source_delivers_every_row_of_each_pass_and_flags_its_repeats(sour
         real = [i for i, p in first if not p]
         assert sorted(real) == list(range(SIZES[s])), f"source {s}: its pass delivers every row once"
         assert 0 < sum(p for _, p in first) < 3, "fewer than world_size rows repeated, flagged"
+
+
+def test_set_epoch_far_ahead_costs_what_a_near_one_does_and_gives_the_walked_batches(plans):
+    def moved(loader):  # mid-epoch, then other weights: a timeline that start(epoch) does not give
+        next(iter(loader))
+        state = loader.state_dict()
+        again = make_loader(0, 2, plan=plans, weights=[1, 1, 3], shuffle_window=64, backend="arrow",
+                            workers_count=1)
+        again.load_state_dict(state)
+        return again
+
+    jumped, walked = (moved(loaders(plans, 2)[0]) for _ in range(2))
+    jumped.set_epoch(4)
+    for epoch in range(1, 5):
+        walked.set_epoch(epoch)
+    assert jumped.state_dict() == walked.state_dict()
+    assert read_epoch(jumped, 3) == read_epoch(walked, 3)
+    near = moved(loaders(plans, 2)[0])
+    began = time.perf_counter()
+    near.set_epoch(1)
+    near_s = time.perf_counter() - began
+    for epoch in (10**5, 10**9):
+        far = moved(loaders(plans, 2)[0])
+        began = time.perf_counter()
+        far.set_epoch(epoch)
+        assert time.perf_counter() - began < 0.5 + 20 * near_s
+        assert flat(far.state_dict())["epoch"] == epoch
+        assert len(read_epoch(far, 2)) == 2
