@@ -38,6 +38,7 @@ from ..core.params import check_int
 from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.load import resolve_plan
+from ..plan.model import ShardPlan
 from ..world import World
 from . import mixture_elastic, stream
 from . import state as loader_state
@@ -84,6 +85,7 @@ class MixtureSettings:
             raise InvalidValueError("plan=[...] (a mixture) needs weights=, one positive number per plan, such as "
                                     "weights=[0.7, 0.3]")
         self.plans = tuple(resolve_plan(p) for p in plans)
+        _refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
         self.weights = parse_weights(weights, len(self.plans))
         self.rank, self.world_size = world.rank, world.size
@@ -141,7 +143,8 @@ class MixtureSettings:
         world = self.world_size if world_size is None else world_size
         assert self.shuffle_window is not None  # resolved in __init__
         return mixture_elastic.SourceLayout(self.plans[index], world, self.shuffle, self.shuffle_window,
-                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost")
+                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost",
+                                            index, len(self.plans))
 
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
@@ -150,6 +153,22 @@ class MixtureSettings:
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
                 RESHUFFLE: self.reshuffle, **cost}
+
+
+def _refuse_twice(plans: Sequence[ShardPlan], shuffle: bool) -> None:
+    """The same plan at two places reads two independent orders, each source's own (``SourceLayout.plan_epoch``):
+    its rows repeat at the rate of the summed weights, as an oversampled source should. Without shuffling both
+    places would read the same rows in the same order, every batch holding its rows twice: refused."""
+    if shuffle:
+        return
+    seen: dict[str, int] = {}
+    for index, plan in enumerate(plans):
+        first = seen.setdefault(plan.checksum, index)
+        if first != index:
+            raise InvalidValueError(f"plan[{index}] is plan[{first}] again ({plan.dataset_url}) with shuffle=False: "
+                                    "both places would read the same rows in the same order; pass shuffle=True "
+                                    "(each place then reads its own order), or give the plan once with the sum of "
+                                    "its weights")
 
 
 def _refuse(options: LoaderOptions) -> None:

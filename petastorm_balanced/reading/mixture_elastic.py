@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..core.elastic import Stage
 from ..core.params import check_int
-from ..core.shuffle import Windows
+from ..core.shuffle import Windows, slot_key
 from ..errors import InvalidValueError
 from ..plan.model import ShardPlan
 
@@ -54,17 +54,30 @@ class SourceLayout:
     shuffle_window: int
     reshuffle: str
     balance_by: str = "rows"  # "cost": the plan's cost-dealt row group order (a source balanced by cost)
+    place: int = 0  # the source's index in plan=[...]
+    sources: int = 1  # how many sources the mixture has
 
     @property
     def rows_per_pass(self) -> int:
         return self.plan.rows_per_rank(self.world_size, 1)
+
+    def plan_epoch(self, pass_index: int) -> int:
+        """The plan epoch that pass ``pass_index`` reads: ``pass x sources + place``. Keyed by the source's place,
+        so the same plan given twice reads two independent orders (its row groups dealt and its windows permuted
+        by other seeds) instead of the same rows in the same order; one source reads its plan's epochs as they
+        are. The elastic arithmetic sees the same epoch, so a resume stays exact."""
+        return pass_index * self.sources + self.place
+
+    def key(self, pass_index: int, rank: int, stage: int) -> tuple[int, ...]:
+        """The window key of this rank's slot in the pass (``shuffle.slot_key`` of its plan epoch)."""
+        return slot_key(self.plan.seed, self.plan_epoch(pass_index), rank, 0, stage)
 
     def windows(self) -> Windows:
         return Windows.of(batch_size=1, shuffle_window=self.shuffle_window, shuffle=self.shuffle)
 
     def pieces_args(self, pass_index: int, stages: tuple[Stage, ...]) -> dict:
         """``plan.assignment`` / ``plan.pieces`` arguments of the pass (after ``stages``)."""
-        return dict(epoch=pass_index, world_size=self.world_size, num_workers=1, batch_size=1,
+        return dict(epoch=self.plan_epoch(pass_index), world_size=self.world_size, num_workers=1, batch_size=1,
                     reshuffle=self.reshuffle, stages=stages, windows=self.windows(), balance_by=self.balance_by)
 
     def rows_left(self, pass_index: int, stages: tuple[Stage, ...]) -> int:

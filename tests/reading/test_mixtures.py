@@ -442,3 +442,9 @@ def test_set_epoch_far_ahead_costs_what_a_near_one_does_and_gives_the_walked_bat
         assert time.perf_counter() - began < 0.5 + 20 * near_s
         assert flat(far.state_dict())["epoch"] == epoch
         assert len(read_epoch(far, 2)) == 2
+
+
+def test_the_same_plan_twice_resumes_exactly(plans):
+    twice = [plans[0], plans[0]]
+    check_resume_contract(lambda: make_loader(0, 2, plan=twice, weights=[1, 1], batch_size=16, shuffle_window=64,
+                                              backend="arrow", workers_count=1), iter, epochs=2)
