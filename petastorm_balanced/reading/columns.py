@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.cost.options import CostOptions
-from ..core.cost.spec import COST_COLUMN
 from ..errors import InvalidTypeError, InvalidValueError
 from ..io.partitions import partition_values
 from ..plan.model import ShardPlan
@@ -24,7 +23,6 @@ from .dataset_schema import stored_columns as columns_of_footers
 from .list_scan import scan_lists
 from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
 from .schema import BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
-from .stream import PADDING
 
 
 @dataclass(frozen=True)
@@ -66,9 +64,6 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
             stored = stored_names(footers)  # a Delta table's added columns included
             names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
         names = select_columns(names, schema_fields)
-        if PADDING in names:
-            raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
-                                    "flags")
         hive = partition_columns(paths, names, plan.table)
         stored_columns = columns_of_footers(footers, [n for n in names if n not in hive])
         plain = [n for n in names if n not in hive and not (fields and n in fields)]
@@ -118,9 +113,6 @@ def _decoded_bytes(fields: dict | None) -> float:
 def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None) -> tuple[Columns, tuple]:
     """The columns to read when balancing by ``cost`` (its source column added if not requested), and the names
     to drop after computing the cost."""
-    if cost is not None and COST_COLUMN in columns.names:
-        raise InvalidValueError(f"the dataset has a column named {COST_COLUMN!r}, which a loader balancing cost adds; "
-                                "rename the column, or pass balance='rows'")
     if cost is None or cost.column in columns.names:
         return columns, ()
     source = dataset_columns(plan, [re.escape(cost.column)])

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..core import balance
+from ..core.cost.spec import COST_COLUMN
 from ..core.mixture import Mixture, Point, make_schedule, parse_weights
 from ..core.params import check_int
 from ..core.shuffle import budget_window
@@ -111,7 +112,7 @@ class MixtureSettings:
             self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
-        self.schema = batch_schema(schemas, extras)
+        self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
 
     def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:

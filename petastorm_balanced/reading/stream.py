@@ -17,9 +17,7 @@ from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
-from .schema import MASK_SUFFIX
-
-PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
+from .schema import MASK_SUFFIX, PADDING
 
 # Reads fragments in order and yields (the fragments of the chunk, their rows as columns).
 Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
