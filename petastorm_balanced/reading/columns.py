@@ -48,10 +48,13 @@ class Columns:
         return batch_schema([c for c in self.schemas if c.name not in set(drop)], extras)
 
 
-def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PYTHON_LISTS) -> Columns:
+def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PYTHON_LISTS,
+                    others: Sequence[ShardPlan] = ()) -> Columns:
     """The requested columns in dataset order (the Unischema's order, or partition folders then the footer's),
     with one delivered type and representation each, from every planned file's footer (read here, once); list
-    columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed)."""
+    columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed). With
+    ``others`` (the other sources of a mixture, whose rows share the same batches) the lengths are learned over
+    their rows too, so every source decides the same form: one tensor shape, one longest padded list."""
     paths = [f.path for f in plan.catalog.files]
     groups = plan.catalog.row_groups  # the files holding planned row groups (from the columns: no object per group)
     read = sorted(groups.paths[i] for i in np.unique(groups.path_index).tolist()) or paths[:1]
@@ -74,6 +77,8 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
         scanned = {n: stored_columns.schema.field(n).type for n in plain
                    if needs_scan(n, stored_columns.schema.field(n).type, lists)}
         stats = scan_lists(plan, scanned) if scanned else {}
+        for other in others if scanned else ():
+            stats = {n: found.merge(stats[n]) for n, found in scan_lists(other, scanned).items()}
     except (OSError, pa.ArrowException) as exc:
         raise fr.unreadable_dataset_error(plan, exc) from exc
     fields = {n: fields[n] for n in names} if fields else None

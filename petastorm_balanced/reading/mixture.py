@@ -104,7 +104,7 @@ class MixtureSettings:
             balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
             rows.append(plan.rows_per_rank(self.world_size, 1))
         self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
-        self.sources, schemas = mixture_columns(self.plans, options.schema_fields)
+        self.sources, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
         self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
         self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
         if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window

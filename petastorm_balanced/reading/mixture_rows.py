@@ -26,6 +26,7 @@ from ..plan.model import ShardPlan
 from . import stream
 from .backends import BACKENDS
 from .columns import Columns, dataset_columns
+from .list_shapes import PYTHON_LISTS, ListOptions
 from .convert import concat_arrays
 from .device import close_iterator
 from .mixture_elastic import Head, SourceLayout
@@ -58,11 +59,13 @@ class PieceCost(CostOptions):
         return arrange_pieces(costs, self.pieces(int(key[-1]), len(costs)), self.reduce, key), None
 
 
-def mixture_columns(plans: Sequence[ShardPlan], schema_fields) -> tuple[list[SourceColumns], list[ColumnSchema]]:
+def mixture_columns(plans: Sequence[ShardPlan], schema_fields,
+                    lists: ListOptions = PYTHON_LISTS) -> tuple[list[SourceColumns], list[ColumnSchema]]:
     """The columns every source delivers: those named by ``schema_fields`` (every source must have them), else
     those all sources share, in the first source's order; one delivered type each, or an error naming the source
     and the column. A column nullable in some sources only is delivered as nullable (all-True masks added where a
-    source has none)."""
+    source has none). List columns of numbers take ``lists`` (``list_format``, ``list_shapes``) as one plan does,
+    their lengths learned over every source's rows."""
     if schema_fields is None:
         each = [dataset_columns(plan) for plan in plans]
         shared = [n for n in each[0].names if all(n in c.names for c in each[1:])]
@@ -77,7 +80,7 @@ def mixture_columns(plans: Sequence[ShardPlan], schema_fields) -> tuple[list[Sou
     each = []
     for index, plan in enumerate(plans):
         try:
-            each.append(dataset_columns(plan, picked))
+            each.append(dataset_columns(plan, picked, lists, [*plans[:index], *plans[index + 1:]]))
         except InvalidValueError as exc:
             raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
     schemas: list[ColumnSchema] = []

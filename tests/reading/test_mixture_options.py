@@ -49,3 +49,83 @@ def test_a_column_named_like_what_the_loader_adds_is_refused_naming_it_for_one_p
     else:
         with pytest.raises(ValueError, match=refused):
             make_loader(0, 2, plan=pa_, backend="arrow")
+
+
+@pytest.fixture(scope="module")
+def list_plans(tmp_path_factory):
+    """Two sources with the same list columns: ``vec`` always 4 floats, ``tok`` token ids of lengths 1..6 in one
+    and 2..9 in the other (the longest padded list is the second source's)."""
+    root = tmp_path_factory.mktemp("mixture_lists")
+    plans = []
+    for s, (n, low, high) in enumerate(((96, 1, 6), (80, 2, 9))):
+        rng = np.random.default_rng(s)
+        tok = [list(range(i, i + int(rng.integers(low, high + 1)))) for i in range(n)]
+        tok[0], tok[1] = list(range(low)), list(range(high))  # both extremes present
+        table = pa.table({"id": np.arange(n), "vec": pa.array([[i + 0.5 * k for k in range(4)] for i in range(n)],
+                                                                pa.list_(pa.float32())),
+                          "tok": pa.array(tok, pa.list_(pa.int64()))})
+        plans.append(plan_shards(write(root / f"s{s}", table), 2, batch_size=8, engine="local", seed=s))
+    return plans
+
+
+def by_id(loader, plan_index=None):
+    """Every delivered row's values by (source, id), and the batches' keys, dtypes and shapes."""
+    rows, forms = {}, set()
+    for batch in loader:
+        forms.add(tuple((k, str(np.asarray(v).dtype) if isinstance(v, np.ndarray) else type(v).__name__,
+                         np.asarray(v).shape[1:] if isinstance(v, np.ndarray) else None)
+                        for k, v in batch.items() if k != "_source"))
+        sources = batch["_source"] if plan_index is None else [plan_index] * len(batch["id"])
+        for j, (s, i) in enumerate(zip(sources, batch["id"], strict=True)):
+            rows[(int(s), int(i))] = {k: v[j] for k, v in batch.items() if k not in ("_source", "id")}
+    return rows, forms
+
+
+def same(a, b):
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("options", [dict(list_format="auto"), dict(list_format="padded"),
+                                     dict(list_format={"vec": "tensor", "tok": "padded"}),
+                                     dict(list_shapes={"vec": (4,)}), dict(list_format="python")])
+def test_a_mixture_delivers_lists_as_one_plan_does(list_plans, options):
+    kwargs = dict(backend="arrow", batch_format="numpy", workers_count=1, **options)
+    mixture = make_loader(0, 2, plan=list_plans, weights=[1, 1], **kwargs)
+    mixed, forms = by_id(mixture)
+    assert len(forms) == 1, "every batch has the same keys, dtypes and shapes"
+    longest = max(len(row["tok"]) for row in mixed.values())
+    singles = [make_loader(0, 2, plan=p, **kwargs) for p in list_plans]
+    for name in mixture.schema.names:
+        if name == "_source":
+            continue
+        declared = [s.schema[name] for s in singles]
+        if name == "tok" and "padded" in str(options):  # padded to the longest list of either source
+            assert mixture.schema[name].shape == (max(d.shape[0] for d in declared),) == (9,)
+            declared = [d.__class__(**{**d.__dict__, "shape": (9,)}) for d in declared]
+        assert mixture.schema[name] in declared, name
+    checked = 0
+    for s, single in enumerate(singles):
+        alone, _ = by_id(single, s)
+        for key, row in mixed.items():
+            if key not in alone:
+                continue
+            for name, value in row.items():
+                theirs = alone[key][name]
+                if name == "tok" and isinstance(value, np.ndarray) and value.ndim == 1 and "padded" in str(options):
+                    n = int(row["tok__lengths"])
+                    assert value.shape == (longest,) and not value[n:].any()
+                    value, theirs = value[:n], theirs[:n]
+                assert same(value, theirs), (key, name, value, theirs)
+            checked += 1
+    assert checked >= 40
+
+
+def test_tensor_lists_of_other_lengths_are_refused_for_a_mixture_as_for_one_plan(list_plans):
+    for plan in (list_plans[0], list_plans):
+        with pytest.raises(ValueError, match=r"list_format='tensor': column 'tok' holds lists of \d+ to \d+ items"):
+            make_loader(0, 2, plan=plan, weights=[1, 1] if isinstance(plan, list) else None, backend="arrow",
+                        list_format="tensor")
+    with pytest.raises(ValueError, match=r"'nope', which is not a list column read"):
+        make_loader(0, 2, plan=list_plans, weights=[1, 1], backend="arrow", list_shapes={"nope": (2,)})
