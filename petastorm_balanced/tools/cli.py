@@ -120,10 +120,20 @@ def _inspect_mixture(args) -> int:
         raise InputError(f"--weights {args.weights!r} must be numbers separated by commas (0.7,0.3)") from None
     if args.state or args.plot:
         raise InputError("--state and --plot apply to one plan; leave them out for a mixture")
-    report = mixture_report([_load(u) for u in urls], [fsutil.normalize_url(u) for u in urls], weights,
-                            world_size=args.world_size, batch_size=args.batch_size, epoch=args.epoch,
-                            epoch_steps=args.epoch_steps)
+    plans = [_load(u) for u in urls]
+    report = mixture_report(plans, [fsutil.normalize_url(u) for u in urls], weights, world_size=args.world_size,
+                            batch_size=args.batch_size, epoch=args.epoch, epoch_steps=args.epoch_steps,
+                            num_workers=args.workers)
+    quality = None
+    if args.shuffle_quality:
+        from .shuffle_quality import shuffle_quality
+        quality = shuffle_quality(plans, args.shuffle_quality, world_size=args.world_size,
+                                  batch_size=report["batch_size"], epoch=args.epoch,
+                                  shuffle_budget=args.shuffle_budget, weights=weights, epoch_steps=args.epoch_steps)
+        report["shuffle_quality"] = quality.as_dict()
     print(json.dumps(report, indent=2) if args.json else format_mixture(report))
+    if quality is not None and not args.json:
+        print(quality.format())
     return OK
 
 

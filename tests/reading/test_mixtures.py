@@ -375,6 +375,33 @@ def test_inspect_shows_steps_rows_and_passes_of_each_source(plans, tmp_path, cap
     assert "--weights" in capsys.readouterr().err
 
 
+def test_inspect_measures_a_mixtures_shuffle_quality_and_says_what_workers_read(plans, tmp_path, capsys):
+    from petastorm_balanced.core.quality import Quality
+    from petastorm_balanced.tools.cli import main
+    from petastorm_balanced.tools.shuffle_quality import _binner
+    urls = [plan.save(str(tmp_path / f"plan{i}")) for i, plan in enumerate(plans)]
+    args = ["inspect", *urls, "--weights", "0.5,0.3,0.2", "--world-size", "2", "--shuffle-quality", "id"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    quality = report["shuffle_quality"]
+    assert (quality["world_size"], quality["batch_size"], quality["column"]) == (2, 16, "id")
+    # the mixture loader's own batches, measured the same way
+    per_rank = [[b["id"].numpy() for b in make_loader(r, 2, plan=plans, weights=[0.5, 0.3, 0.2], backend="arrow")]
+                for r in range(2)]
+    reference = np.concatenate([b for batches in per_rank for b in batches])
+    binned = _binner(reference)
+    step = Quality.of([binned(np.concatenate(s)) for s in zip(*per_rank, strict=True)], binned(reference), 0)
+    assert quality["global_batch"]["tv"] == pytest.approx(step.tv)
+    assert main(args) == 0
+    assert "shuffle quality of 'id'" in capsys.readouterr().out
+    assert main([*args[:-2], "--workers", "4", "--json"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert four["workers"] == 4
+    assert all(s["read_per_rank"] == 4 * s["rows_per_rank"] for e in four["epochs"] for s in e["sources"])
+    assert main([*args[:-2], "--workers", "4"]) == 0
+    assert "4 DataLoader workers per rank" in capsys.readouterr().out
+
+
 @settings(max_examples=10, deadline=None)
 @given(workers=st.integers(1, 4), start=st.integers(0, 30), count=st.integers(1, 25),
        weights=st.sampled_from([[5, 3, 2], [1, 2, 3], [0.45, 0.45, 0.1]]))
