@@ -277,11 +277,12 @@ class MixturePosition:
                                     f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
                                     f"balance={saved_balance!r} to resume that position")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
+        updated = self._updated(state[PLAN_CHECKSUM], state[SOURCES])
         for key, value in expected.items():
             if state[key] == value:
                 continue
-            if key == WORLD_SIZE:
-                continue  # another world size: an elastic resume, below
+            if key == WORLD_SIZE or (key == PLAN_CHECKSUM and updated):
+                continue  # another world size: an elastic resume, below; updated plans: checked in _updated
             raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                     "position only resumes a loader with the same plans and settings")
         sources = state[SOURCES]
@@ -313,6 +314,32 @@ class MixturePosition:
         self.heads = tuple(heads)
         self.batches, self._steps = batch, self.mixture.steps_of(self.anchor)
         self._owner, self.resumed = None, True
+
+
+    def _updated(self, saved, sources) -> bool:
+        """Whether the saved checksums are those of plans that this mixture's plans update (``ShardPlan.extends``,
+        ``plan_shards(update=)``) and the rest equal. As for one plan (``Position``), an updated plan's rows join
+        where a pass of it starts, because a pass in progress was dealt from the old catalog: each updated source
+        must stand at the start of a pass (``[pass, 0]``), else refused naming the source and the fix."""
+        plans = self.settings.plans
+        if not isinstance(saved, list) or len(saved) != len(plans) or saved == [p.checksum for p in plans]:
+            return False
+        changed = [i for i, (old, plan) in enumerate(zip(saved, plans, strict=True)) if old != plan.checksum]
+        if any(saved[i] not in plans[i].extends for i in changed):
+            return False  # another plan altogether: the usual message
+        for i in changed:
+            entry = sources[i] if isinstance(sources, list) and len(sources) == len(plans) else None
+            if isinstance(entry, list) and len(entry) == 2 and entry[1] == 0:
+                continue
+            where = f"state['mixture'][{SOURCES!r}][{i}]"
+            skip = "" if not isinstance(entry, list) or not entry or not isinstance(entry[0], int) else \
+                f", or set {where} = [{entry[0] + 1}, 0] to start its next pass now (what pass {entry[0]} had left " \
+                "is then not delivered in it)"
+            raise InvalidValueError(f"{where}={entry!r} stands inside a pass of the plan that plan[{i}] updates "
+                                    f"(checksum {str(saved[i])[:12]}); an updated plan's rows join at the start of a "
+                                    "pass of that source, since the pass in progress was dealt from the old plan: "
+                                    f"resume on the old plans until source {i} starts a pass{skip}")
+        return True
 
 
 class MixtureRun:

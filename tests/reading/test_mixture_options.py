@@ -129,3 +129,42 @@ def test_tensor_lists_of_other_lengths_are_refused_for_a_mixture_as_for_one_plan
                         list_format="tensor")
     with pytest.raises(ValueError, match=r"'nope', which is not a list column read"):
         make_loader(0, 2, plan=list_plans, weights=[1, 1], backend="arrow", list_shapes={"nope": (2,)})
+
+
+def test_an_updated_source_resumes_at_its_pass_start_as_one_plan_does_and_mid_pass_is_refused_naming_it(tmp_path):
+    """Source 0 (100 rows, 5 per batch of 10: its pass ends exactly at a batch) is the scarcest, so an epoch
+    boundary is its pass start; then it gains a file of 50 rows (``plan_shards(update=)``)."""
+    a = tmp_path / "a"
+    dataset(a, 100)
+    b = dataset(tmp_path / "b", 300)
+    old = plan_shards(str(a), 1, batch_size=10, engine="local", seed=1)
+    other = plan_shards(b, 1, batch_size=10, engine="local", seed=2)
+    kwargs = dict(weights=[1, 1], batch_size=10, backend="arrow", workers_count=1, batch_format="numpy")
+    loader = make_loader(0, 1, plan=[old, other], **kwargs)
+    assert len(list(loader)) == 20
+    boundary = loader.state_dict()
+    assert boundary["mixture"]["sources"][0] == [1, 0]
+    next(iter(loader))
+    inside = loader.state_dict()
+    pq.write_table(pa.table({"id": np.arange(100, 150), "n": np.ones(50, np.int64)}), a / "part-9.parquet",
+                   row_group_size=16)
+    new = plan_shards(str(a), 1, batch_size=10, engine="local", seed=1, update=old)
+    assert old.checksum in new.extends
+    resumed = make_loader(0, 1, plan=[new, other], **kwargs)
+    resumed.load_state_dict(boundary)
+    batches = list(resumed)
+    assert len(batches) == 30, "the updated source's pass holds its 150 rows, 5 per batch"
+    ids = [i for b in batches for s, i in zip(b["_source"], b["id"], strict=True) if s == 0]
+    assert sorted(ids) == list(range(150)), "every row of the updated plan once in its pass, the new ones included"
+    # the other source continues exactly where it stood, as without the update
+    unchanged = make_loader(0, 1, plan=[old, other], **kwargs)
+    unchanged.load_state_dict(boundary)
+    theirs = [i for b in unchanged for s, i in zip(b["_source"], b["id"], strict=True) if s == 1]
+    ours = [i for b in batches for s, i in zip(b["_source"], b["id"], strict=True) if s == 1]
+    assert ours[:len(theirs)] == theirs
+    with pytest.raises(ValueError, match=r"state\['mixture'\]\['sources'\]\[0\]=\[1, 5\] stands inside a pass .* "
+                                         r"= \[2, 0\]"):
+        make_loader(0, 1, plan=[new, other], **kwargs).load_state_dict(inside)
+    stranger = plan_shards(b, 1, batch_size=10, engine="local", seed=5)
+    with pytest.raises(ValueError, match="same plans and settings"):
+        make_loader(0, 1, plan=[new, stranger], **kwargs).load_state_dict(boundary)
