@@ -26,9 +26,9 @@ from ..plan.model import ShardPlan
 from . import stream
 from .backends import BACKENDS
 from .columns import Columns, dataset_columns
-from .list_shapes import PYTHON_LISTS, ListOptions
 from .convert import concat_arrays
 from .device import close_iterator
+from .list_shapes import PYTHON_LISTS, ListOptions
 from .mixture_elastic import Head, SourceLayout
 from .schema import MASK_SUFFIX, ColumnSchema
 
