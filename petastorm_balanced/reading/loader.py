@@ -21,7 +21,7 @@ from ..world import World, resolve_world
 from . import stream
 from .backends import BACKENDS, resolve_backend
 from .backends.reader_keeper import ReaderKeeper
-from .device import NO_FEED, Feed, check_feed, close_iterator, feed
+from .device import NO_FEED, Feed, check_feed, delivered
 from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import SHUFFLE_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
@@ -90,14 +90,7 @@ class BalancedLoader(PlannedView):
                 size = settings.batch_size or len(batch_run[stream.PADDING])
                 yield from self._cut(batch_run, size, settings.padding_mask)
 
-        fed = feed(tensors(), self._feed)  # one batch may be held ahead: it counts only once delivered here
-        try:
-            for batch in fed:
-                run.delivered()
-                yield batch
-        finally:
-            close_iterator(fed)
-            close_iterator(runs)
+        yield from delivered(tensors(), self._feed, run, runs)  # a batch held ahead counts once handed on
 
     @property
     def sampler(self) -> EpochSampler:

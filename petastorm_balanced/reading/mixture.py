@@ -45,7 +45,7 @@ from . import mixture_elastic, stream
 from . import state as loader_state
 from .backends import resolve_backend
 from .columns import with_cost_source
-from .device import NO_FEED, Feed, close_iterator, feed
+from .device import NO_FEED, Feed, delivered
 from .fragments import as_list
 from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
@@ -422,14 +422,7 @@ class MixtureLoader(PlannedView):
             for numpy_run in runs:
                 yield from self._cut(numpy_run, settings.batch_size, settings.padding_mask)
 
-        fed = feed(tensors(), self._feed)
-        try:
-            for batch in fed:
-                run.delivered()
-                yield batch
-        finally:
-            close_iterator(fed)
-            close_iterator(runs)
+        yield from delivered(tensors(), self._feed, run, runs)
 
     @property
     def sampler(self) -> EpochSampler:

@@ -97,16 +97,7 @@ def cmd_inspect(args) -> int:
     if args.plot:
         from .plot import plot_report
         report["plot"] = plot_report(report, args.plot)
-    quality = None
-    if args.shuffle_quality:
-        from .shuffle_quality import shuffle_quality
-        quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size, batch_size=batch_size,
-                                  epoch=epoch, shuffle_budget=args.shuffle_budget)
-        report["shuffle_quality"] = quality.as_dict()
-    print(json.dumps(report, indent=2) if args.json else format_inspect(report))
-    if quality is not None and not args.json:
-        print(quality.format())
-    return OK
+    return _show(args, report, format_inspect, plan, batch_size=batch_size, epoch=epoch)
 
 
 def _inspect_mixture(args) -> int:
@@ -124,14 +115,20 @@ def _inspect_mixture(args) -> int:
     report = mixture_report(plans, [fsutil.normalize_url(u) for u in urls], weights, world_size=args.world_size,
                             batch_size=args.batch_size, epoch=args.epoch, epoch_steps=args.epoch_steps,
                             num_workers=args.workers)
+    return _show(args, report, format_mixture, plans, batch_size=report["batch_size"], epoch=args.epoch,
+                 weights=weights, epoch_steps=args.epoch_steps)
+
+
+def _show(args, report: dict, formatted, plan, **loader) -> int:
+    """Print an ``inspect`` report (one plan's or a mixture's), with ``--shuffle-quality`` measured on the batches
+    of the loader ``plan`` and ``loader`` describe."""
     quality = None
     if args.shuffle_quality:
         from .shuffle_quality import shuffle_quality
-        quality = shuffle_quality(plans, args.shuffle_quality, world_size=args.world_size,
-                                  batch_size=report["batch_size"], epoch=args.epoch,
-                                  shuffle_budget=args.shuffle_budget, weights=weights, epoch_steps=args.epoch_steps)
+        quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size,
+                                  shuffle_budget=args.shuffle_budget, **loader)
         report["shuffle_quality"] = quality.as_dict()
-    print(json.dumps(report, indent=2) if args.json else format_mixture(report))
+    print(json.dumps(report, indent=2) if args.json else formatted(report))
     if quality is not None and not args.json:
         print(quality.format())
     return OK
