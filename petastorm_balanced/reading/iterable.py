@@ -128,8 +128,14 @@ class BalancedIterableDataset(PlannedView, _Base):
         if wrapper is not None:
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        slot = mixture_slot if self._mixture else type(self)._slot
-        return slot(self, num_workers, worker, self._numpy_out, info is not None)
+        position = self._position
+        if isinstance(position, MixturePosition):
+            progress = None if info is None else []
+            if progress is not None:
+                self._in_worker = progress
+            return mixture_slot(position, num_workers, worker, self._numpy_out, progress,
+                                self._worker_resume is not None)
+        return self._slot(num_workers, worker, self._numpy_out, info is not None)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the

@@ -97,6 +97,11 @@ class BalancedLoader(PlannedView):
         """``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)`` (how Lightning tells the epoch)."""
         return EpochSampler(self)
 
+    def steps_of(self, epoch: int, stages=()) -> int:
+        """Steps of ``epoch`` on this loader's world (after ``stages``: an elastic resume's earlier worlds), which an
+        adapter that counts consumed batches across epochs (``petastorm_balanced.tf``) needs."""
+        return int(self._settings.steps_of(epoch, stages))
+
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by
         ``load_state_dict`` is kept, so calling ``set_epoch`` at the top of every epoch is safe after resuming."""

@@ -489,26 +489,28 @@ def worker_batches(settings: MixtureSettings, point: Point, count: int, num_work
             index += 1
 
 
-def mixture_slot(dataset, num_workers: int, worker: int, numpy_out: bool, in_worker: bool) -> Iterator[dict]:
-    """``BalancedIterableDataset.__iter__`` over a mixture: this worker's batches from the position (inside a
-    DataLoader worker: the position copied when the workers started; in this process: counted as delivered)."""
-    position: MixturePosition = dataset._position
-    if in_worker:
-        if dataset._worker_resume is not None:
+def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy_out: bool,
+                 progress: list[int] | None, worker_state: bool = False) -> Iterator[dict]:
+    """``BalancedIterableDataset.__iter__`` over a mixture: this worker's batches from ``position``. Inside a
+    DataLoader worker (``progress``, a list the dataset keeps: filled with ``[epoch, batch, batches delivered]``
+    here) from the position copied when the workers started, a loaded worker state (``worker_state``) refused; in
+    this process (``progress`` None) counted as delivered."""
+    if progress is not None:
+        if worker_state:
             raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
                                     "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
         position.current()
         point, steps, run, heads = position.point(), position.steps(), None, position.heads
-        progress = dataset._in_worker = [point.epoch, point.batch, 0]
+        progress[:] = [point.epoch, point.batch, 0]
     else:
         run = position.begin()
         point, steps, heads = run.point, run.steps, run.heads
-    for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out,
+    for batch in worker_batches(position.settings, point, steps - point.batch, num_workers, worker, numpy_out,
                                 heads):
-        if run is None:
-            progress[2] += 1
-        else:
+        if run is not None:
             run.delivered()
+        elif progress is not None:
+            progress[2] += 1
         yield batch
 
 
