@@ -93,6 +93,7 @@ class MixtureSettings:
         self.options = options
         _refuse(options)
         self.shuffle, self.shuffle_window, self.reshuffle = options.shuffle, options.shuffle_window, options.reshuffle
+        self.shuffle_budget = int(options.shuffle_budget)  # bytes, shared by the sources
         self.padding_mask = options.padding_mask
         self.batch_size = self._batch_size(options.batch_size)
         self.epoch_steps = None if epoch_steps is None else check_int("epoch_steps", epoch_steps, minimum=1)

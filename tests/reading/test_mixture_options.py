@@ -168,3 +168,9 @@ def test_an_updated_source_resumes_at_its_pass_start_as_one_plan_does_and_mid_pa
     stranger = plan_shards(b, 1, batch_size=10, engine="local", seed=5)
     with pytest.raises(ValueError, match="same plans and settings"):
         make_loader(0, 1, plan=[new, stranger], **kwargs).load_state_dict(boundary)
+
+
+def test_a_mixture_says_its_shuffle_budget_as_one_plan_does(list_plans):
+    for plan, weights in ((list_plans, [1, 1]), (list_plans[0], None)):
+        loader = make_loader(0, 2, plan=plan, weights=weights, backend="arrow", shuffle_budget="64MiB")
+        assert loader.shuffle_budget == 64 * 2**20
