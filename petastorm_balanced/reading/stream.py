@@ -87,9 +87,9 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
                 for name in drop:
                     del columns[name]
                     columns.pop(name + MASK_SUFFIX, None)
-            if alias and alias[0]:
+            if alias and alias[0] and cost is not None:  # alias is decided only with a cost
                 for run in batcher.push(columns):
-                    run[COST_COLUMN] = run[cost.column]  # type: ignore[union-attr]
+                    run[COST_COLUMN] = run[cost.column]
                     yield run
             else:
                 yield from batcher.push(columns)
