@@ -59,7 +59,7 @@ else:
     _ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
 
 
-class BalancedIterableDataset(PlannedView, _Base):
+class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position | MixturePosition], _Base):
     """Batches of rank ``rank`` (default: ``World.detect()``), split over the DataLoader's workers.
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
@@ -95,8 +95,8 @@ class BalancedIterableDataset(PlannedView, _Base):
             settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
                                        epoch_steps=epoch_steps, backend=backend,
                                        reader_options={"reader_pool_type": "dummy"})
-            self._settings, self.backend = settings, settings.backend  # type: ignore[assignment]
-            self._position = MixturePosition(settings, epoch)  # type: ignore[assignment]
+            self._settings, self.backend = settings, settings.backend
+            self._position = MixturePosition(settings, epoch)
         else:
             check_single_plan(weights, epoch_steps)
             plan = resolve_plan(plan)  # loaded once here: its table decides the backend
@@ -130,7 +130,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         position = self._position
         if isinstance(position, MixturePosition):
-            progress = None if info is None else []
+            progress: list[int] | None = None if info is None else []
             if progress is not None:
                 self._in_worker = progress
             return mixture_slot(position, num_workers, worker, self._numpy_out, progress,
@@ -145,22 +145,24 @@ class BalancedIterableDataset(PlannedView, _Base):
         return state
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
-        settings = self._settings
+        settings, position = self._settings, self._position
+        if not isinstance(settings, Settings) or not isinstance(position, Position):
+            raise TypeError("a mixture's batches come from mixture_slot")  # __iter__ sends mixtures there
         batch_size = settings.batch_size
         if batch_size is None:  # Settings leaves it None only for a token budget, which this dataset never asks for
             raise RuntimeError("BalancedIterableDataset has no batch size")
-        if self._position.resumed and self._worker_resume is None and self._num_workers != num_workers:
-            self._position.rebase(self._num_workers)  # saved with other slots (a plain DataLoader, or none)
+        if position.resumed and self._worker_resume is None and self._num_workers != num_workers:
+            position.rebase(self._num_workers)  # saved with other slots (a plain DataLoader, or none)
             self._num_workers = num_workers
-        stages = self._position.stages
+        stages = position.stages
         run: Run | None
         if in_worker:
             run = None
-            progress = self._in_worker = list(self._worker_resume or (*self._position.current(), 0))
+            progress = self._in_worker = list(self._worker_resume or (*position.current(), 0))
             self._worker_resume = None
             epoch, done, own = progress
         else:
-            run = self._position.begin()
+            run = position.begin()
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]

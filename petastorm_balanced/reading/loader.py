@@ -37,7 +37,7 @@ LOADER_REFUSED = {
 }
 
 
-class BalancedLoader(PlannedView):
+class BalancedLoader(PlannedView[Settings, Position]):
     """Batches of one rank: ``for batch in loader`` is one epoch; the next ``iter()`` serves the next one.
 
     Only delivered batches and ``set_epoch`` move the position (``position.Position``): an ``iter()`` abandoned

@@ -377,16 +377,13 @@ def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None
                 source.close()
 
 
-class MixtureLoader(PlannedView):
+class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
     """Batches of one rank over a mixture of plans; made by ``make_loader(plan=[...], weights=[...])``.
 
     The loader's interface is ``BalancedLoader``'s (``len``, ``set_epoch``, ``state_dict``, ``load_state_dict``,
     ``schema``, ``close``); ``loader.plan`` is the tuple of plans. Each source is read by its own reader (the
     backend's threads or pool), so the loader's memory is about one shuffle window and the prefetch per source.
     """
-
-    _settings: MixtureSettings  # type: ignore[assignment]
-    _position: MixturePosition  # type: ignore[assignment]
 
     def __init__(self, settings: MixtureSettings, epoch: int = 0, feeding: Feed = NO_FEED):
         self._cut = format_batches(settings.options.batch_format)  # imports torch for torch batches

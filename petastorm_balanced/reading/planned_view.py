@@ -2,12 +2,33 @@
 their settings and position; ``EpochSampler``: the ``loader.sampler`` frameworks tell the epoch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from .position import Position
     from .schema import BatchSchema
-    from .settings import Settings
+
+
+class ViewSettings(Protocol):
+    """What a loader's settings say about it (one plan's ``Settings``, a mixture's ``MixtureSettings``)."""
+
+    plan: Any
+    rank: int
+    world_size: int
+    batch_size: Any  # rows per batch; None: a token budget
+    shuffle_window: Any
+    shuffle_budget: int
+    schema: BatchSchema
+
+
+class ViewPosition(Protocol):
+    """What a loader's position says (``Position``, ``MixturePosition``)."""
+
+    def current(self) -> tuple[int, int]: ...
+    def steps(self) -> int: ...
+
+
+S = TypeVar("S", bound=ViewSettings)
+P = TypeVar("P", bound=ViewPosition)
 
 
 class EpochSampler:
@@ -21,11 +42,11 @@ class EpochSampler:
         self._owner.set_epoch(epoch)
 
 
-class PlannedView:
+class PlannedView(Generic[S, P]):
     """What both loaders say about themselves, read from their settings and position."""
 
-    _settings: Settings  # set by the loader's __init__
-    _position: Position
+    _settings: S  # set by the loader's __init__
+    _position: P
 
     plan = property(lambda self: self._settings.plan)
     rank = property(lambda self: self._settings.rank)
