@@ -17,6 +17,7 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Iterator, Sequence
 from types import FrameType
@@ -41,9 +42,9 @@ from .settings import Settings
 from .tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
 
 try:
-    import torch
+    torch: Any = importlib.import_module("torch")
 except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]  # no torch here: the classes refuse (require_torch)
+    torch = None  # no torch here: the classes refuse (require_torch)
 
 if TYPE_CHECKING:  # the classes as torch defines them (the runtime bases are object where torch is missing)
     from os import PathLike
