@@ -17,6 +17,7 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Iterator, Sequence
@@ -34,7 +35,7 @@ from .backends import BACKENDS, resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .mixture import MixturePosition, MixtureSettings, check_single_plan, mixture_slot
+from .mixture import MixturePosition, MixtureRun, MixtureSettings, check_single_plan, mixture_slot
 from .options import SHUFFLE_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position, Run
@@ -243,6 +244,27 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
         self._worker_resume = (*self._position.current(), own)
 
+    @contextlib.contextmanager
+    def starting(self, slots: int, numpy_out: bool) -> Iterator[None]:
+        """While a DataLoader starts ``slots`` workers on this dataset (``BalancedDataLoader``): a pending position
+        saved with other slots continues elastically, and the workers copy the dataset with ``numpy_out`` (their
+        batches go to the main process as numpy, made tensors there)."""
+        if self._position.resumed and self._num_workers != slots:
+            self._position.rebase(self._num_workers)  # the pending position, for slots of another layout
+        self._num_workers, self._numpy_out = slots, numpy_out
+        try:
+            yield
+        finally:
+            self._numpy_out = False
+
+    def begin(self) -> Run | MixtureRun:
+        """Take the position for an iteration counted in this process (the DataLoader's main process)."""
+        return self._position.begin()
+
+    @property
+    def batch_format(self) -> str:
+        return self._settings.options.batch_format
+
     def dataloader(self, num_workers: int = 0, **kwargs) -> BalancedDataLoader:
         """A ``BalancedDataLoader`` over this dataset: counts batches for ``state_dict``, one epoch per iter."""
         return BalancedDataLoader(self, num_workers=num_workers, **kwargs)
@@ -298,17 +320,10 @@ class BalancedDataLoader(_Loader):
     def _start(self):
         """Start the workers at the position now (the first ``next()``, after any ``set_epoch``)."""
         dataset = self.dataset
-        slots = max(1, self.num_workers)
-        if dataset._position.resumed and dataset._num_workers != slots:
-            dataset._position.rebase(dataset._num_workers)  # the pending position, for slots of another layout
-        dataset._num_workers = slots
-        dataset._numpy_out = self._tensors_here  # workers copy the dataset while the base iterator starts
-        try:
+        with dataset.starting(max(1, self.num_workers), self._tensors_here):  # workers copy it while they start
             batches = super().__iter__()
-        finally:
-            dataset._numpy_out = False
         # With workers the main process counts; without, the dataset iterates (and counts) here.
-        run = dataset._position.begin() if self.num_workers > 0 else None
+        run = dataset.begin() if self.num_workers > 0 else None
         return batches, run
 
     def set_epoch(self, epoch: int) -> None:
@@ -366,7 +381,7 @@ class _Counted:
         if self._batches is None:
             batches, self._run = self._loader._start()
             if self._loader._tensors_here:  # the workers' numpy batches in the dataset's format
-                convert = to_torch if self._loader.dataset._settings.options.batch_format == TORCH else to_numpy
+                convert = to_torch if self._loader.dataset.batch_format == TORCH else to_numpy
                 batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
         batch = next(self._batches)
