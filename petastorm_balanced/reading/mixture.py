@@ -66,6 +66,7 @@ from .state import (
     RESHUFFLE,
     SHUFFLE,
     SHUFFLE_WINDOW,
+    SOURCE_ORDER,
     SOURCES,
     WEIGHTS,
     WORLD_SIZE,
@@ -256,7 +257,8 @@ class MixturePosition:
         return {EPOCH: epoch, BATCHES: batch, **self.settings.identity(), **(extra or {}),
                 WEIGHTS: [str(w) for w in self.settings.weights], EPOCH_STEPS: self.settings.epoch_steps,
                 PHASE: point.phase, SOURCES: [mixture_elastic.encode(c, h, r) for c, h, r in
-                                              zip(point.counters, self.heads, rows, strict=True)]}
+                                              zip(point.counters, self.heads, rows, strict=True)],
+                SOURCE_ORDER: mixture_elastic.ORDER_VERSION}
 
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
@@ -291,6 +293,7 @@ class MixturePosition:
         if not isinstance(sources, list) or len(sources) != len(rows):
             raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
                                     f"{len(rows)} sources")
+        _check_order(state.get(SOURCE_ORDER, 1), sources)
         saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
         counters, heads = [], []
         for i, entry in enumerate(sources):
@@ -341,6 +344,26 @@ class MixturePosition:
                                     "pass of that source, since the pass in progress was dealt from the old plan: "
                                     f"resume on the old plans until source {i} starts a pass{skip}")
         return True
+
+
+def _check_order(saved, sources: list) -> None:
+    """A state saved when every source read pass ``p`` as its plan's epoch ``p`` (no ``source_order``: version 1)
+    holds positions in those orders; this release keys each source's order by its place as well
+    (``SourceLayout.plan_epoch``), so a source inside a pass would continue in another order (rows twice, rows
+    never): loaded only where every source starts a pass, or with one source (the orders agree), else refused."""
+    if saved == mixture_elastic.ORDER_VERSION or len(sources) == 1:
+        return
+    if saved != 1:
+        raise InvalidValueError(f"state['mixture'][{SOURCE_ORDER!r}]={saved!r} is not an order this release reads "
+                                f"(1 or {mixture_elastic.ORDER_VERSION}); {loader_state.FIX}")
+    inside = next((i for i, e in enumerate(sources) if not (isinstance(e, list) and len(e) == 2 and e[1] == 0)), None)
+    if inside is not None:
+        raise InvalidValueError(
+            f"state['mixture'] has no {SOURCE_ORDER!r}: it was saved when each source read pass p as its plan's epoch "
+            f"p, and this release keys each source's order by its place too; source {inside} stands inside a pass "
+            f"({sources[inside]!r}), which would continue in another order: finish the epoch with the release that "
+            f"saved the state, or restart that source's pass by setting state['mixture'][{SOURCES!r}][{inside}] to "
+            "[pass, 0] (its rows of the pass come again)")
 
 
 class MixtureRun:

@@ -30,6 +30,8 @@ from ..core.shuffle import Windows, slot_key
 from ..errors import InvalidValueError
 from ..plan.model import ShardPlan
 
+ORDER_VERSION = 2  # how a source's pass picks its plan epoch (``SourceLayout.plan_epoch``); states record it
+
 
 @dataclass(frozen=True)
 class Head:

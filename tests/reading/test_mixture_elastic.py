@@ -195,3 +195,26 @@ def test_the_same_plan_twice_without_shuffling_is_refused_naming_it(plans):
     with pytest.raises(ValueError, match=r"plan\[2\] is plan\[0\] again .* shuffle=False"):
         make([plans[0], plans[1], plans[0]], 0, 2, weights=[1, 1, 1], batch_size=12, shuffle=False)
     make([plans[0], plans[1]], 0, 2, weights=[1, 1], batch_size=12, shuffle=False)  # distinct plans: fine
+
+
+def test_a_state_from_before_place_keyed_orders_loads_only_where_every_source_starts_a_pass(plans):
+    kwargs = dict(weights=[5, 3, 2], batch_size=10, shuffle_window=30)
+    loader = make(plans, 0, 2, **kwargs)
+    take(loader, 9)
+    values = flat(loader.state_dict())
+    assert values["source_order"] == 2
+    old = {k: v for k, v in values.items() if k != "source_order"}  # as saved before the key existed
+    with pytest.raises(ValueError, match=r"has no 'source_order'.*source 0 stands inside a pass"):
+        make(plans, 0, 2, **kwargs).load_state_dict(nest(old))
+    with pytest.raises(ValueError, match=r"'source_order'\]=7 is not an order"):
+        make(plans, 0, 2, **kwargs).load_state_dict(nest({**values, "source_order": 7}))
+    starts = {**old, "sources": [[1, 0], [0, 0], [2, 0]], "batches": 0}
+    fresh = make(plans, 0, 2, **kwargs)
+    fresh.load_state_dict(nest(starts))  # every source at a pass start: the orders of both releases begin there
+    assert flat(fresh.state_dict())["sources"] == [[1, 0], [0, 0], [2, 0]]
+    one = make(plans[:1], 0, 2, weights=[1], batch_size=10, shuffle_window=30)
+    take(one, 5)
+    single = {k: v for k, v in flat(one.state_dict()).items() if k != "source_order"}
+    again = make(plans[:1], 0, 2, weights=[1], batch_size=10, shuffle_window=30)
+    again.load_state_dict(nest(single))  # one source: pass p was plan epoch p before and after
+    assert take(again, 3) == take(one, 3)
