@@ -39,9 +39,8 @@ from ..core.params import check_int
 from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.load import resolve_plan
-from ..plan.model import ShardPlan
 from ..world import World
-from . import mixture_elastic, stream
+from . import mixture_elastic, mixture_resume, stream
 from . import state as loader_state
 from .backends import resolve_backend
 from .columns import with_cost_source
@@ -87,7 +86,7 @@ class MixtureSettings:
             raise InvalidValueError("plan=[...] (a mixture) needs weights=, one positive number per plan, such as "
                                     "weights=[0.7, 0.3]")
         self.plans = tuple(resolve_plan(p) for p in plans)
-        _refuse_twice(self.plans, options.shuffle)
+        mixture_resume.refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
         self.weights = parse_weights(weights, len(self.plans))
         self.rank, self.world_size = world.rank, world.size
@@ -156,22 +155,6 @@ class MixtureSettings:
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
                 RESHUFFLE: self.reshuffle, **cost}
-
-
-def _refuse_twice(plans: Sequence[ShardPlan], shuffle: bool) -> None:
-    """The same plan at two places reads two independent orders, each source's own (``SourceLayout.plan_epoch``):
-    its rows repeat at the rate of the summed weights, as an oversampled source should. Without shuffling both
-    places would read the same rows in the same order, every batch holding its rows twice: refused."""
-    if shuffle:
-        return
-    seen: dict[str, int] = {}
-    for index, plan in enumerate(plans):
-        first = seen.setdefault(plan.checksum, index)
-        if first != index:
-            raise InvalidValueError(f"plan[{index}] is plan[{first}] again ({plan.dataset_url}) with shuffle=False: "
-                                    "both places would read the same rows in the same order; pass shuffle=True "
-                                    "(each place then reads its own order), or give the plan once with the sum of "
-                                    "its weights")
 
 
 def _refuse(options: LoaderOptions) -> None:
@@ -280,12 +263,12 @@ class MixturePosition:
                                     f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
                                     f"balance={saved_balance!r} to resume that position")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
-        updated = self._updated(state[PLAN_CHECKSUM], state[SOURCES])
+        updated = mixture_resume.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], self.settings.plans)
         for key, value in expected.items():
             if state[key] == value:
                 continue
             if key == WORLD_SIZE or (key == PLAN_CHECKSUM and updated):
-                continue  # another world size: an elastic resume, below; updated plans: checked in _updated
+                continue  # another world size: an elastic resume, below; updated plans: checked in updated_plans
             raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                     "position only resumes a loader with the same plans and settings")
         sources = state[SOURCES]
@@ -293,7 +276,7 @@ class MixturePosition:
         if not isinstance(sources, list) or len(sources) != len(rows):
             raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
                                     f"{len(rows)} sources")
-        _check_order(state.get(SOURCE_ORDER, 1), sources)
+        mixture_resume.check_order(state.get(SOURCE_ORDER, 1), sources)
         saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
         counters, heads = [], []
         for i, entry in enumerate(sources):
@@ -318,52 +301,6 @@ class MixturePosition:
         self.heads = tuple(heads)
         self.batches, self._steps = batch, self.mixture.steps_of(self.anchor)
         self._owner, self.resumed = None, True
-
-
-    def _updated(self, saved, sources) -> bool:
-        """Whether the saved checksums are those of plans that this mixture's plans update (``ShardPlan.extends``,
-        ``plan_shards(update=)``) and the rest equal. As for one plan (``Position``), an updated plan's rows join
-        where a pass of it starts, because a pass in progress was dealt from the old catalog: each updated source
-        must stand at the start of a pass (``[pass, 0]``), else refused naming the source and the fix."""
-        plans = self.settings.plans
-        if not isinstance(saved, list) or len(saved) != len(plans) or saved == [p.checksum for p in plans]:
-            return False
-        changed = [i for i, (old, plan) in enumerate(zip(saved, plans, strict=True)) if old != plan.checksum]
-        if any(saved[i] not in plans[i].extends for i in changed):
-            return False  # another plan altogether: the usual message
-        for i in changed:
-            entry = sources[i] if isinstance(sources, list) and len(sources) == len(plans) else None
-            if isinstance(entry, list) and len(entry) == 2 and entry[1] == 0:
-                continue
-            where = f"state['mixture'][{SOURCES!r}][{i}]"
-            skip = "" if not isinstance(entry, list) or not entry or not isinstance(entry[0], int) else \
-                f", or set {where} = [{entry[0] + 1}, 0] to start its next pass now (what pass {entry[0]} had left " \
-                "is then not delivered in it)"
-            raise InvalidValueError(f"{where}={entry!r} stands inside a pass of the plan that plan[{i}] updates "
-                                    f"(checksum {str(saved[i])[:12]}); an updated plan's rows join at the start of a "
-                                    "pass of that source, since the pass in progress was dealt from the old plan: "
-                                    f"resume on the old plans until source {i} starts a pass{skip}")
-        return True
-
-
-def _check_order(saved, sources: list) -> None:
-    """A state saved when every source read pass ``p`` as its plan's epoch ``p`` (no ``source_order``: version 1)
-    holds positions in those orders; this release keys each source's order by its place as well
-    (``SourceLayout.plan_epoch``), so a source inside a pass would continue in another order (rows twice, rows
-    never): loaded only where every source starts a pass, or with one source (the orders agree), else refused."""
-    if saved == mixture_elastic.ORDER_VERSION or len(sources) == 1:
-        return
-    if saved != 1:
-        raise InvalidValueError(f"state['mixture'][{SOURCE_ORDER!r}]={saved!r} is not an order this release reads "
-                                f"(1 or {mixture_elastic.ORDER_VERSION}); {loader_state.FIX}")
-    inside = next((i for i, e in enumerate(sources) if not (isinstance(e, list) and len(e) == 2 and e[1] == 0)), None)
-    if inside is not None:
-        raise InvalidValueError(
-            f"state['mixture'] has no {SOURCE_ORDER!r}: it was saved when each source read pass p as its plan's epoch "
-            f"p, and this release keys each source's order by its place too; source {inside} stands inside a pass "
-            f"({sources[inside]!r}), which would continue in another order: finish the epoch with the release that "
-            f"saved the state, or restart that source's pass by setting state['mixture'][{SOURCES!r}][{inside}] to "
-            "[pass, 0] (its rows of the pass come again)")
 
 
 class MixtureRun:
