@@ -40,7 +40,7 @@ from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.load import resolve_plan
 from ..world import World
-from . import mixture_elastic, mixture_resume, stream
+from . import mixture_elastic, stream
 from . import state as loader_state
 from .backends import resolve_backend
 from .columns import with_cost_source
@@ -86,7 +86,7 @@ class MixtureSettings:
             raise InvalidValueError("plan=[...] (a mixture) needs weights=, one positive number per plan, such as "
                                     "weights=[0.7, 0.3]")
         self.plans = tuple(resolve_plan(p) for p in plans)
-        mixture_resume.refuse_twice(self.plans, options.shuffle)
+        mixture_elastic.refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
         self.weights = parse_weights(weights, len(self.plans))
         self.rank, self.world_size = world.rank, world.size
@@ -263,7 +263,7 @@ class MixturePosition:
                                     f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
                                     f"balance={saved_balance!r} to resume that position")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
-        updated = mixture_resume.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], self.settings.plans)
+        updated = mixture_elastic.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], self.settings.plans)
         for key, value in expected.items():
             if state[key] == value:
                 continue
@@ -276,7 +276,7 @@ class MixturePosition:
         if not isinstance(sources, list) or len(sources) != len(rows):
             raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
                                     f"{len(rows)} sources")
-        mixture_resume.check_order(state.get(SOURCE_ORDER, 1), sources)
+        mixture_elastic.check_order(state.get(SOURCE_ORDER, 1), sources)
         saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
         counters, heads = [], []
         for i, entry in enumerate(sources):
