@@ -36,7 +36,7 @@ from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
 from .mixture import MixturePosition, MixtureRun, MixtureSettings, check_single_plan, mixture_slot
-from .options import SHUFFLE_BUDGET, LoaderOptions
+from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position, Run
 from .settings import Settings
@@ -66,8 +66,9 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
     Iterated directly (or with ``num_workers=0``) it is a single slot and gives the same batches as
-    ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window of up to
-    ``shuffle_budget`` bytes: with K workers a rank holds up to K budgets. ``transform_spec`` (``TransformSpec``) runs
+    ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window; the rank's
+    ``shuffle_budget`` is shared by its K workers (each holds a K-th in memory, the rest of its window on local
+    disk: ``shuffle_spill_dir``, or the system temp folder). ``transform_spec`` (``TransformSpec``) runs
     in the DataLoader worker processes (its ``func`` must pickle for spawned workers: a module-level function).
     ``batch_format="numpy"`` yields numpy batches (``make_loader``'s), iterated directly or through
     ``ds.dataloader(num_workers=K)``: several reading processes for JAX or TensorFlow input pipelines (a plain
@@ -84,7 +85,8 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
                  world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int | None = None,
-                 shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
+                 shuffle_budget: int | str = SHUFFLE_BUDGET, shuffle_spill_dir: Any = None,
+                 shuffle_spill_budget: int | str = SPILL_BUDGET, schema_fields: Sequence[Any] | None = None,
                  padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
                  cost_reduce: str = "sum", transform_spec: Any = None, weights: Sequence[float] | None = None,
                  epoch_steps: int | None = None, list_format: Any = "auto", list_shapes: Any = None,
@@ -175,7 +177,8 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
                                 batches_done=(done + worker) // num_workers + own, cost=settings.cost,
-                                drop=settings.drop, cost_lengths=settings.cost_lengths)
+                                drop=settings.drop, cost_lengths=settings.cost_lengths,
+                                placement=settings.placement(num_workers))
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.

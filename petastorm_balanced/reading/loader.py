@@ -23,7 +23,7 @@ from .backends import BACKENDS, resolve_backend
 from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, delivered
 from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
-from .options import SHUFFLE_BUDGET, LoaderOptions
+from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
@@ -83,7 +83,8 @@ class BalancedLoader(PlannedView[Settings, Position]):
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths)
+                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths,
+                                placement=settings.placement())
 
         def tensors():
             for batch_run in runs:  # a token budget's batches come one per run
@@ -138,7 +139,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
                 workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,
                 padding_mask: bool = False, shuffle_window: int | None = None,
-                shuffle_budget: int | str = SHUFFLE_BUDGET, backend: str = "auto", partition_epoch: int = 1,
+                shuffle_budget: int | str = SHUFFLE_BUDGET, shuffle_spill_dir: Any = None,
+                shuffle_spill_budget: int | str = SPILL_BUDGET, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 weights: Sequence[float] | None = None, epoch_steps: int | None = None,
@@ -157,7 +159,14 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     rank is about the budget plus ``workers_count + 4`` bundles (the Arrow backend's prefetch; a bundle is
     consecutive fragments of at least 8,192 rows and, read by threads from a local disk, 4 MiB of decoded values,
     so a row group larger than that is one bundle); the first batch comes when the first window is read, and a
-    resume reads at most one window again.
+    resume reads at most one window again. The budget counts decoded bytes measured on sampled rows, and a window
+    that holds more than measured sends the rest to local disk, so memory stays within it (docs/shuffle.md).
+
+    ``shuffle_spill_dir=DIR`` (a local folder, such as NVMe scratch): windows hold a rank's whole share (up to
+    ``shuffle_spill_budget`` bytes of decoded rows, 64 GiB by default), what memory cannot hold written once to
+    DIR and read back memory-mapped, so batches are as random as a uniform permutation's at any scale, each row
+    read from storage once per epoch; the files are gone at the end of the epoch, at ``close()``, and (left by a
+    crash) at the next start. The first batch then waits for the slot's whole share to be read.
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
     (Petastorm's reader and pools; pyarrow < 15) or ``"auto"``: Arrow, which reads for less CPU per row, unless a

@@ -167,6 +167,10 @@ def _refuse(options: LoaderOptions) -> None:
     if options.transform_spec is not None:
         raise InvalidValueError("transform_spec with a mixture is not supported; apply the function to the batches "
                                 "in the training loop")
+    if options.shuffle_spill_dir not in (None, False):
+        raise InvalidValueError(f"shuffle_spill_dir={options.shuffle_spill_dir!r} with a mixture is not supported yet "
+                                "(each source's window is sized from the memory budget); leave shuffle_spill_dir=None, "
+                                "or give each source a shuffled copy (petastorm_balanced.spark.make_shuffled_copy)")
 
 
 class MixturePosition:

@@ -7,6 +7,7 @@ their options here with ``LoaderOptions.of(arguments)``, so an option, its defau
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -17,7 +18,8 @@ from ..errors import InvalidTypeError, InvalidValueError
 from .list_shapes import ListOptions
 from .tensors import TORCH, check_batch_format
 
-SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
+SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one rank's shuffle may hold (``core/shuffle.py``)
+SPILL_BUDGET = 64 * 2**30  # default bytes of local disk one rank's shuffle windows may take (``reading/spill.py``)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,11 @@ class LoaderOptions:
     reshuffle: str = "epoch"
     shuffle_window: int | None = None  # rows; None: as many as ``shuffle_budget`` holds
     shuffle_budget: int | str = SHUFFLE_BUDGET
+    # local disk for windows larger than memory (``reading/spill.py``): None: windows sized by memory, what goes
+    # beyond it anyway (rows larger than sampled) to the system temp folder; a folder: windows up to a rank's
+    # share, within ``shuffle_spill_budget`` bytes of it; False: never on disk
+    shuffle_spill_dir: Any = None
+    shuffle_spill_budget: int | str = SPILL_BUDGET
     schema_fields: Sequence[Any] | None = None
     padding_mask: bool = False
     partition_epoch: int = 1
@@ -56,6 +63,16 @@ class LoaderOptions:
             check_int("shuffle_window", self.shuffle_window, minimum=1, hint=" (rows per shuffle window; None: as "
                       "many as shuffle_budget holds)")
         object.__setattr__(self, "shuffle_budget", parse_bytes("shuffle_budget", self.shuffle_budget))
+        object.__setattr__(self, "shuffle_spill_budget", parse_bytes("shuffle_spill_budget",
+                                                                     self.shuffle_spill_budget))
+        spill = self.shuffle_spill_dir
+        if not (spill is None or spill is False or (isinstance(spill, (str, os.PathLike)) and str(spill))):
+            raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a local folder (a str or path), None "
+                                    "(windows sized by memory, overflow to the system temp folder) or False (never "
+                                    "on disk)")
+        if isinstance(spill, (str, os.PathLike)) and "://" in str(spill):
+            raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a folder on local disk (windows are read "
+                                    "back memory-mapped), not a URL; pass a path such as '/local_disk0/tmp'")
         object.__setattr__(self, "padding_mask", bool(self.padding_mask))
         check_batch_format(self.batch_format)
         self.lists  # noqa: B018  (checked here, where the user gave them)

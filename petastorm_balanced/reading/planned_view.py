@@ -53,7 +53,11 @@ class PlannedView(Generic[S, P]):
     world_size = property(lambda self: self._settings.world_size)
     batch_size = property(lambda self: self._settings.batch_size)
     shuffle_window = property(lambda self: self._settings.shuffle_window, doc="rows per shuffle window (resolved)")
-    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a slot's shuffle may hold")
+    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a rank's shuffle may hold")
+    shuffle_spill_dir = property(lambda self: self._settings.options.shuffle_spill_dir,
+                                 doc="local folder for windows beyond memory (None: the temp folder, overflow only)")
+    shuffle_spill_budget = property(lambda self: self._settings.shuffle_spill_budget,
+                                    doc="bytes of local disk a rank's windows may take")
 
     @property
     def schema(self) -> BatchSchema:

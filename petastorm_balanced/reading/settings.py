@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..core import balance as balance_module
 from ..core.cost import arrangement
@@ -20,13 +21,12 @@ from ..core.shuffle import budget_window
 from ..errors import InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
-from . import columns, stream, transform
+from . import columns, stream, transform, window_budget
 from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions
 from .schema import batch_schema, extra_column
-
-EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
+from .window_budget import EXTRA_ROW_BYTES  # the padding flag and the cost column's bytes (mixture.py reads it)
 
 
 class Settings:
@@ -53,9 +53,16 @@ class Settings:
         self.cost_lengths = next((c.lengths for c in self.columns.schemas
                                   if self.cost is not None and c.name == self.cost.column), None)
         self.shuffle_budget = int(options.shuffle_budget)  # bytes (parsed by LoaderOptions)
+        self.shuffle_spill_budget = int(options.shuffle_spill_budget)
         shuffle_window = options.shuffle_window
-        if shuffle_window is None:  # as many rows as the budget holds (G16)
-            shuffle_window = budget_window(self.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES, rows_batch)
+        self.row_bytes = self.columns.row_bytes + EXTRA_ROW_BYTES  # decoded bytes per row (measured when sizing)
+        if shuffle_window is None and options.shuffle:  # as many rows as the budget holds (G16)
+            shuffle_window, self.row_bytes = window_budget.window_rows(plan, self.columns, options, rows_batch,
+                                                                       rank_rows)
+            # the measured bytes size the reader's bundles too (fragments.bundle_rows); they never change a batch
+            self.columns = replace(self.columns, row_bytes=self.row_bytes - EXTRA_ROW_BYTES)
+        elif shuffle_window is None:  # unshuffled windows only group batches: the footers' estimate is enough
+            shuffle_window = budget_window(self.shuffle_budget, self.row_bytes, rows_batch)
         steps = None
         if budget and self.cost is not None:
             steps = self.cost.budget_steps(rank_rows, shuffle_window)
@@ -65,7 +72,9 @@ class Settings:
                              balance_by="rows" if self.cost is None else "cost", steps=steps)
         self.padding_mask = options.padding_mask
         if options.shuffle:
-            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window)
+            spilled = options.shuffle_spill_dir not in (None, False)  # a spill folder: nothing more to offer
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window,
+                              0.0 if spilled else self.row_bytes)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
@@ -86,6 +95,10 @@ class Settings:
     shuffle_window = property(lambda self: self.layout.shuffle_window, doc="rows per shuffle window (resolved)")
     reshuffle = property(lambda self: self.layout.reshuffle)
     partition_epoch = property(lambda self: self.layout.partition_epoch)
+
+    def placement(self, num_workers: int = 1):
+        """Where a slot keeps its windows' rows (``window_budget.placement``): a new one per epoch's iteration."""
+        return window_budget.placement(self.options, num_workers)
 
     def key(self, epoch: int, slot: int = 0, stage: int = 0):
         return self.layout.key(epoch, slot, stage)
@@ -122,18 +135,24 @@ def _rows_batch(plan: ShardPlan, options: LoaderOptions, budget: bool) -> int:
     return check_int("batch_size", batch_size, minimum=1)
 
 
-def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int) -> None:
-    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window."""
+def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, row_bytes: float = 0.0) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window;
+    with ``row_bytes`` (decoded bytes per row), it says the local disk a spill folder would take instead."""
     if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
+    disk = rank_rows * row_bytes
+    spill = "" if not row_bytes else (
+        ". A spill folder holds them in one window instead (make_loader(shuffle_spill_dir=<local disk>): about "
+        + (f"{disk / 2**30:.1f} GiB" if disk >= 2**30 else f"{disk / 2**20:.0f} MiB")
+        + " of it for this rank; batches as random as a uniform permutation's)")
     warnings.warn(ShuffleQualityWarning(
         f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
         f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
         "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
         f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
         "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
-        f"--shuffle-quality {name}` measures it"), stacklevel=4)
+        f"--shuffle-quality {name}` measures it" + spill), stacklevel=4)
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool

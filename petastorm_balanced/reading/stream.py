@@ -18,6 +18,8 @@ from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
 from .schema import MASK_SUFFIX, PADDING
+from .spill import Placement
+from .spill_window import filling_for
 
 # Reads fragments in order and yields (the fragments of the chunk, their rows as columns).
 Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
@@ -26,7 +28,7 @@ Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
               shuffle_window: int, key: Sequence[int], batches_done: int = 0,
               cost: CostOptions | None = None, drop: Sequence[str] = (),
-              cost_lengths: str | None = None) -> Iterator[dict]:
+              cost_lengths: str | None = None, placement: Placement | None = None) -> Iterator[dict]:
     """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
@@ -34,7 +36,8 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
     ``core/cost/options.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
     ``batch_size=None`` (token budgets) makes every batch its own run. ``cost_lengths``: the lengths column of a
-    padded list cost column (``size()`` is its lengths, not the padded width).
+    padded list cost column (``size()`` is its lengths, not the padded width). ``placement``: where windows hold
+    their rows (memory up to a measured budget, then local disk: ``spill.py``); its files are gone when this ends.
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
@@ -59,8 +62,9 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     if cost is not None:
         def arrange(window, window_key):
             return cost.arrange(window[cost.column if alias[0] else COST_COLUMN], batch_size, window_key)
+    filling = None if placement is None else filling_for(placement)
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
-                            start=start, key=tuple(key) if shuffle else None, arrange=arrange)
+                            start=start, key=tuple(key) if shuffle else None, arrange=arrange, filling=filling)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
     stream = iter(chunks(todo))
     try:
@@ -97,4 +101,6 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
         close = getattr(stream, "close", None)
         if close is not None:
             close()
+        if placement is not None:  # the end of the epoch, or the loop left: no spill file stays
+            placement.close()
     batcher.finish()

@@ -215,7 +215,9 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         # larger bundles where threads hand them over (fragments.BUNDLE_BYTES); a transform sees BUNDLE_ROWS-row
         # bundles, and a remote bundle's fragments are requested side by side (kept as they are)
         large = threads > 1 and transform is None and not reader.remote
-        bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large else fr.BUNDLE_ROWS)
+        # (rows over 512 bytes: fewer rows a bundle either way, so the prefetch stays a few MiB: ``bundle_rows``)
+        bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large
+                            else min(fr.BUNDLE_ROWS, fr.bundle_rows(columns.row_bytes)))
         results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead, start=reader.start)
         try:
             yield from zip(bundles, results, strict=False)
