@@ -24,7 +24,7 @@ from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, delivered
 from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
-from .planned_view import EpochSampler, PlannedView
+from .planned_view import PlannedView
 from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
 from .settings import Settings
@@ -92,11 +92,6 @@ class BalancedLoader(PlannedView[Settings, Position]):
                 yield from self._cut(batch_run, size, settings.padding_mask)
 
         yield from delivered(tensors(), self._feed, run, runs)  # a batch held ahead counts once handed on
-
-    @property
-    def sampler(self) -> EpochSampler:
-        """``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)`` (how Lightning tells the epoch)."""
-        return EpochSampler(self)
 
     def steps_of(self, epoch: int, stages=()) -> int:
         """Steps of ``epoch`` on this loader's world (after ``stages``: an elastic resume's earlier worlds), which an

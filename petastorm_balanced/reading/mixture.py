@@ -49,7 +49,7 @@ from .fragments import as_list
 from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
 from .options import LoaderOptions
-from .planned_view import EpochSampler, PlannedView
+from .planned_view import PlannedView
 from .schema import batch_schema, extra_column
 from .settings import EXTRA_ROW_BYTES, resolve_cost
 from .state import (
@@ -385,10 +385,6 @@ class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
                 yield from self._cut(numpy_run, settings.batch_size, settings.padding_mask)
 
         yield from delivered(tensors(), self._feed, run, runs)
-
-    @property
-    def sampler(self) -> EpochSampler:
-        return EpochSampler(self)
 
     @property
     def weights(self) -> tuple[Fraction, ...]:

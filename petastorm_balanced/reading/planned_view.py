@@ -67,6 +67,11 @@ class PlannedView(Generic[S, P]):
         return self._settings.schema
 
     @property
+    def sampler(self) -> EpochSampler:
+        """``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)`` (how Lightning tells the epoch)."""
+        return EpochSampler(self)
+
+    @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
         return self._position.current()[0]
