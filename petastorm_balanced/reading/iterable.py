@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Iterator, Sequence
+from multiprocessing.context import get_spawning_popen
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.load import resolve_plan
 from ..world import resolve_world
 from . import state as loader_state
-from . import stream
+from . import stream, worker_stats
 from .backends import BACKENDS, resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
@@ -137,15 +138,19 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
             progress: list[int] | None = None if info is None else []
             if progress is not None:
                 self._in_worker = progress
-            return mixture_slot(position, num_workers, worker, self._numpy_out, progress,
-                                self._worker_resume is not None)
-        return self._slot(num_workers, worker, self._numpy_out, info is not None)
+            batches = mixture_slot(position, num_workers, worker, self._numpy_out, progress,
+                                   self._worker_resume is not None, self._recorder.begin)
+        else:
+            batches = self._slot(num_workers, worker, self._numpy_out, info is not None)
+        return worker_stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
         worker's fresh stack cannot show it."""
         state = self.__dict__.copy()
         state["_pickled_under"] = _rewrapper()
+        if "_stats_queue" in state and get_spawning_popen() is None:  # a queue pickles only to start a process
+            del state["_stats_queue"]
         return state
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
@@ -168,6 +173,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         else:
             run = position.begin()
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
+            self._recorder.begin(epoch)
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         # read in this process ("dummy" pool): the DataLoader's workers are the parallelism
@@ -261,8 +267,11 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
             self._numpy_out = False
 
     def begin(self) -> Run | MixtureRun:
-        """Take the position for an iteration counted in this process (the DataLoader's main process)."""
-        return self._position.begin()
+        """Take the position for an iteration counted in this process (the DataLoader's main process), and start
+        the epoch's figures (``stats()``)."""
+        run = self._position.begin()
+        self._recorder.begin(self.epoch)  # the run's epoch (a mixture's run keeps it in its point)
+        return run
 
     @property
     def batch_format(self) -> str:
@@ -324,6 +333,8 @@ class BalancedDataLoader(_Loader):
         """Start the workers at the position now (the first ``next()``, after any ``set_epoch``)."""
         dataset = self.dataset
         with dataset.starting(max(1, self.num_workers), self._tensors_here):  # workers copy it while they start
+            if self.num_workers > 0:  # the workers' stage figures come back through it (reading/stats.py)
+                worker_stats.open_queue(dataset, self.multiprocessing_context)
             batches = super().__iter__()
         # With workers the main process counts; without, the dataset iterates (and counts) here.
         run = dataset.begin() if self.num_workers > 0 else None
@@ -387,6 +398,8 @@ class _Counted:
                 convert = to_torch if self._loader.dataset.batch_format == TORCH else to_numpy
                 batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
+            if self._run is not None:  # with workers: the loop's waits are timed here (reading/stats.py)
+                self._batches = self._loader.dataset._recorder.measured(self._batches)
         batch = next(self._batches)
         if self._run is not None:
             self._run.delivered()

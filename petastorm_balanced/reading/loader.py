@@ -71,13 +71,14 @@ class BalancedLoader(PlannedView[Settings, Position]):
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
         # starts (and takes the position) at its first next(): a probe consumes nothing
-        iterator = self._iterator = self._run()
+        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
         return iterator
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
+        self._recorder.begin(epoch)
         chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader,
                                             transform=settings.transform)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,

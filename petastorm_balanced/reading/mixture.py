@@ -25,7 +25,7 @@ What a mixture does not take, refused when it is built: ``partition_epoch`` (use
 from __future__ import annotations
 
 import weakref
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
@@ -366,13 +366,14 @@ class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._iterator is not None:
             self._iterator.close()
-        iterator = self._iterator = self._run()
+        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
         return iterator
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         schedule, point = settings.mixture.schedule, run.point
+        self._recorder.begin(point.epoch)
         wanted = [(c, h, None if s.cost is None else schedule.origin(i, point.phase, c))
                   for i, (c, h, s) in enumerate(zip(point.counters, run.heads, settings.sources, strict=True))]
         if [(s.counter, s.head, s.origin) for s in self._sources] != wanted:
@@ -448,11 +449,13 @@ def worker_batches(settings: MixtureSettings, point: Point, count: int, num_work
 
 
 def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy_out: bool,
-                 progress: list[int] | None, worker_state: bool = False) -> Iterator[dict]:
+                 progress: list[int] | None, worker_state: bool = False,
+                 begun: Callable[[int], None] | None = None) -> Iterator[dict]:
     """``BalancedIterableDataset.__iter__`` over a mixture: this worker's batches from ``position``. Inside a
     DataLoader worker (``progress``, a list the dataset keeps: filled with ``[epoch, batch, batches delivered]``
     here) from the position copied when the workers started, a loaded worker state (``worker_state``) refused; in
-    this process (``progress`` None) counted as delivered."""
+    this process (``progress`` None) counted as delivered, ``begun(epoch)`` called when it takes the position (the
+    dataset's figures, ``reading/stats.py``)."""
     if progress is not None:
         if worker_state:
             raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
@@ -463,6 +466,8 @@ def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy
     else:
         run = position.begin()
         point, steps, heads = run.point, run.steps, run.heads
+        if begun is not None:
+            begun(point.epoch)
     for batch in worker_batches(position.settings, point, steps - point.batch, num_workers, worker, numpy_out,
                                 heads):
         if run is not None:

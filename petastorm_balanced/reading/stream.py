@@ -20,6 +20,7 @@ from .batching import WindowBatcher, start_point
 from .schema import MASK_SUFFIX, PADDING
 from .spill import Placement
 from .spill_window import filling_for
+from .stats import current
 
 # Reads fragments in order and yields (the fragments of the chunk, their rows as columns).
 Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
@@ -66,10 +67,14 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange, filling=filling)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
+    recorder = current()  # loader.stats(): windows shuffled and cut into batches count to "batch"
+    push = batcher.push if recorder is None else lambda columns: recorder.timed(batcher.push(columns), "batch")
     stream = iter(chunks(todo))
     try:
         for chunk, columns in stream:
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
+            if recorder is not None:  # a slow first window (remote storage) says how far it got
+                recorder.filling(len(columns[PADDING]), min(size, total))
             if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
                 raw = columns[cost_lengths] if cost_lengths is not None and spec.function in ("size", "cardinality") \
@@ -92,11 +97,11 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
                     del columns[name]
                     columns.pop(name + MASK_SUFFIX, None)
             if alias and alias[0] and cost is not None:  # alias is decided only with a cost
-                for run in batcher.push(columns):
+                for run in push(columns):
                     run[COST_COLUMN] = run[cost.column]
                     yield run
             else:
-                yield from batcher.push(columns)
+                yield from push(columns)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from time import perf_counter
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ from ...io.row_group_cache import CacheSettings, entry_key, local_disk_cache
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from .. import fragments as fr
+from .. import stats
 
 # Requests in flight per process on a remote filesystem: the fragments of the bundles read ahead are read side by
 # side in this many threads (and pyarrow's I/O pool and the S3 client's connections match), since each read waits a
@@ -99,6 +101,7 @@ class BundleReader:
         self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self.remote, shared=self.remote)
         # row groups kept on the local disk (io/row_group_cache.py), keyed by the footer this reader just checked
         self._cache = local_disk_cache(cache) if cache is not None else None
+        self._stats = stats.current()  # made inside the loader's next(): its recorder (reading/stats.py)
 
     def close(self) -> None:
         """Nothing to stop: the remote read threads are the process's (``remote_pool``)."""
@@ -142,9 +145,24 @@ class BundleReader:
     def read(self, bundle: list[Fragment] | Started) -> dict:
         """The bundle's rows as columns (decoded, transformed); ``bundle`` may be what ``start`` returned."""
         fragments = bundle.bundle if isinstance(bundle, Started) else bundle
+        if self._stats is None:
+            if self._transform is not None:
+                return self._transform.apply(self.table(bundle), fragments)
+            return fr.to_columns(self.table(bundle), self._fields, self._schemas, fragments)
+        cell = self._stats.cell()  # one bundle: two stages timed, a few counts (reading/stats.py)
+        start, inner = perf_counter(), cell.inner
+        table = self.table(bundle)
+        cell.since("read", start, inner)
+        cell.count("rows", table.num_rows)
+        cell.count("bytes", table.get_total_buffer_size())  # not nbytes: that one walks the offsets (50 ns a row)
+        start, inner = perf_counter(), cell.inner
         if self._transform is not None:
-            return self._transform.apply(self.table(bundle), fragments)
-        return fr.to_columns(self.table(bundle), self._fields, self._schemas, fragments)
+            out = self._transform.apply(table, fragments)
+            cell.since("transform", start, inner)
+            return out
+        out = fr.to_columns(table, self._fields, self._schemas, fragments)
+        cell.since("decode", start, inner)
+        return out
 
     def table(self, bundle: list[Fragment] | Started, indices=None) -> pa.Table:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
@@ -166,10 +184,15 @@ class BundleReader:
         filesystem waits for its folder's listing, in flight beside the read."""
         location = f"{self._plan.dataset_url}/{fragment.path}"
         files = self._files()
+        cell = self._stats.cell() if self._stats is not None else None
+        if cell is not None:
+            start, inner, retried = perf_counter(), cell.inner, retry.retries()
         try:
             handle = retry.call(lambda: files.get(fragment.path), url=location, policy=self._retry)
         except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
             raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
+        if cell is not None and not self.remote:  # opening the file (footer read and checked once per epoch); on
+            cell.since("list", start, inner)  # remote storage it overlaps the reads, and counts to their "read"
         if self._cache is not None:  # a cache entry is keyed by the checked footer, time included
             self._confirm(fragment)
         try:
@@ -185,6 +208,9 @@ class BundleReader:
                 pass
             raise fr.read_error(fragment, exc) from exc
         self._confirm(fragment)
+        if cell is not None:  # the read itself is timed by the thread reading the bundle (``read``)
+            cell.count("requests", 1)
+            cell.count("retries", retry.retries() - retried)
         return table
 
     def _confirm(self, fragment: Fragment) -> None:
