@@ -18,7 +18,7 @@ from ..errors import InvalidValueError
 from ..plan.load import resolve_plan
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
-from . import stream
+from . import packing, stream
 from .backends import BACKENDS, resolve_backend
 from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, delivered
@@ -84,12 +84,14 @@ class BalancedLoader(PlannedView[Settings, Position]):
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths,
-                                placement=settings.placement())
+                                cost=settings.cost_of(epoch, run.stages), drop=settings.drop,
+                                cost_lengths=settings.cost_lengths, placement=settings.placement())
+        if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/packing.py)
+            runs = packing.packed_runs(runs, settings.packing, settings.schema)
 
         def tensors():
             for batch_run in runs:  # a token budget's batches come one per run
-                size = settings.batch_size or len(batch_run[stream.PADDING])
+                size = settings.batch_size or len(batch_run[stream.PADDING])  # (packed: the sequences)
                 yield from self._cut(batch_run, size, settings.padding_mask)
 
         yield from delivered(tensors(), self._feed, run, runs)  # a batch held ahead counts once handed on
@@ -141,6 +143,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 weights: Sequence[float] | None = None, epoch_steps: int | None = None,
                 list_format: Any = "auto", list_shapes: Any = None, batch_format: str = TORCH,
+                pack: str | None = None, seq_len: int | None = None, long_documents: str = "split",
                 **petastorm_kwargs: Any) -> Loader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
@@ -209,6 +212,14 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     ...)`` values padded with 0 and a ``<name>__lengths`` tensor; ``"python"`` lists of lists. A dict sets it per
     column. ``list_shapes={"vec": (4,)}`` declares a shape instead of reading the lengths (checked on every batch:
     a row of another length is an error naming its file and row).
+
+    Packed sequences for language models (``reading/packing.py``, docs/packing.md): ``pack="tokens"``,
+    ``seq_len=L`` and ``batch_size=S`` make every step ``S`` sequences of exactly ``L`` tokens of the list column
+    ``tokens``: ``batch["tokens"]`` ``(S, L)``, ``tokens__segments`` (0 padding, k > 0 the k-th piece of the row),
+    ``tokens__positions`` and ``tokens__cu_seqlens`` for flash-attention's varlen kernels. The plan needs each
+    document's length as its cost (``cost="size(tokens)"`` or a column of counts); every rank takes the same steps
+    and about the same attention cost per step. ``long_documents="split"`` (default) cuts a document longer than
+    ``L`` into consecutive pieces, ``"drop"`` leaves it out.
     """
     options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
     if batch_format != TORCH and (pin_memory or device is not None):

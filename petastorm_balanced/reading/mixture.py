@@ -164,6 +164,10 @@ def _refuse(options: LoaderOptions) -> None:
     if options.max_batch_cost is not None:
         raise InvalidValueError("max_batch_cost with a mixture: a batch's rows are decided by the weights; pass "
                                 "batch_size=")
+    if options.pack is not None:
+        raise InvalidValueError(f"pack={options.pack!r} with a mixture (plan=[...]) is not supported: each source's "
+                                "share would have to be counted in tokens, which a step's documents decide; pack "
+                                "one plan (a plan over all sources' files, mixed when writing them)")
     if options.transform_spec is not None:
         raise InvalidValueError("transform_spec with a mixture is not supported; apply the function to the batches "
                                 "in the training loop")

@@ -21,7 +21,7 @@ from ..core.shuffle import budget_window
 from ..errors import InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
-from . import columns, stream, transform, window_budget
+from . import columns, packing, stream, transform, window_budget
 from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions
@@ -40,9 +40,12 @@ class Settings:
         self.rank, self.world_size = world.rank, world.size
         # cost balancing (None: rows only); with a token budget batches have no fixed size
         self.cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce,
-                                 max_batch_cost=options.max_batch_cost, batch_size=options.batch_size,
-                                 shuffle=options.shuffle)
-        budget = self.cost is not None and self.cost.budget is not None
+                                 max_batch_cost=options.max_batch_cost, shuffle=options.shuffle,
+                                 batch_size=None if options.pack is not None else options.batch_size)
+        self.packing = None if options.pack is None else packing.resolve(plan, options, self.cost)
+        if self.cost is not None and self.packing is not None:  # (resolve refuses a plan without a cost)
+            self.cost = replace(self.cost, pack=self.packing)
+        budget = self.cost is not None and self.cost.per_window
         rows_batch = _rows_batch(plan, options, budget)  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(plan.total_rows, self.world_size, rows_batch)
         rank_rows = plan.rows_per_rank(self.world_size, rows_batch)  # a rank's rows per pass, padding included
@@ -69,7 +72,9 @@ class Settings:
         self.layout = Layout(plan, self.world_size, self.rank, batch_size=None if budget else rows_batch,
                              shuffle=options.shuffle, shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                              partition_epoch=options.partition_epoch,
-                             balance_by="rows" if self.cost is None else "cost", steps=steps)
+                             balance_by="rows" if self.cost is None else "cost", steps=steps,
+                             epoch_steps=None if self.packing is None else self._packed_steps)
+        self._packings: dict[tuple, CostOptions] = {}  # (epoch, stages) -> that epoch's CostOptions (packing)
         self.padding_mask = options.padding_mask
         if options.shuffle:
             spilled = options.shuffle_spill_dir not in (None, False)  # a spill folder: nothing more to offer
@@ -87,6 +92,10 @@ class Settings:
             self.schema = batch_schema(self.transform.outputs, extras)
         else:
             self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
+        if self.packing is not None:  # (S, L) sequences instead of rows
+            target = self.columns.target
+            self.schema = packing.packed_schema(self.packing, self.schema, None if target is None or self.packing.column
+                                                not in target.names else target.field(self.packing.column).type)
         self._checksum: str | None = None
 
     # the layout's answers, which the loaders and their position ask for
@@ -106,6 +115,22 @@ class Settings:
     def steps_of(self, epoch: int, stages=()) -> int:
         return self.layout.steps_of(epoch, stages)
 
+    def cost_of(self, epoch: int, stages=()) -> CostOptions | None:
+        """The cost arrangement of ``epoch``: with packing, its windows' steps, from every rank's pieces (the same
+        on every rank, ``reading/packing.of_epoch``)."""
+        if self.packing is None or self.cost is None:
+            return self.cost
+        key = (epoch, tuple(stages))
+        if key not in self._packings:
+            pieces = self.plan.pieces(**self.layout.pieces_args(epoch, 1, stages))
+            self._packings = {key: replace(self.cost, pack=packing.of_epoch(self.packing, self.plan, pieces,
+                                                                            self.shuffle_window))}  # the last one
+        return self._packings[key]
+
+    def _packed_steps(self, epoch: int) -> int:
+        cost = self.cost_of(epoch)
+        return 0 if cost is None or cost.pack is None else sum(cost.pack.window_steps or ())
+
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
         return self.plan.assignment(self.rank, **self.layout.pieces_args(epoch, num_workers, stages))
 
@@ -118,6 +143,10 @@ class Settings:
                                              self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
         if self.cost is not None and self.cost.budget is None and self.shuffle:  # which batches a window makes
             cost[loader_state.COST_ARRANGEMENT] = self.cost.version  # (unshuffled: the plan's order, no window)
+        if self.packing is not None:  # which documents a window's steps hold
+            cost.update({loader_state.PACK: self.packing.column, loader_state.SEQ_LEN: self.packing.seq_len,
+                         loader_state.SEQUENCES: self.packing.sequences, loader_state.PACKING: self.packing.version,
+                         loader_state.LONG_DOCUMENTS: self.packing.long_documents})
         return {**dict(zip(loader_state.IDENTITY_KEYS, values, strict=True)), **cost}
 
 

@@ -17,6 +17,7 @@ from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
+from .packing_check import warn_left_out
 from .schema import MASK_SUFFIX, PADDING
 from .spill import Placement
 from .spill_window import filling_for
@@ -42,12 +43,12 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
-    budget = cost is not None and cost.budget is not None
-    step = 1 if budget else batch_size  # rows per batcher step: a token budget cuts batches row by row
+    budget = cost is not None and cost.per_window
+    step = 1 if budget else batch_size  # rows per batcher step: a token budget or packing cuts batches row by row
     if step is None:
         raise ValueError("slot_runs: batch_size=None needs a cost with a token budget")
     size = window_rows(step, shuffle_window, shuffle)
-    if cost is not None and cost.budget is not None:
+    if cost is not None and cost.per_window:
         start = cost.budget_start(total, size, rows, batches_done)
     else:
         start = start_point(rows, batch_size=step, window_rows=size, batches_done=batches_done, shuffle=shuffle)
@@ -62,7 +63,11 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     arrange = None
     if cost is not None:
         def arrange(window, window_key):
-            return cost.arrange(window[cost.column if alias[0] else COST_COLUMN], batch_size, window_key)
+            costs = window[cost.column if alias[0] else COST_COLUMN]
+            arranged = cost.arrange(costs, batch_size, window_key)
+            if cost.pack is not None:  # never silent: documents a packed window left out (reading/packing.py)
+                warn_left_out(cost.pack, costs, arranged[0], window_key)
+            return arranged
     filling = None if placement is None else filling_for(placement)
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
                             start=start, key=tuple(key) if shuffle else None, arrange=arrange, filling=filling)
