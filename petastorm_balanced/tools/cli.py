@@ -99,7 +99,12 @@ def cmd_inspect(args) -> int:
     if args.plot:
         from .plot import plot_report
         report["plot"] = plot_report(report, args.plot)
-    return _show(args, report, format_inspect, plan, batch_size=batch_size, epoch=epoch)
+    from ..planner.stored_order import find_stored_order
+    order = find_stored_order(plan, args.world_size, batch_size)  # the planning warning's finding, stated here too
+    if order is not None:
+        report["stored_order"] = order.as_dict()
+    said = [order.describe()] if order is not None and order.clustered else []
+    return _show(args, report, format_inspect, plan, said, batch_size=batch_size, epoch=epoch)
 
 
 def _inspect_mixture(args) -> int:
@@ -117,13 +122,13 @@ def _inspect_mixture(args) -> int:
     report = mixture_report(plans, [fsutil.normalize_url(u) for u in urls], weights, world_size=args.world_size,
                             batch_size=args.batch_size, epoch=args.epoch, epoch_steps=args.epoch_steps,
                             num_workers=args.workers)
-    return _show(args, report, format_mixture, plans, batch_size=report["batch_size"], epoch=args.epoch,
+    return _show(args, report, format_mixture, plans, [], batch_size=report["batch_size"], epoch=args.epoch,
                  weights=weights, epoch_steps=args.epoch_steps)
 
 
-def _show(args, report: dict, formatted, plan, **loader) -> int:
-    """Print an ``inspect`` report (one plan's or a mixture's), with ``--shuffle-quality`` measured on the batches
-    of the loader ``plan`` and ``loader`` describe."""
+def _show(args, report: dict, formatted, plan, said: list[str], **loader) -> int:
+    """Print an ``inspect`` report (one plan's or a mixture's) and the lines ``said`` after it, with
+    ``--shuffle-quality`` measured on the batches of the loader ``plan`` and ``loader`` describe."""
     quality = None
     if args.shuffle_quality:
         from .shuffle_quality import shuffle_quality
@@ -131,6 +136,8 @@ def _show(args, report: dict, formatted, plan, **loader) -> int:
                                   shuffle_budget=args.shuffle_budget, **loader)
         report["shuffle_quality"] = quality.as_dict()
     print(json.dumps(report, indent=2) if args.json else formatted(report))
+    for line in [] if args.json else said:
+        print(line)
     if quality is not None and not args.json:
         print(quality.format())
     return OK
