@@ -180,7 +180,7 @@ class DatasetPosition:
         """Batches the next pass of ``make_tf_dataset`` holds: after restoring a mid-epoch position, the rest of that
         epoch (iterate ``ds.take(position.steps_left())``: ``cardinality()`` stays the whole epoch's steps)."""
         state = self.state_dict()
-        return self.loader._position.settings.steps_of(state["epoch"], ()) - state["batches"]
+        return self.loader.steps_of(state["epoch"]) - state["batches"]
 
     # -- the generators TensorFlow runs
     def epoch_batches(self) -> Iterator[dict]:
@@ -222,7 +222,7 @@ class DatasetPosition:
         epoch, batch = self._start
         left = self._consumed
         def steps(epoch: int, stages: tuple) -> int:
-            return int(self.loader._position.settings.steps_of(epoch, stages))
+            return self.loader.steps_of(epoch, stages)
         if state["elastic"]["stages"] and (epoch, batch + left) != (state["epoch"], state["batches"]):
             raise InvalidValueError("a position inside an elastic resume (a state saved at another world size) can "
                                     "only be saved where the loader is; checkpoint after the resumed epoch ends")

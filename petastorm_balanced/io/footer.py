@@ -239,17 +239,6 @@ def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     return Footer(pq.read_metadata(pa.BufferReader(_MAGIC + stored)), digest, size)
 
 
-def open_parquet(filesystem, path: str, parsed: ParsedFooters | None = None) -> tuple:
-    """``(ParquetFile, Footer)`` for ``path``: the footer is read and hashed once and handed to the reader."""
-    handle = filesystem.open_input_file(path)
-    try:
-        footer = read_footer(handle, parsed)
-        return pq.ParquetFile(handle, metadata=footer.metadata), footer
-    except BaseException:
-        handle.close()
-        raise
-
-
 def modification_time(filesystem, location: str) -> int | None:
     """The file's modification time in nanoseconds as the filesystem lists it (what planning recorded), or None."""
     return filesystem.get_file_info(location).mtime_ns

@@ -65,7 +65,7 @@ def _scan(location: DatasetLocation, groups: Sequence[tuple[str, set[int]]], typ
 
     with ThreadPoolExecutor(max(1, min(threads, len(groups)))) as pool:
         per_file = list(pool.map(one_file, groups))
-    depth = {n: len(numeric_list_levels(t)[0]) for n, t in types.items()}  # type: ignore[index]
+    depth = {n: len((numeric_list_levels(t) or ((),))[0]) for n, t in types.items()}  # only lists are scanned
     merged = {n: ListStats((None,) * depth[n]) for n in names}
     first: dict[str, int] = {}  # the outer length of the first non-null row, in plan order
     for chunks in per_file:
