@@ -10,10 +10,11 @@ the data files it reads (path, size, modification time and, for Parquet, the foo
 that change what is written (a fixed list and every other explicitly set ``spark.sql.*`` conf but a few neutral
 ones), and the converter's options. The same DataFrame in this process, another process or a later run reuses the
 committed copy and its plans; anything else gets a new folder. A plan whose text does not describe its content (an
-RDD, a Python UDF's code: classic Spark shows neither), whose rows depend on the run (rand(), uuid(), the current
-time, a nondeterministic UDF) or whose inputs have no content digest (CSV, JSON) is reused within this process
-only, as Petastorm does (``sameResult``). pyspark is imported when a converter is made, so
-``import petastorm_balanced`` needs no Spark.
+RDD, a Python UDF's code: classic Spark shows neither) or whose inputs have no content digest (CSV, JSON) is reused
+within this process only, as Petastorm does (``sameResult``). A plan whose rows depend on the run (rand(), uuid(),
+the current time, a nondeterministic UDF) is never reused: each call writes a fresh copy, since the DataFrame
+would not give the old copy's rows now (``reuse=True`` reuses it as any other plan, ``reuse=False`` writes a fresh
+copy of any plan). pyspark is imported when a converter is made, so ``import petastorm_balanced`` needs no Spark.
 """
 from __future__ import annotations
 
@@ -180,8 +181,8 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
                          cost: str | None = None,
                          policy: str = "drop", seed: int = 0,
                          parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
-                         compression_codec: str | None = None, dtype: str | None = "float32"
-                         ) -> BalancedConverter:
+                         compression_codec: str | None = None, dtype: str | None = "float32",
+                         reuse: bool | None = None) -> BalancedConverter:
     """Materialize ``df`` once as Parquet under the cache folder and plan it; see the module docstring for reuse.
 
     ``parent_cache_dir_url`` defaults to the Spark conf ``petastorm.spark.converter.parentCacheDirUrl``, as
@@ -190,8 +191,16 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
     planned. ``where``, ``cost``, ``policy``, ``seed`` and ``batch_size`` are ``plan_shards``'s. Spark ML vectors
     become arrays of ``dtype``. Array columns are delivered by the loaders' ``list_format``: ``(batch, k)`` tensors
     where every array of a column has one length (the default), padded tensors with lengths, or lists.
+
+    ``reuse``: None (the default) reuses a copy of the same plan unless its rows depend on the run (rand(), uuid(),
+    current_timestamp(), a nondeterministic UDF: a fresh copy each call, the rows the DataFrame gives now); True
+    reuses such a copy too (the rows of the first call, as Petastorm's converter does); False writes a fresh copy
+    whatever the plan.
     """
     _pyspark()
+    if reuse is not None and not isinstance(reuse, bool):
+        raise InvalidTypeError(f"reuse={reuse!r} must be None (reuse unless the rows depend on the run), True or "
+                               "False")
     if not hasattr(df, "sparkSession") or not hasattr(df, "write"):
         raise InvalidTypeError(f"df={df!r} is not a pyspark.sql.DataFrame")
     spark = df.sparkSession
@@ -202,7 +211,7 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
                                                                 {"batch_size": batch_size}))
     balance.check_policy(policy)  # planning parameters are checked before anything is written
     prepared = _prepare(df, options.dtype)
-    key = _cache_key(spark, prepared, options)
+    key = _cache_key(spark, prepared, options, reuse)
     dataset_url = cache.write_once(key, lambda url: _materialize(prepared, url, options))
     plan = _plan(dataset_url, spark, world_size=world_size, batch_size=batch_size, where=where, cost=cost,
                  policy=policy, seed=seed)
@@ -290,16 +299,22 @@ def _quoted(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- cache key
 
-def _cache_key(spark, df, options: ConvertOptions) -> str:
-    """The folder name of ``df``'s copy: a digest of its plan, its input files, output confs and options."""
-    text, shareable, jplan = _plan_text(spark, df)
+def _cache_key(spark, df, options: ConvertOptions, reuse: bool | None = None) -> str:
+    """The folder name of ``df``'s copy: a digest of its plan, its input files, output confs and options; a name
+    of its own (a fresh copy) for a plan whose rows depend on the run, unless ``reuse=True`` (then reused within
+    this process only, as Petastorm does), and for any plan with ``reuse=False``."""
+    text, shareable, repeatable, jplan = _plan_text(spark, df)
     digest = hashlib.sha256()
     files, by_content = _input_files(df)
-    shareable = shareable and by_content
+    shareable = shareable and by_content and repeatable  # reuse=True: such a plan within this process only
     parts = {"version": KEY_VERSION, "options": options.__dict__, "files": files, "confs": _result_confs(spark)}
     digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
     digest.update(b"\0" + text.encode())
     key = "df-" + digest.hexdigest()[:40]
+    if reuse is False or (not repeatable and reuse is None):
+        log.info("writing a fresh copy of the DataFrame (%s)", "reuse=False" if reuse is False else
+                 "its rows depend on the run; reuse=True would reuse an earlier copy")
+        return f"{key}-{uuid.uuid4().hex[:12]}"
     if shareable:
         return key
     with _memo_lock:  # as Petastorm: reuse within this process when Spark says the plans give the same result
@@ -311,8 +326,9 @@ def _cache_key(spark, df, options: ConvertOptions) -> str:
     return key
 
 
-def _plan_text(spark, df) -> tuple[str, bool, Any]:
-    """Text describing ``df``'s content, whether it describes all of it, and the JVM plan (classic Spark).
+def _plan_text(spark, df) -> tuple[str, bool, bool, Any]:
+    """Text describing ``df``'s content, whether it describes all of it, whether its rows are the same at every
+    run (no rand(), uuid(), current time or nondeterministic UDF), and the JVM plan (classic Spark).
 
     Classic: the canonicalized analyzed plan as JSON (expression ids normalized by Spark, the JVM id removed);
     fields it cannot show come out ``null``. A file relation's null is covered by the input files in the key, an
@@ -329,7 +345,7 @@ def _plan_text(spark, df) -> tuple[str, bool, Any]:
         analyzed = df._explain_string(mode="extended")
         analyzed = analyzed.split("== Analyzed Logical Plan ==")[-1].split("== Optimized Logical Plan ==")[0]
         volatile = _CONNECT_VOLATILE.search(analyzed) is not None  # rand(), uuid(), current_timestamp() ...
-        return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), not volatile, None
+        return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), True, not volatile, None
     jplan = df._jdf.queryExecution().analyzed()
     text = _EXPR_ID.sub("", jplan.canonicalized().toJSON())
     unknown = text
@@ -337,7 +353,7 @@ def _plan_text(spark, df) -> tuple[str, bool, Any]:
         unknown = unknown.replace(f'"{covered}":null', "")
     # rand(), uuid(), a nondeterministic UDF, or the time of the run: another run computes other rows
     repeatable = bool(jplan.deterministic()) and _CURRENT_TIME.search(text) is None
-    return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown and repeatable, jplan
+    return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown, repeatable, jplan
 
 
 def _result_confs(spark) -> dict:
