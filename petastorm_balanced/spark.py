@@ -197,6 +197,15 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
     reuses such a copy too (the rows of the first call, as Petastorm's converter does); False writes a fresh copy
     whatever the plan.
     """
+    return _convert(df, world_size=world_size, batch_size=batch_size, parent_cache_dir_url=parent_cache_dir_url,
+                    where=where, cost=cost, policy=policy, seed=seed,
+                    options=(parquet_row_group_size_bytes, compression_codec, dtype), reuse=reuse)
+
+
+def _convert(df: Any, *, world_size, batch_size, parent_cache_dir_url, where, cost, policy, seed, options,
+             reuse: bool | None = None, types=None) -> BalancedConverter:
+    """``make_spark_converter``; ``types`` (an Arrow schema): the copy's files are given these types exactly
+    (``io/exact_copy.py``) before the copy is committed."""
     _pyspark()
     if reuse is not None and not isinstance(reuse, bool):
         raise InvalidTypeError(f"reuse={reuse!r} must be None (reuse unless the rows depend on the run), True or "
@@ -204,15 +213,15 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
     if not hasattr(df, "sparkSession") or not hasattr(df, "write"):
         raise InvalidTypeError(f"df={df!r} is not a pyspark.sql.DataFrame")
     spark = df.sparkSession
-    options = ConvertOptions.of(parquet_row_group_size_bytes, compression_codec, dtype)
+    options = ConvertOptions.of(*options)
     cache = Cache.at(_parent_url(spark, parent_cache_dir_url))
     world_size = _default_world_size() if world_size is None else world_size
     balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
                                                                 {"batch_size": batch_size}))
     balance.check_policy(policy)  # planning parameters are checked before anything is written
     prepared = _prepare(df, options.dtype)
-    key = _cache_key(spark, prepared, options, reuse)
-    dataset_url = cache.write_once(key, lambda url: _materialize(prepared, url, options))
+    key = _cache_key(spark, prepared, options, reuse, types)
+    dataset_url = cache.write_once(key, lambda url: _materialize(prepared, url, options, types))
     plan = _plan(dataset_url, spark, world_size=world_size, batch_size=batch_size, where=where, cost=cost,
                  policy=policy, seed=seed)
     return BalancedConverter(cache, key, plan)
@@ -230,11 +239,14 @@ def make_shuffled_copy(dataset_url: str | PathLike[str], *, spark: Any = None, s
     as the input has by a 64-bit hash of all their values and ``seed`` and ordered by it inside each file: one
     Spark shuffle, no sort of the whole dataset, and the same copy from the same content. The copy is the
     converter's (``make_spark_converter``): written atomically under the cache folder, reused by every later call
-    on the same files (size, modification time) and ``seed``, values as Spark reads them with no cast
-    (``dtype=None``). ``where``, ``cost``, ``policy``, ``batch_size`` and ``world_size`` plan the copy as
-    ``plan_shards`` would plan the original.
+    on the same files and ``seed``. Every column keeps the Arrow type and value ``pyarrow.dataset`` reads from the
+    source (timestamps with their unit and zone, unsigned integers, dictionaries, durations, nested lists, structs
+    and maps: ``io/exact_copy.py``); a column Spark cannot give back exactly (nanosecond timestamps, times of day)
+    is refused, naming it and the fix, before Spark runs. ``where``, ``cost``, ``policy``, ``batch_size`` and
+    ``world_size`` plan the copy as ``plan_shards`` would plan the original.
     """
     F, _ = _pyspark()
+    from .io import exact_copy
     from .planner.engines.spark import get_session, spark_url
     from .unischema.storage import has_unischema
     url = fsutil.normalize_url(dataset_url)
@@ -242,16 +254,22 @@ def make_shuffled_copy(dataset_url: str | PathLike[str], *, spark: Any = None, s
         raise InvalidValueError(f"dataset_url={url!r} is a Petastorm (Unischema) dataset: a Spark copy would keep its "
                                 "codec cells as raw bytes without the Unischema; raise the loader's shuffle_budget "
                                 "instead, or rewrite it shuffled with petastorm_balanced.unischema.materialize_dataset")
+    types, partitions = exact_copy.source_schema(url)
+    exact_copy.check_copyable(types)  # before Spark reads a byte
     df = get_session(spark).read.parquet(spark_url(url))
+    exact_copy.spark_types_ok(types, df.schema, partitions)
     key = "__petastorm_balanced_shuffle__"
     while key in df.columns:
         key += "_"
-    hashed = df.withColumn(key, F.xxhash64(*[F.col(_quoted(c)) for c in df.columns], F.lit(int(seed))))
+    # Spark hashes no map (DATATYPE_MISMATCH.HASH_MAP_TYPE): a column holding one is hashed as its JSON text
+    hashed_columns = [F.to_json(F.col(_quoted(f.name))) if "map<" in f.dataType.simpleString()
+                      else F.col(_quoted(f.name)) for f in df.schema.fields]
+    hashed = df.withColumn(key, F.xxhash64(*hashed_columns, F.lit(int(seed))))
     shuffled = (hashed.repartition(max(1, len(df.inputFiles())), F.col(key)).sortWithinPartitions(key)
-                .drop(key))
-    return make_spark_converter(shuffled, world_size=world_size, batch_size=batch_size,
-                                parent_cache_dir_url=parent_cache_dir_url, where=where, cost=cost, policy=policy,
-                                seed=seed, dtype=None)
+                .drop(key).select(*[F.col(_quoted(n)) for n in types.names]))
+    return _convert(shuffled, world_size=world_size, batch_size=batch_size,
+                    parent_cache_dir_url=parent_cache_dir_url, where=where, cost=cost, policy=policy, seed=seed,
+                    options=(DEFAULT_ROW_GROUP_SIZE_BYTES, None, None), types=types)
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -299,7 +317,7 @@ def _quoted(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- cache key
 
-def _cache_key(spark, df, options: ConvertOptions, reuse: bool | None = None) -> str:
+def _cache_key(spark, df, options: ConvertOptions, reuse: bool | None = None, types=None) -> str:
     """The folder name of ``df``'s copy: a digest of its plan, its input files, output confs and options; a name
     of its own (a fresh copy) for a plan whose rows depend on the run, unless ``reuse=True`` (then reused within
     this process only, as Petastorm does), and for any plan with ``reuse=False``."""
@@ -307,7 +325,8 @@ def _cache_key(spark, df, options: ConvertOptions, reuse: bool | None = None) ->
     digest = hashlib.sha256()
     files, by_content = _input_files(df)
     shareable = shareable and by_content and repeatable  # reuse=True: such a plan within this process only
-    parts = {"version": KEY_VERSION, "options": options.__dict__, "files": files, "confs": _result_confs(spark)}
+    parts = {"version": KEY_VERSION, "options": options.__dict__, "files": files, "confs": _result_confs(spark),
+             **({} if types is None else {"types": types.to_string(show_schema_metadata=False)})}
     digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
     digest.update(b"\0" + text.encode())
     key = "df-" + digest.hexdigest()[:40]
@@ -424,7 +443,7 @@ def _as_url(spark_path: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- writing
 
-def _materialize(df, url: str, options: ConvertOptions) -> None:
+def _materialize(df, url: str, options: ConvertOptions, types=None) -> None:
     """Write ``df`` under ``url`` (which does not exist yet). Array columns stay Parquet lists as Spark writes them:
     the loaders deliver them as tensors (``(batch, k)`` where every array of a column has one length, a padded form
     on request) or lists, by their ``list_format`` (``reading/list_shapes.py``)."""
@@ -433,6 +452,10 @@ def _materialize(df, url: str, options: ConvertOptions) -> None:
                      else options.compression_codec)
      .option("parquet.block.size", str(options.parquet_row_group_size_bytes))
      .parquet(spark_url(url)))
+    if types is not None:  # before the copy is committed: never served with Spark's types
+        from .io.exact_copy import restore_types
+        codec = {"uncompressed": "none", "lz4_raw": "lz4"}.get(options.compression_codec, options.compression_codec)
+        log.info("gave %d files of the copy the source's types", restore_types(url, types, codec))
     log.info("materialized the DataFrame at %s", url)
 
 
