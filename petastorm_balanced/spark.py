@@ -410,10 +410,12 @@ def _canonical_proto(message, seen: dict) -> None:
 
 
 def _input_files(df) -> tuple[list[list], bool]:
-    """The data files ``df`` reads with their size, modification time and, for Parquet, the sha256 of the footer,
-    and whether that identifies their content: a copy that keeps size and modification time (``cp -p``, rsync)
-    still changes a Parquet footer (statistics, offsets); other formats have no such digest, so their copy is
-    reused within this process only."""
+    """The data files ``df`` reads with their size, modification time, for Parquet the sha256 of the footer, and
+    the store's content fingerprint (an ETag, or every byte's digest where ``PETASTORM_BALANCED_CONTENT_DIGEST``
+    asks for it: ``io/content.py``), and whether that identifies their content: a copy that keeps size and
+    modification time (``cp -p``, rsync) mostly changes a Parquet footer (statistics, offsets), and a fingerprint
+    tells the rest; a file with neither is reused within this process only."""
+    from .io import content
     from .io.footer import read_footer
     names = sorted(df.inputFiles())
     if not names:
@@ -423,14 +425,16 @@ def _input_files(df) -> tuple[list[list], bool]:
         paths = [fsutil.resolve(_as_url(n))[1] for n in names]
         infos = filesystem.get_file_info(paths)
         out, by_content = [], True
+        digest = content.digest_wanted()
         for name, path, info in zip(names, paths, infos, strict=True):
             entry = [name, info.size, info.mtime_ns]
+            tag = content.fingerprint(filesystem, path, digest=digest) if content.wanted(filesystem) else ""
             if name.endswith(".parquet"):
                 with filesystem.open_input_file(path) as handle:
                     entry.append(read_footer(handle).digest)
-            else:
+            elif not tag:
                 by_content = False
-            out.append(entry)
+            out.append(entry + ([tag] if tag else []))
         return out, by_content
     except (OSError, ValueError):  # a filesystem pyarrow cannot open here: names only, this process only
         return [[n] for n in names], False
