@@ -99,3 +99,28 @@ def test_an_input_rewritten_with_its_size_and_mtime_kept_is_a_new_dataframe(spar
     assert second.dataset_url != first.dataset_url
     ids = pads.dataset(second.dataset_url[len("file://"):]).to_table().column("id").to_pylist()
     assert sorted(ids) == list(range(1000, 1100))
+
+
+def test_an_input_rewritten_keeping_size_footer_and_mtime_is_new_with_the_digest(spark, tmp_path, monkeypatch):
+    """Other values, no statistics, PLAIN, uncompressed: the same size and footer bytes, the time restored; the
+    content digest (``PETASTORM_BALANCED_CONTENT_DIGEST=1``) puts every byte in the key."""
+    monkeypatch.setenv("PETASTORM_BALANCED_CONTENT_DIGEST", "1")
+    source = tmp_path / "source"
+    source.mkdir()
+    path = source / "part-0.parquet"
+    bare = {"compression": "NONE", "use_dictionary": False, "write_statistics": False}
+    pq.write_table(pa.table({"id": np.arange(100, dtype=np.int64)}), path, **bare)
+    stat, before = path.stat(), path.read_bytes()
+    parent = str(tmp_path / "cache")
+    first = make_spark_converter(spark.read.parquet(str(source)), parent_cache_dir_url=parent)
+    pq.write_table(pa.table({"id": np.arange(1000, 1100, dtype=np.int64)}), path, **bare)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = path.read_bytes()
+    tail = lambda data: data[-8 - int.from_bytes(data[-8:-4], "little"):]  # noqa: E731
+    assert len(after) == len(before) and tail(after) == tail(before) and path.stat().st_mtime_ns == stat.st_mtime_ns
+    a_later_run()
+    spark.catalog.clearCache()
+    second = make_spark_converter(spark.read.parquet(str(source)), parent_cache_dir_url=parent)
+    assert second.dataset_url != first.dataset_url
+    ids = pads.dataset(second.dataset_url[len("file://"):]).to_table().column("id").to_pylist()
+    assert sorted(ids) == list(range(1000, 1100))
