@@ -19,8 +19,8 @@ import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import InvalidValueError

@@ -8,10 +8,10 @@ their options here with ``LoaderOptions.of(arguments)``, so an option, its defau
 from __future__ import annotations
 
 import re
-from decimal import Decimal
-from numbers import Integral
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from decimal import Decimal
+from numbers import Integral
 from typing import Any
 
 from ..core.params import check_int
@@ -92,7 +92,7 @@ def parse_bytes(name: str, value) -> int:
             raise InvalidValueError(f"{name}={value!r} is not a byte count: pass an int, or a number with one of the "
                                     "units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (for example '512MiB')")
         value = int(Decimal(match.group(1)) * _UNITS[unit])
-    if isinstance(value, Integral) and not isinstance(value, bool) and value > MAX_BYTES:
+    if isinstance(value, Integral) and not isinstance(value, bool) and int(value) > MAX_BYTES:
         shown = repr(given) if len(repr(given)) <= 40 else repr(given)[:37] + "..."
         raise InvalidValueError(f"{name}={shown} is more than {MAX_BYTES} bytes (8 EiB), more than any machine "
                                 "holds: pass a byte count such as '512MiB'")

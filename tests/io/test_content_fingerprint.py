@@ -131,7 +131,7 @@ def test_on_s3_a_reupload_within_the_same_second_is_refused(s3, tmp_path):
     client, bucket = s3.server.client(), s3.server.bucket
     prefix = s3.url.split("/", 3)[3] + "/ds"
     url = s3.join("ds")
-    for attempt in range(5):  # the re-upload must land in the same second as the upload
+    for _ in range(5):  # the re-upload must land in the same second as the upload
         upload(client, bucket, f"{prefix}/part-0.parquet", table(0))
         plan = plan_shards(url, 1, batch_size=10, predicate=BELOW, engine="local", output_url=str(tmp_path / "p"))
         upload(client, bucket, f"{prefix}/part-0.parquet", table(1000))
