@@ -291,9 +291,11 @@ class CheckedFooters:
     def __init__(self, filesystem, check, *, pre_buffer: bool = False, shared: bool = False,
                  contents: dict[str, str] | None = None):
         self._filesystem, self._check = filesystem, check
-        # name -> the planned content fingerprint of the files whose plan recorded one: each is taken afresh once
-        # per reader (its kind: an ETag, or every byte's digest) beside the modification time (``io/content.py``)
+        # location -> the planned content fingerprint of the files whose plan recorded one: each is taken afresh
+        # once per reader (its kind: an ETag, or every byte's digest) beside the modification time, started with
+        # the folder's listing on a remote filesystem (``list_ahead``), so it adds no round trip in series
         self._contents = contents or {}
+        self._fingerprints: dict[str, Future] = {}  # shared=True: location -> its fingerprint now
         self._footers: dict[str, Footer] = {}  # checked whole: footer and modification time
         self._opened: dict[str, Footer] = {}  # shared=True: footers checked, their time not yet (``confirm``)
         self._pre_buffer, self._shared = pre_buffer, shared
@@ -314,10 +316,15 @@ class CheckedFooters:
         """``shared=True``: start listing the folders of ``locations`` not listed yet on ``executor`` now, for the
         ``confirm`` of their files; call it before queuing reads of those files on the same executor (a listing
         queued behind the reads that wait for it could wait for a free thread forever)."""
+        locations = list(locations)
         for folder in dict.fromkeys(self._folder(loc) for loc in locations):
             with self._locks_lock:
                 if folder not in self._listings:
                     self._listings[folder] = executor.submit(self._list, folder)
+        for location in dict.fromkeys(loc for loc in locations if loc in self._contents):
+            with self._locks_lock:
+                if location not in self._fingerprints:
+                    self._fingerprints[location] = executor.submit(self._fresh_content, location)
 
     def _listed(self, folder: str) -> dict[str, int | None]:
         """The folder's listing: the one started ahead, or listed here now (once per reader); a failed listing is
@@ -392,7 +399,7 @@ class CheckedFooters:
         try:
             footer = read_footer(handle, READ_FOOTERS)
             footer = replace(footer, mtime_ns=self._modification_time(location),
-                             content=self._content(name, location, handle))
+                             content=self._content(location, handle))
             self._check(name, footer)
         except BaseException:
             handle.close()
@@ -400,16 +407,31 @@ class CheckedFooters:
         self._footers[name] = footer
         return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
 
-    def _content(self, name: str, location: str, handle=None) -> str:
+    def _fresh_content(self, location: str) -> str:
+        from . import content
+        return content.fresh(self._filesystem, location, self._contents[location])
+
+    def _content(self, location: str, handle=None) -> str:
         """The file's content fingerprint now, of the kind the plan recorded, or ``""`` where it recorded none; an
-        ETag from ``handle`` when it was just opened (the request that opened it returned it)."""
-        planned = self._contents.get(name, "")
+        ETag from ``handle`` when it was just opened (the request that opened it returned it), else the one
+        started ahead (``list_ahead``, once per reader; a failed one is forgotten, so a retry asks again)."""
+        planned = self._contents.get(location, "")
         if not planned:
             return ""
         from . import content
         if handle is not None and planned.startswith(content.ETAG):
-            return content.of_handle(handle) or content.fresh(self._filesystem, location, planned)
-        return content.fresh(self._filesystem, location, planned)
+            return content.of_handle(handle) or self._fresh_content(location)
+        with self._locks_lock:
+            future = self._fingerprints.get(location)
+        if future is None:
+            return self._fresh_content(location)
+        try:
+            return future.result()
+        except BaseException:
+            with self._locks_lock:
+                if self._fingerprints.get(location) is future:
+                    del self._fingerprints[location]
+            raise
 
     def confirm(self, name: str, location: str) -> None:
         """``shared=True``: check the modification time of ``name``, opened (``open``) by this reader, against the
@@ -418,7 +440,7 @@ class CheckedFooters:
         if name in self._footers:
             return
         footer = self._opened[name]
-        checked = replace(footer, mtime_ns=self._modification_time(location), content=self._content(name, location))
+        checked = replace(footer, mtime_ns=self._modification_time(location), content=self._content(location))
         try:
             self._check(name, checked)
         except StalePlanError:

@@ -97,7 +97,8 @@ class BundleReader:
         # every footer read, hashed and compared with the planned one (G15) before a row of its file is used, once
         # per reader (per epoch): the threads' later opens of the file reuse it
         self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self.remote, shared=self.remote,
-                                       contents={f.path: f.content for f in plan.catalog.files if f.content})
+                                       contents={fsutil.join(self._root, f.path): f.content
+                                                 for f in plan.catalog.files if f.content})
         # row groups kept on the local disk (io/row_group_cache.py), keyed by the footer this reader just checked
         self._cache = local_disk_cache(cache) if cache is not None else None
 

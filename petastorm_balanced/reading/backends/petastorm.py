@@ -388,7 +388,7 @@ def check_footers(plan: ShardPlan, fragments: Sequence[Fragment]) -> None:
 
     def check(name, footer):
         check_file(plan, planned[name], footer=footer.digest, mtime_ns=footer.mtime_ns, content=footer.content)
-    contents = {f.path: f.content for f in plan.catalog.files if f.content}
+    contents = {fsutil.join(root, f.path): f.content for f in plan.catalog.files if f.content}
     try:
         CheckedFooters(filesystem, check, contents=contents).check_all(
             (f.path, fsutil.join(root, f.path)) for f in fragments if f.path in planned)
