@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs
 
+from . import retry
+
 DIGEST_ENV = "PETASTORM_BALANCED_CONTENT_DIGEST"
 ETAG, SHA256 = "etag:", "sha256:"
 THREADS = 16  # each look-up is a round trip (a HEAD) on an object store
@@ -79,14 +81,18 @@ def fresh(filesystem, location: str, planned: str) -> str:
     return ""
 
 
-def fingerprints(filesystem, locations: Sequence[str], *, digest: bool, threads: int = THREADS) -> list[str]:
-    """``fingerprint`` of each location, ``threads`` at a time."""
-    if not locations:
-        return []
-    if len(locations) == 1:
-        return [fingerprint(filesystem, locations[0], digest=digest)]
-    with ThreadPoolExecutor(min(threads, len(locations))) as pool:
-        return list(pool.map(lambda loc: fingerprint(filesystem, loc, digest=digest), locations))
+def fingerprints(filesystem, locations: Sequence[str], *, digest: bool, names: Sequence[str],
+                 threads: int = THREADS) -> list[str]:
+    """``fingerprint`` of each location, ``threads`` at a time, each under the retry policy (``names``: the URL
+    of each, for its errors)."""
+    def one(item):
+        location, name = item
+        return retry.call(lambda: fingerprint(filesystem, location, digest=digest), url=name)
+    items = list(zip(locations, names, strict=True))
+    if len(items) < 2:
+        return [one(item) for item in items]
+    with ThreadPoolExecutor(min(threads, len(items))) as pool:
+        return list(pool.map(one, items))
 
 
 def wanted(filesystem) -> bool:

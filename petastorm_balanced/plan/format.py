@@ -311,7 +311,8 @@ def check_contents(plan: ShardPlan, files) -> None:
     filesystem, root = plan.location.filesystem, plan.location.root
 
     def now(info: FileInfo) -> str:
-        return content.fresh(filesystem, fsutil.join(root, info.path), info.content)
+        return retry.call(lambda: content.fresh(filesystem, fsutil.join(root, info.path), info.content),
+                          url=f"{plan.dataset_url}/{info.path}")
     with ThreadPoolExecutor(min(content.THREADS, len(files))) as pool:
         for info, current in zip(files, pool.map(now, files), strict=True):
             check_file(plan, info, content=current)

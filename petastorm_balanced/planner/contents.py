@@ -28,11 +28,11 @@ def with_contents(url: str, build: Callable[[], Catalog], *, table=None,
     digest = content.digest_wanted()
     paths = [relative_path(e.path, root) for e in entries]
     chosen = [(p, e.path) for p, e in zip(paths, entries, strict=True) if only is None or p in only]
-    found = dict(zip([p for p, _ in chosen], content.fingerprints(filesystem, [loc for _, loc in chosen],
-                                                                  digest=digest), strict=True))
+    found = dict(zip([p for p, _ in chosen], content.fingerprints(
+        filesystem, [loc for _, loc in chosen], digest=digest, names=[f"{url}/{p}" for p, _ in chosen]), strict=True))
     catalog = build()
     late = [f.path for f in catalog.files if f.path not in found]
     found.update(zip(late, content.fingerprints(filesystem, [f"{root}/{p}" if root else p for p in late],
-                                                digest=digest), strict=True))
+                                                digest=digest, names=[f"{url}/{p}" for p in late]), strict=True))
     return dataclasses.replace(catalog, files=tuple(dataclasses.replace(f, content=found[f.path])
                                                     for f in catalog.files))
