@@ -213,13 +213,21 @@ def main():
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--parts", default="quality,accuracy,throughput,rss",
-                        help="comma-separated: quality, accuracy, throughput, rss")
+                        help="comma-separated: quality, accuracy, throughput, rss, spill (windows on local disk)")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
+    parser.add_argument("--spill-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--scales", default="1,10", help="spill: data sizes, as multiples of --rows")
     args = parser.parse_args()
     if args.rss_child:
         return rss_child(args.rss_child)
+    if args.spill_child:
+        return spill_child(args.spill_child[0], int(args.spill_child[1]), args.spill_child[2])
     parts = set(args.parts.split(","))
     tmp = tempfile.mkdtemp(prefix="bench_shuffle_")
+    if "spill" in parts:
+        spill(tmp, args.rows, [int(v) for v in args.scales.split(",")], max(1, args.rounds // 2))
+        if parts == {"spill"}:
+            return None
     sorted_50k = write_sorted(os.path.join(tmp, "sorted-50000"), args.rows, row_group=50_000)
     if "quality" in parts:
         quality(tmp, args.rows)
@@ -241,6 +249,120 @@ def main():
         print(f"peak RSS growth over one epoch: 1x {small['growth_mib']:.0f} MiB (window {small['window']:,} rows), "
               f"10x {large['growth_mib']:.0f} MiB (window {large['window']:,} rows); budget "
               f"{large['budget_mib']:.0f} MiB; 10x / 1x = {large['growth_mib'] / max(small['growth_mib'], 1):.2f}")
+
+
+def spill_child(path, budget, spill_dir):
+    """One epoch in this process at ``budget`` bytes, windows on ``spill_dir`` ("": none): first-batch latency,
+    rows per CPU-second, peak anonymous memory (RssAnon sampled every millisecond) and peak spill disk use."""
+    import threading
+
+    from petastorm_balanced import make_loader
+    plan = plan_of(path, 1)
+    loader = make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget=budget,
+                         shuffle_spill_dir=spill_dir or False)
+    base, peak, disk, stop = anon_bytes(), [0], [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], anon_bytes())
+            if spill_dir:
+                disk[0] = max(disk[0], sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(spill_dir)
+                                           for n in names if os.path.exists(os.path.join(d, n))))
+            time.sleep(0.002)
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    wall, cpu = time.perf_counter(), time.process_time()
+    rows, first = 0, None
+    for b in loader:
+        first = first if first is not None else time.perf_counter() - wall
+        rows += len(b["id"])
+    cpu = time.process_time() - cpu
+    stop.set()
+    thread.join()
+    loader.close()
+    print(json.dumps({"rows": rows, "first_s": first, "rows_per_cpu_s": rows / cpu, "window": loader.shuffle_window,
+                      "peak_anon_mib": (peak[0] - base) / 2**20, "disk_mib": disk[0] / 2**20}))
+
+
+def anon_bytes():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+
+
+def spill(tmp, rows, scales, rounds):
+    """At budgets of 1/8 and 1/64 of a slot's decoded rows, sorted data (row groups of 20,000 rows): quality, model
+    accuracy, throughput, first-batch latency, memory and disk, with a spill folder against the memory window."""
+    from petastorm_balanced import make_loader
+    from petastorm_balanced.core.quality import Quality
+    from petastorm_balanced.core.shuffle import WINDOW_COPIES
+    print(f"windows on local disk: sorted by label, {CLASSES} classes, row groups of 20,000 rows, batch {BATCH}, "
+          f"world 1; ratios against a uniform permutation (goals: labels >= 0.9x, TV <= 1.15x, model >= 0.97x, "
+          f"throughput >= 0.9x the memory window's)")
+    for scale in scales:
+        path = write_sorted(os.path.join(tmp, f"spill-{scale}x"), rows * scale, row_group=20_000)
+        plan = plan_of(path, 1)
+        with make_loader(0, 1, plan=plan, backend="arrow") as probe:
+            row = probe._settings.row_bytes  # decoded bytes per row, as the loader measured them
+        import pyarrow.dataset as ds
+        reference = ds.dataset(path).to_table(columns=["label"])["label"].to_numpy()
+        for fraction in (8, 64):
+            budget = int(rows * scale * row * WINDOW_COPIES / fraction)
+            folder = tempfile.mkdtemp(prefix="spill-", dir=tmp)
+            kinds = {"memory": {"shuffle_spill_dir": False}, "spill": {"shuffle_spill_dir": folder}}
+            line = [f"  {scale}x ({rows * scale:,} rows) budget 1/{fraction} ({budget / 2**20:.1f} MiB):"]
+            if scale == scales[0]:
+                for name, kwargs in kinds.items():
+                    per_rank = loader_labels(plan, 1, shuffle_budget=budget, **kwargs)
+                    q = Quality.of(per_rank[0], reference)
+                    line.append(f"{name} labels/batch {q.distinct / q.uniform_distinct:.2f}x TV {q.ratio:.2f}x")
+                line.append(accuracy_ratios(plan, budget, kinds))
+            runs: dict = {name: [] for name in kinds}
+            for _ in range(rounds):  # interleaved, each a fresh process
+                for name, kwargs in kinds.items():
+                    runs[name].append(rss_spill(path, budget, kwargs["shuffle_spill_dir"] or ""))
+            speed = np.median([s["rows_per_cpu_s"] / m["rows_per_cpu_s"]
+                               for s, m in zip(runs["spill"], runs["memory"], strict=True)])
+            for name, measured in runs.items():
+                last = measured[-1]
+                line.append(f"{name}: window {last['window']:,} rows, first batch {last['first_s']:.2f} s, peak anon "
+                            f"+{last['peak_anon_mib']:.0f} MiB, disk {last['disk_mib']:.0f} MiB")
+            line.append(f"spill / memory rows per CPU-second {speed:.2f}x (median of {rounds})")
+            print("\n    ".join(line))
+
+
+def accuracy_ratios(plan, budget, kinds):
+    import torch
+
+    from petastorm_balanced import make_loader
+    names = [f"x{j}" for j in range(FEATURES)]
+
+    def through(**kwargs):
+        loader = make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget=budget, **kwargs)
+
+        def epoch_batches(epoch):
+            loader.set_epoch(epoch)
+            for b in loader:
+                yield torch.stack([b[n] for n in names], 1), b["label"]
+        return train(epoch_batches)
+    import pyarrow.dataset as ds
+    table = ds.dataset(plan.dataset_url).to_table(columns=names + ["label"])
+    x = np.stack([table[n].to_numpy() for n in names], 1)
+    y = table["label"].to_numpy()
+
+    def permuted(epoch):
+        order = np.random.default_rng([7, epoch]).permutation(len(y))
+        for i in range(0, len(y) - BATCH + 1, BATCH):
+            idx = order[i:i + BATCH]
+            yield torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+    base = train(permuted)
+    return "model accuracy / a permutation's: " + ", ".join(
+        f"{name} {through(**kwargs) / base:.2f}x" for name, kwargs in kinds.items())
+
+
+def rss_spill(path, budget, folder):
+    out = subprocess.run([sys.executable, __file__, "--spill-child", path, str(budget), folder], capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def quality(tmp, rows):

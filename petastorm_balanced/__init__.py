@@ -24,6 +24,7 @@ from .world import World
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs (never imported here at run time)
     from .reading.iterable import BalancedDataLoader, BalancedIterableDataset
     from .reading.loader import BalancedLoader, make_loader
+    from .reading.packing import varlen_inputs
     from .reading.reader import make_reader
     from .reading.transform import TransformSpec
 
@@ -31,13 +32,13 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs (never imp
 # package (and the Spark executors that run it) never pays for torch.
 _LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "reading.iterable",
          "BalancedLoader": "reading.loader", "make_loader": "reading.loader",
-         "make_reader": "reading.reader", "TransformSpec": "reading.transform"}
+         "make_reader": "reading.reader", "TransformSpec": "reading.transform", "varlen_inputs": "reading.packing"}
 # A literal list (sorted), so that linters and type checkers see the re-exports.
 __all__ = [
     "BalancedDataLoader", "BalancedIterableDataset", "BalancedLoader", "Fragment", "InvalidWhereError", "PlanError",
     "PlanIntegrityError", "PlanUpdateError", "PlanVersionError", "ShardPlan", "StalePlanError",
     "StorageUnavailableError", "TransformSpec", "UnsafeDatasetError", "World",
-    "load_plan", "make_loader", "make_reader", "plan_shards",
+    "load_plan", "make_loader", "make_reader", "plan_shards", "varlen_inputs",
 ]
 
 

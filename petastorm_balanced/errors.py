@@ -94,6 +94,11 @@ class ShuffleQualityWarning(UserWarning):
     batches mix only the row groups of their window and are further from i.i.d. than a uniform permutation's."""
 
 
+class PackingWarning(UserWarning):
+    """A packing loader left documents of a shuffle window out of this epoch: the window held more tokens than the
+    steps the plan gave it (``core/packing.py``)."""
+
+
 class RowShapeError(InvalidValueError):
     """A row whose list does not fit the shape ``loader.schema`` declares for its column. ``row`` is its position
     in the rows being converted; the reader that knows their files adds the file, row group and row to the

@@ -113,3 +113,7 @@ class JaxBatches:
     def set_state(self, state: dict) -> None:
         """Continue exactly at ``state`` (also one saved at another world size: G10)."""
         self.loader.load_state_dict(state)
+
+    def stats(self) -> dict:
+        """The loader's ``stats()`` (docs/stats.md); ``jax.device_put`` runs outside it, in the loop's time."""
+        return self.loader.stats()

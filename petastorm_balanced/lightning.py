@@ -20,6 +20,10 @@ GPU feeding: ``BalancedDataModule(plan, pin_memory=True, device="trainer")`` giv
 ``device=trainer.strategy.root_device`` (its own GPU under DDP), so batches are pinned and copied ahead on a side
 CUDA stream (``reading/device.py``); Lightning's own transfer then finds them on the device already.
 
+Input statistics: ``Trainer(callbacks=[InputStatsLogger()])`` gathers every rank's ``loader.stats()`` at each
+training epoch's end (``petastorm_balanced.stats.gather``), logs the slowest rank and its limiting stage, and puts
+``input/wait_s``, ``input/slowest_rank`` and ``input/spread`` in the module's logged metrics (docs/stats.md).
+
 Validation serves epoch 0 of ``val_plan`` at every validation run (the rows of every epoch are the same; a fixed
 epoch makes runs comparable). Plan it with ``policy="pad"`` and pass ``padding_mask=True`` for exact metrics: every
 row is delivered once, and the repeated rows are flagged in ``batch["_padding"]``.
@@ -114,3 +118,41 @@ class FixedEpochLoader:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+
+class InputStatsLogger(pl.Callback):
+    """At each training epoch's end, every rank's input-pipeline statistics gathered (a collective: the callback
+    runs on every rank), the slowest rank and its limit logged, and a few figures logged as metrics.
+    ``folder``: where ranks exchange files without torch.distributed (``stats.gather``); ``report``: the last one."""
+
+    def __init__(self, folder: str | None = None):
+        super().__init__()
+        self.folder = folder
+        self.report: dict | None = None
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        from .stats import gather
+        loader = _with_stats(getattr(trainer, "train_dataloader", None))
+        if loader is None:
+            return
+        report = self.report = gather(loader, folder=self.folder)
+        pl_module.log_dict({"input/wait_s": float(report["wait_s"][report["slowest_rank"]]),
+                            "input/slowest_rank": float(report["slowest_rank"]),
+                            "input/spread": float(report["spread"])}, rank_zero_only=True)
+
+
+def _with_stats(loader: Any) -> Any:
+    """Our loader inside what the trainer holds (the loader itself, a FixedEpochLoader, a DataLoader over our
+    dataset, a CombinedLoader's iterables), or None."""
+    for inner in (loader, getattr(loader, "loader", None), getattr(loader, "dataset", None)):
+        if inner is not None and callable(getattr(inner, "stats", None)):
+            return inner
+    iterables = getattr(loader, "iterables", None)
+    if isinstance(iterables, dict):
+        iterables = list(iterables.values())
+    if isinstance(iterables, (list, tuple)):
+        for item in iterables:
+            found = _with_stats(item)
+            if found is not None:
+                return found
+    return None

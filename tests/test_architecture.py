@@ -24,7 +24,7 @@ PACKAGE = os.path.join(ROOT, "petastorm_balanced")
 # public faces and tools.
 LAYERS = {"errors": 0, "_version": 0, "core": 1, "io": 2, "unischema": 2, "world": 2, "predicates": 2,
           "plan": 3, "planner": 4, "reading": 4, "tools": 5, "lightning": 5, "tf": 5, "jax": 5, "datagen": 5,
-          "__main__": 5, "spark": 5, "__init__": 6}
+          "__main__": 5, "spark": 5, "stats": 5, "__init__": 6}
 # Siblings of one layer of which the first never imports the second:
 APART = [("planner", "reading"), ("reading", "planner"), ("io", "unischema")]
 # Every module of core/ is pure (no I/O, no torch, Spark or Petastorm), and these besides:

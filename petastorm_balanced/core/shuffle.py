@@ -54,6 +54,21 @@ def budget_window(budget_bytes: int, row_bytes: float, batch_size: int) -> int:
     return max(1, rows // batch_size) * batch_size
 
 
+def spill_window(spill_bytes: int, row_bytes: float, batch_size: int, slot_rows: int) -> int:
+    """Rows per window when windows may live on local disk: a slot's whole share (``slot_rows``, rounded up to
+    whole batches) if ``spill_bytes`` of decoded rows hold it, else as many rows as they hold; at least a batch.
+
+    One window per slot and epoch is what makes a batch a sample of a uniform permutation of the slot's rows, and
+    each row is still read from storage once. On disk a window is held once (no copies to cover, unlike
+    ``budget_window``): it is written as it fills and read back memory-mapped.
+
+    >>> spill_window(64 * 2**30, 144.0, 256, 1_000_000), spill_window(2**30, 4096.0, 256, 1_000_000)
+    (1000192, 262144)
+    """
+    rows = min(-(-max(int(slot_rows), 1) // batch_size) * batch_size, int(spill_bytes // max(float(row_bytes), 1.0)))
+    return max(1, rows // batch_size) * batch_size
+
+
 def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
     """A permutation of ``num_rows`` drawn from ``key``, the same on every NumPy version.
 

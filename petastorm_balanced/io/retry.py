@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -123,6 +124,14 @@ def looks_transient(text: str) -> bool:
     return _TRANSIENT.search(text) is not None
 
 
+_RETRIED = threading.local()  # .n: retries made by ``call`` in this thread (what loader.stats() counts)
+
+
+def retries() -> int:
+    """Retries ``call`` made in this thread so far (a reader takes the difference around a read)."""
+    return getattr(_RETRIED, "n", 0)
+
+
 def call(function: Callable[[], T], *, url: str, what: str = "reading", policy: RetryPolicy | None = None,
          sleep: Callable[[float], None] = time.sleep) -> T:
     """``function()``, retried on transient errors under ``policy`` (default: ``default_policy()``); when every
@@ -136,6 +145,7 @@ def call(function: Callable[[], T], *, url: str, what: str = "reading", policy: 
                 raise
             last = exc
         if attempt + 1 < policy.attempts:
+            _RETRIED.n = retries() + 1
             sleep(policy.wait_s(attempt))
     raise StorageUnavailableError(url, policy.attempts, last, what) from last
 

@@ -70,7 +70,7 @@ class WindowBatcher:
     """
 
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
-                 key: Sequence[int] | None, arrange: Callable | None = None):
+                 key: Sequence[int] | None, arrange: Callable | None = None, filling: Callable | None = None):
         if window_rows % batch_size:
             raise InvalidValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
         self._total, self._batch, self._window_rows, self._key = total_rows, batch_size, window_rows, key
@@ -78,6 +78,9 @@ class WindowBatcher:
         # permutation; ``lengths`` (rows per batch, token budgets) makes every batch its own run, and then the start
         # point's ``skip_rows`` counts batches. Like the permutation it must depend on the window and key alone.
         self._arrange = arrange
+        # filling(size, first chunk) -> a window being assembled (``Filling``, or ``spill_window.SpillFilling``,
+        # which places rows in memory or on disk; the rows and their order are the same)
+        self._make_filling = filling or Filling
         self._window = start.window
         self._row = start.row  # slot row where the window being filled starts
         self._skip = start.skip_rows
@@ -107,7 +110,7 @@ class WindowBatcher:
         while rows:  # each chunk goes into its window as it comes (its memory is then free for the next one)
             size = min(self._window_rows, self._total - self._row)
             if self._filling is None:
-                self._filling = Filling(size, columns)
+                self._filling = self._make_filling(size, columns)
             take = min(rows, size - self._filling.rows)
             self._filling.add(columns if take == rows else {name: values[:take] for name, values in columns.items()})
             columns = {name: values[take:] for name, values in columns.items()} if take < rows else {}
@@ -141,6 +144,9 @@ class WindowBatcher:
             step = max(1, RUN_ROWS // self._batch) * self._batch if window.row_major else size
             for begin in range(skip, size, step):
                 yield window.gather(order[begin:begin + step])
+        release = getattr(window, "release", None)  # a window with files on disk deletes them once served
+        if release is not None:
+            release()
 
     def _unshuffled(self, size: int) -> Iterator[ColumnArrays]:
         parts = self._take(size)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
+from .stats import current
 
 torch: Any = None  # imported by check_feed when a batch is to be fed: a loader that feeds nothing never imports it
 
@@ -119,9 +121,10 @@ def feed(batches: Iterable[dict], options: Feed) -> Iterator[dict]:
 
 def _pinned(batches: Iterable[dict]) -> Iterator[dict]:
     source = iter(batches)
+    pin = _counted(_map_tensors)
     try:
         for batch in source:
-            yield _map_tensors(batch, lambda t: t.pin_memory())
+            yield pin(batch, lambda t: t.pin_memory())
     finally:
         close_iterator(source)
 
@@ -129,15 +132,33 @@ def _pinned(batches: Iterable[dict]) -> Iterator[dict]:
 def _ahead(batches: Iterable[dict], start) -> Iterator[dict]:
     """Start batch ``k + 1`` (``start``: read it, enqueue its copy) before handing over batch ``k``."""
     source = iter(batches)
+    start = _counted(start)
     try:
         pending = _next_started(source, start)
         while pending is not None:
             ready = pending
             pending = _next_started(source, start)  # its copy runs while the consumer computes on `ready`
             batch, finish = ready
-            yield batch if finish is None else finish()
+            yield batch if finish is None else _counted(finish)()
     finally:
         close_iterator(source)
+
+
+def _counted(function):
+    """``function``, its time counted to the ``device`` stage of the loader whose ``next()`` runs here
+    (``reading/stats.py``); ``function`` itself when none does."""
+    recorder = current()
+    if recorder is None:
+        return function
+
+    def call(*args):
+        cell = recorder.cell()
+        start, inner = perf_counter(), cell.inner
+        try:
+            return function(*args)
+        finally:
+            cell.since("device", start, inner)
+    return call
 
 
 def _next_started(source: Iterator[dict], start):

@@ -40,8 +40,9 @@ BUNDLE_BYTES = 4 << 20
 
 
 def bundle_rows(row_bytes: float) -> int:
-    """Rows per bundle for rows of ``row_bytes`` decoded bytes: ``BUNDLE_BYTES`` worth, at least ``BUNDLE_ROWS``."""
-    return max(BUNDLE_ROWS, int(BUNDLE_BYTES // max(float(row_bytes), 1.0)))
+    """Rows per bundle for rows of ``row_bytes`` decoded bytes: ``BUNDLE_BYTES`` worth (at least ``BUNDLE_ROWS``
+    for rows of up to 512 bytes; fewer for larger rows, so the prefetch stays a few MiB whatever a row weighs)."""
+    return max(1, int(BUNDLE_BYTES // max(float(row_bytes), 1.0)))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
+from multiprocessing.context import get_spawning_popen
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -28,13 +29,13 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..plan.load import resolve_plan
 from ..world import resolve_world
 from . import state as loader_state
-from . import stream
+from . import stream, worker_stats
 from .backends import BACKENDS, resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
 from .mixture import MixturePosition, MixtureSettings, check_single_plan, mixture_slot
-from .options import SHUFFLE_BUDGET, LoaderOptions
+from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position, Run
 from .settings import Settings
@@ -64,8 +65,9 @@ class BalancedIterableDataset(PlannedView, _Base):
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
     Iterated directly (or with ``num_workers=0``) it is a single slot and gives the same batches as
-    ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window of up to
-    ``shuffle_budget`` bytes: with K workers a rank holds up to K budgets. ``transform_spec`` (``TransformSpec``) runs
+    ``make_loader(...)`` with the same settings. Each worker is a slot with its own shuffle window; the rank's
+    ``shuffle_budget`` is shared by its K workers (each holds a K-th in memory, the rest of its window on local
+    disk: ``shuffle_spill_dir``, or the system temp folder). ``transform_spec`` (``TransformSpec``) runs
     in the DataLoader worker processes (its ``func`` must pickle for spawned workers: a module-level function).
     ``batch_format="numpy"`` yields numpy batches (``make_loader``'s), iterated directly or through
     ``ds.dataloader(num_workers=K)``: several reading processes for JAX or TensorFlow input pipelines (a plain
@@ -82,7 +84,8 @@ class BalancedIterableDataset(PlannedView, _Base):
                  world: int | None = None, *,
                  batch_size: int | None = None, epoch: int = 0,
                  shuffle: bool = True, reshuffle: str = "epoch", shuffle_window: int | None = None,
-                 shuffle_budget: int | str = SHUFFLE_BUDGET, schema_fields: Sequence[Any] | None = None,
+                 shuffle_budget: int | str = SHUFFLE_BUDGET, shuffle_spill_dir: Any = None,
+                 shuffle_spill_budget: int | str = SPILL_BUDGET, schema_fields: Sequence[Any] | None = None,
                  padding_mask: bool = False, backend: str = "auto", partition_epoch: int = 1, balance: str = "auto",
                  cost_reduce: str = "sum", transform_spec: Any = None, weights: Sequence[float] | None = None,
                  epoch_steps: int | None = None, list_format: Any = "auto", list_shapes: Any = None,
@@ -129,13 +132,16 @@ class BalancedIterableDataset(PlannedView, _Base):
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         slot = mixture_slot if self._mixture else type(self)._slot
-        return slot(self, num_workers, worker, self._numpy_out, info is not None)
+        batches = slot(self, num_workers, worker, self._numpy_out, info is not None)
+        return worker_stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
         worker's fresh stack cannot show it."""
         state = self.__dict__.copy()
         state["_pickled_under"] = _rewrapper()
+        if "_stats_queue" in state and get_spawning_popen() is None:  # a queue pickles only to start a process
+            del state["_stats_queue"]
         return state
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
@@ -156,6 +162,7 @@ class BalancedIterableDataset(PlannedView, _Base):
         else:
             run = self._position.begin()
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
+            self._recorder.begin(epoch)
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         # read in this process ("dummy" pool): the DataLoader's workers are the parallelism
@@ -165,7 +172,8 @@ class BalancedIterableDataset(PlannedView, _Base):
                                 batch_size=settings.batch_size, shuffle=settings.shuffle,
                                 shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
                                 batches_done=(done + worker) // num_workers + own, cost=settings.cost,
-                                drop=settings.drop, cost_lengths=settings.cost_lengths)
+                                drop=settings.drop, cost_lengths=settings.cost_lengths,
+                                placement=settings.placement(num_workers))
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
@@ -294,12 +302,16 @@ class BalancedDataLoader(_Loader):
             dataset._position.rebase(dataset._num_workers)  # the pending position, for slots of another layout
         dataset._num_workers = slots
         dataset._numpy_out = self._tensors_here  # workers copy the dataset while the base iterator starts
+        if self.num_workers > 0:  # the workers' stage figures come back through it (reading/stats.py)
+            worker_stats.open_queue(dataset, self.multiprocessing_context)
         try:
             batches = super().__iter__()
         finally:
             dataset._numpy_out = False
         # With workers the main process counts; without, the dataset iterates (and counts) here.
         run = dataset._position.begin() if self.num_workers > 0 else None
+        if run is not None:
+            dataset._recorder.begin(dataset.epoch)  # the run's (a mixture's run keeps it in its point)
         return batches, run
 
     def set_epoch(self, epoch: int) -> None:
@@ -360,6 +372,8 @@ class _Counted:
                 convert = to_torch if self._loader.dataset._settings.options.batch_format == TORCH else to_numpy
                 batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
+            if self._run is not None:  # with workers: the loop's waits are timed here (reading/stats.py)
+                self._batches = self._loader.dataset._recorder.measured(self._batches)
         batch = next(self._batches)
         if self._run is not None:
             self._run.delivered()

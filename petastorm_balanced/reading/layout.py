@@ -7,6 +7,8 @@ dropped when a new pass starts, so the state stays a few ints per world change.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..core import balance
 from ..core.elastic import Stage
 from ..core.params import check_int
@@ -34,7 +36,7 @@ class Layout:
 
     def __init__(self, plan: ShardPlan, world_size: int, rank: int = 0, *, batch_size: int | None, shuffle: bool,
                  shuffle_window: int, reshuffle: str, partition_epoch: int = 1, balance_by: str = "rows",
-                 steps: int | None = None):
+                 steps: int | None = None, epoch_steps: Callable[[int], int] | None = None):
         self.plan, self.world_size, self.rank = plan, world_size, rank
         self.batch_size: int | None = batch_size  # None: a token budget (max_batch_cost), rows assigned one by one
         self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
@@ -46,6 +48,7 @@ class Layout:
         self.partition_epoch = int(partition_epoch)
         # (epoch, stages, world) -> steps, for positions after an elastic resume
         self._stage_steps: dict[tuple, int] = {}
+        self._epoch_steps = epoch_steps  # steps that differ by epoch (packing: from every rank's pieces)
 
     @classmethod
     def of_state(cls, plan: ShardPlan, state: dict, world_size: int) -> Layout:
@@ -77,6 +80,8 @@ class Layout:
     def steps_of(self, epoch: int, stages=(), world_size: int | None = None) -> int:
         """Steps per rank of ``epoch`` (a part of a pass, or what is left of it after ``stages``)."""
         world = self.world_size if world_size is None else world_size
+        if not stages and self._epoch_steps is not None and world == self.world_size:
+            return self._epoch_steps(epoch)
         if not stages:
             steps = self.steps if world == self.world_size else self.plan.steps_per_epoch(world, self.batch_size)
             return int(balance.part_steps(steps, self.partition_epoch)[epoch % self.partition_epoch])

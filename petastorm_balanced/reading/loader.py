@@ -18,12 +18,12 @@ from ..errors import InvalidValueError
 from ..plan.load import resolve_plan
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
-from . import stream
+from . import packing, stream
 from .backends import BACKENDS, resolve_backend
 from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, close_iterator, feed
 from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
-from .options import SHUFFLE_BUDGET, LoaderOptions
+from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
@@ -71,23 +71,27 @@ class BalancedLoader(PlannedView):
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
         # starts (and takes the position) at its first next(): a probe consumes nothing
-        iterator = self._iterator = self._run()
+        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
         return iterator
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
+        self._recorder.begin(epoch)
         chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader,
                                             transform=settings.transform)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost, drop=settings.drop, cost_lengths=settings.cost_lengths)
+                                cost=settings.cost_of(epoch, run.stages), drop=settings.drop,
+                                cost_lengths=settings.cost_lengths, placement=settings.placement())
+        if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/packing.py)
+            runs = packing.packed_runs(runs, settings.packing, settings.schema)
 
         def tensors():
             for batch_run in runs:  # a token budget's batches come one per run
-                size = settings.batch_size or len(batch_run[stream.PADDING])
+                size = settings.batch_size or len(batch_run[stream.PADDING])  # (packed: the sequences)
                 yield from self._cut(batch_run, size, settings.padding_mask)
 
         fed = feed(tensors(), self._feed)  # one batch may be held ahead: it counts only once delivered here
@@ -140,11 +144,13 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
                 workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,
                 padding_mask: bool = False, shuffle_window: int | None = None,
-                shuffle_budget: int | str = SHUFFLE_BUDGET, backend: str = "auto", partition_epoch: int = 1,
+                shuffle_budget: int | str = SHUFFLE_BUDGET, shuffle_spill_dir: Any = None,
+                shuffle_spill_budget: int | str = SPILL_BUDGET, backend: str = "auto", partition_epoch: int = 1,
                 balance: str = "auto", cost_reduce: str = "sum", max_batch_cost: int | None = None,
                 pin_memory: bool = False, device: Any = None, transform_spec: Any = None,
                 weights: Sequence[float] | None = None, epoch_steps: int | None = None,
                 list_format: Any = "auto", list_shapes: Any = None, batch_format: str = TORCH,
+                pack: str | None = None, seq_len: int | None = None, long_documents: str = "split",
                 **petastorm_kwargs: Any) -> Loader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
@@ -159,7 +165,14 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     rank is about the budget plus ``workers_count + 4`` bundles (the Arrow backend's prefetch; a bundle is
     consecutive fragments of at least 8,192 rows and, read by threads from a local disk, 4 MiB of decoded values,
     so a row group larger than that is one bundle); the first batch comes when the first window is read, and a
-    resume reads at most one window again.
+    resume reads at most one window again. The budget counts decoded bytes measured on sampled rows, and a window
+    that holds more than measured sends the rest to local disk, so memory stays within it (docs/shuffle.md).
+
+    ``shuffle_spill_dir=DIR`` (a local folder, such as NVMe scratch): windows hold a rank's whole share (up to
+    ``shuffle_spill_budget`` bytes of decoded rows, 64 GiB by default), what memory cannot hold written once to
+    DIR and read back memory-mapped, so batches are as random as a uniform permutation's at any scale, each row
+    read from storage once per epoch; the files are gone at the end of the epoch, at ``close()``, and (left by a
+    crash) at the next start. The first batch then waits for the slot's whole share to be read.
 
     ``backend`` picks who reads the row groups: ``"arrow"`` (pyarrow threads, any stack), ``"petastorm"``
     (Petastorm's reader and pools; pyarrow < 15) or ``"auto"``: Arrow, which reads for less CPU per row, unless a
@@ -206,6 +219,14 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     ...)`` values padded with 0 and a ``<name>__lengths`` tensor; ``"python"`` lists of lists. A dict sets it per
     column. ``list_shapes={"vec": (4,)}`` declares a shape instead of reading the lengths (checked on every batch:
     a row of another length is an error naming its file and row).
+
+    Packed sequences for language models (``reading/packing.py``, docs/packing.md): ``pack="tokens"``,
+    ``seq_len=L`` and ``batch_size=S`` make every step ``S`` sequences of exactly ``L`` tokens of the list column
+    ``tokens``: ``batch["tokens"]`` ``(S, L)``, ``tokens__segments`` (0 padding, k > 0 the k-th piece of the row),
+    ``tokens__positions`` and ``tokens__cu_seqlens`` for flash-attention's varlen kernels. The plan needs each
+    document's length as its cost (``cost="size(tokens)"`` or a column of counts); every rank takes the same steps
+    and about the same attention cost per step. ``long_documents="split"`` (default) cuts a document longer than
+    ``L`` into consecutive pieces, ``"drop"`` leaves it out.
     """
     options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
     if batch_format != TORCH and (pin_memory or device is not None):

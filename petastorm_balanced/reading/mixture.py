@@ -159,9 +159,17 @@ def _refuse(options: LoaderOptions) -> None:
     if options.max_batch_cost is not None:
         raise InvalidValueError("max_batch_cost with a mixture: a batch's rows are decided by the weights; pass "
                                 "batch_size=")
+    if options.pack is not None:
+        raise InvalidValueError(f"pack={options.pack!r} with a mixture (plan=[...]) is not supported: each source's "
+                                "share would have to be counted in tokens, which a step's documents decide; pack "
+                                "one plan (a plan over all sources' files, mixed when writing them)")
     if options.transform_spec is not None:
         raise InvalidValueError("transform_spec with a mixture is not supported; apply the function to the batches "
                                 "in the training loop")
+    if options.shuffle_spill_dir not in (None, False):
+        raise InvalidValueError(f"shuffle_spill_dir={options.shuffle_spill_dir!r} with a mixture is not supported yet "
+                                "(each source's window is sized from the memory budget); leave shuffle_spill_dir=None, "
+                                "or give each source a shuffled copy (petastorm_balanced.spark.make_shuffled_copy)")
 
 
 class MixturePosition:
@@ -360,13 +368,14 @@ class MixtureLoader(PlannedView):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._iterator is not None:
             self._iterator.close()
-        iterator = self._iterator = self._run()
+        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
         return iterator
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         schedule, point = settings.mixture.schedule, run.point
+        self._recorder.begin(point.epoch)
         wanted = [(c, h, None if s.cost is None else schedule.origin(i, point.phase, c))
                   for i, (c, h, s) in enumerate(zip(point.counters, run.heads, settings.sources, strict=True))]
         if [(s.counter, s.head, s.origin) for s in self._sources] != wanted:
@@ -466,6 +475,7 @@ def mixture_slot(dataset, num_workers: int, worker: int, numpy_out: bool, in_wor
     else:
         run = position.begin()
         point, steps, heads = run.point, run.steps, run.heads
+        dataset._recorder.begin(point.epoch)
     for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out,
                                 heads):
         if run is None:

@@ -7,9 +7,10 @@ their options here with ``LoaderOptions.of(arguments)``, so an option, its defau
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from numbers import Integral
 from typing import Any
@@ -19,7 +20,8 @@ from ..errors import InvalidTypeError, InvalidValueError
 from .list_shapes import ListOptions
 from .tensors import TORCH, check_batch_format
 
-SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``core/shuffle.py``)
+SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one rank's shuffle may hold (``core/shuffle.py``)
+SPILL_BUDGET = 64 * 2**30  # default bytes of local disk one rank's shuffle windows may take (``reading/spill.py``)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,11 @@ class LoaderOptions:
     reshuffle: str = "epoch"
     shuffle_window: int | None = None  # rows; None: as many as ``shuffle_budget`` holds
     shuffle_budget: int | str = SHUFFLE_BUDGET
+    # local disk for windows larger than memory (``reading/spill.py``): None: windows sized by memory, what goes
+    # beyond it anyway (rows larger than sampled) to the system temp folder; a folder: windows up to a rank's
+    # share, within ``shuffle_spill_budget`` bytes of it; False: never on disk
+    shuffle_spill_dir: Any = None
+    shuffle_spill_budget: int | str = SPILL_BUDGET
     schema_fields: Sequence[Any] | None = None
     padding_mask: bool = False
     partition_epoch: int = 1
@@ -47,6 +54,9 @@ class LoaderOptions:
     list_format: Any = "auto"
     list_shapes: Any = None
     batch_format: str = TORCH  # "torch" or "numpy" (tensors.py)
+    pack: str | None = None  # a list column to pack into sequences of seq_len tokens (reading/packing.py)
+    seq_len: int | None = None
+    long_documents: str = "split"  # "split" | "drop": documents longer than seq_len (core/packing.py)
 
     def __post_init__(self) -> None:
         if self.reshuffle not in ("epoch", "fixed"):
@@ -58,8 +68,19 @@ class LoaderOptions:
             check_int("shuffle_window", self.shuffle_window, minimum=1, hint=" (rows per shuffle window; None: as "
                       "many as shuffle_budget holds)")
         object.__setattr__(self, "shuffle_budget", parse_bytes("shuffle_budget", self.shuffle_budget))
+        object.__setattr__(self, "shuffle_spill_budget", parse_bytes("shuffle_spill_budget",
+                                                                     self.shuffle_spill_budget))
+        spill = self.shuffle_spill_dir
+        if not (spill is None or spill is False or (isinstance(spill, (str, os.PathLike)) and str(spill))):
+            raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a local folder (a str or path), None "
+                                    "(windows sized by memory, overflow to the system temp folder) or False (never "
+                                    "on disk)")
+        if isinstance(spill, (str, os.PathLike)) and "://" in str(spill):
+            raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a folder on local disk (windows are read "
+                                    "back memory-mapped), not a URL; pass a path such as '/local_disk0/tmp'")
         object.__setattr__(self, "padding_mask", bool(self.padding_mask))
         check_batch_format(self.batch_format)
+        _check_pack(self.pack, self.seq_len, self.long_documents)
         self.lists  # noqa: B018  (checked here, where the user gave them)
 
     @classmethod
@@ -69,8 +90,31 @@ class LoaderOptions:
 
     @property
     def lists(self) -> ListOptions:
-        """How list columns of numbers are delivered (``list_shapes.py``)."""
-        return ListOptions.of(self.list_format, self.list_shapes)
+        """How list columns of numbers are delivered (``list_shapes.py``); a packed column is read as Arrow lists
+        (its lengths are the plan's cost: no scan of them when the loader is made)."""
+        lists = ListOptions.of(self.list_format, self.list_shapes)
+        if self.pack is None:
+            return lists
+        return replace(lists, formats=tuple(sorted({**dict(lists.formats), self.pack: "python"}.items())),
+                       shapes=tuple((n, s) for n, s in lists.shapes if n != self.pack))
+
+
+def _check_pack(pack, seq_len, long_documents) -> None:
+    """``pack``, ``seq_len`` and ``long_documents`` on their own (``reading/packing.resolve`` checks them against
+    the plan)."""
+    if pack is None:
+        if seq_len is not None:
+            raise InvalidValueError(f"seq_len={seq_len!r} without pack=: name the list column to pack, e.g. "
+                                    "pack='tokens'")
+        return
+    if not isinstance(pack, str) or not pack:
+        raise InvalidTypeError(f"pack={pack!r} must be the name of a list column of token ids, e.g. pack='tokens'")
+    if seq_len is None:
+        raise InvalidValueError(f"pack={pack!r} needs seq_len= (tokens per packed sequence, e.g. seq_len=2048)")
+    check_int("seq_len", seq_len, minimum=1, hint=" (tokens per packed sequence)")
+    if long_documents not in ("split", "drop"):
+        raise InvalidValueError(f"long_documents={long_documents!r} is not 'split' (documents longer than seq_len "
+                                "cut into consecutive pieces) or 'drop' (left out)")
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

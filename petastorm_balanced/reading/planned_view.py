@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .stats import Recorder
+from .worker_stats import drain
+
 if TYPE_CHECKING:
     from .position import Position
     from .schema import BatchSchema
@@ -32,7 +35,11 @@ class PlannedView:
     world_size = property(lambda self: self._settings.world_size)
     batch_size = property(lambda self: self._settings.batch_size)
     shuffle_window = property(lambda self: self._settings.shuffle_window, doc="rows per shuffle window (resolved)")
-    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a slot's shuffle may hold")
+    shuffle_budget = property(lambda self: self._settings.shuffle_budget, doc="bytes a rank's shuffle may hold")
+    shuffle_spill_dir = property(lambda self: self._settings.options.shuffle_spill_dir,
+                                 doc="local folder for windows beyond memory (None: the temp folder, overflow only)")
+    shuffle_spill_budget = property(lambda self: self._settings.shuffle_spill_budget,
+                                    doc="bytes of local disk a rank's windows may take")
 
     @property
     def schema(self) -> BatchSchema:
@@ -49,3 +56,23 @@ class PlannedView:
     def __len__(self) -> int:
         """Steps of the epoch the next batch belongs to (after an elastic resume: the steps left in it)."""
         return self._position.steps()
+
+    @property
+    def _recorder(self) -> Recorder:
+        """The loader's figures (``reading/stats.py``), made on first use."""
+        recorder = self.__dict__.get("_stats_recorder")
+        if recorder is None:
+            recorder = self.__dict__["_stats_recorder"] = Recorder()
+        return recorder
+
+    def stats(self) -> dict:
+        """Where the input pipeline's time went, for the epoch so far (top level, and ``"epoch"``) and since the
+        loader was made (``"total"``): ``wait_s`` (the training loop waited for batches), ``training_s`` (the loop's
+        own time between batches), ``stages`` ({stage: seconds}), ``limit`` (the stage, or ``"training"``, that
+        bounded throughput) with its ``evidence``, and rows, bytes, requests and retries read (docs/stats.md).
+        DataLoader workers' figures are included (``ds.dataloader(num_workers=K)``); across ranks:
+        ``petastorm_balanced.stats.gather(loader)``."""
+        queue = self.__dict__.get("_stats_queue")
+        if queue is not None:
+            drain(queue, self._recorder)
+        return self._recorder.stats({"rank": self.rank, "world_size": self.world_size})

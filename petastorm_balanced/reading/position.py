@@ -150,6 +150,12 @@ class Position:
             if state[key] != value:
                 raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                         "position only resumes a loader with the same plan and settings")
+        if self.settings.packing is not None and state[self.WORLD_SIZE] != self.settings.world_size and \
+                (state[self.BATCHES] != 0 or state.get(self.STAGES)):
+            raise InvalidValueError(f"state[{self.WORLD_SIZE!r}]={state[self.WORLD_SIZE]!r} with pack=: packed steps "
+                                    "are made per window from each rank's documents, so a mid-epoch position does not "
+                                    f"carry to world size {self.settings.world_size}; resume at the same world size, "
+                                    "or from an epoch's start (state['batches'] == 0)")
         self.epoch, self.batches, self.stages = layout.loaded(self.settings.layout, state, workers)
         self._owner, self.resumed = None, True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ..core import balance as balance_module
 from ..core.cost import arrangement
@@ -20,13 +21,12 @@ from ..core.shuffle import budget_window
 from ..errors import InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
 from ..world import World
-from . import columns, stream, transform
+from . import columns, packing, stream, transform, window_budget
 from . import state as loader_state
 from .layout import Layout
 from .options import LoaderOptions
 from .schema import batch_schema, extra_column
-
-EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
+from .window_budget import EXTRA_ROW_BYTES  # the padding flag and the cost column's bytes (mixture.py reads it)
 
 
 class Settings:
@@ -40,9 +40,12 @@ class Settings:
         self.rank, self.world_size = world.rank, world.size
         # cost balancing (None: rows only); with a token budget batches have no fixed size
         self.cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce,
-                                 max_batch_cost=options.max_batch_cost, batch_size=options.batch_size,
-                                 shuffle=options.shuffle)
-        budget = self.cost is not None and self.cost.budget is not None
+                                 max_batch_cost=options.max_batch_cost, shuffle=options.shuffle,
+                                 batch_size=None if options.pack is not None else options.batch_size)
+        self.packing = None if options.pack is None else packing.resolve(plan, options, self.cost)
+        if self.cost is not None and self.packing is not None:  # (resolve refuses a plan without a cost)
+            self.cost = replace(self.cost, pack=self.packing)
+        budget = self.cost is not None and self.cost.per_window
         rows_batch = _rows_batch(plan, options, budget)  # a token budget assigns rows one by one, then packs them
         balance_module.check_fills_a_step(plan.total_rows, self.world_size, rows_batch)
         rank_rows = plan.rows_per_rank(self.world_size, rows_batch)  # a rank's rows per pass, padding included
@@ -53,19 +56,30 @@ class Settings:
         self.cost_lengths = next((c.lengths for c in self.columns.schemas
                                   if self.cost is not None and c.name == self.cost.column), None)
         self.shuffle_budget = int(options.shuffle_budget)  # bytes (parsed by LoaderOptions)
+        self.shuffle_spill_budget = int(options.shuffle_spill_budget)
         shuffle_window = options.shuffle_window
-        if shuffle_window is None:  # as many rows as the budget holds (G16)
-            shuffle_window = budget_window(self.shuffle_budget, self.columns.row_bytes + EXTRA_ROW_BYTES, rows_batch)
+        self.row_bytes = self.columns.row_bytes + EXTRA_ROW_BYTES  # decoded bytes per row (measured when sizing)
+        if shuffle_window is None and options.shuffle:  # as many rows as the budget holds (G16)
+            shuffle_window, self.row_bytes = window_budget.window_rows(plan, self.columns, options, rows_batch,
+                                                                       rank_rows)
+            # the measured bytes size the reader's bundles too (fragments.bundle_rows); they never change a batch
+            self.columns = replace(self.columns, row_bytes=self.row_bytes - EXTRA_ROW_BYTES)
+        elif shuffle_window is None:  # unshuffled windows only group batches: the footers' estimate is enough
+            shuffle_window = budget_window(self.shuffle_budget, self.row_bytes, rows_batch)
         steps = None
         if budget and self.cost is not None:
             steps = self.cost.budget_steps(rank_rows, shuffle_window)
         self.layout = Layout(plan, self.world_size, self.rank, batch_size=None if budget else rows_batch,
                              shuffle=options.shuffle, shuffle_window=shuffle_window, reshuffle=options.reshuffle,
                              partition_epoch=options.partition_epoch,
-                             balance_by="rows" if self.cost is None else "cost", steps=steps)
+                             balance_by="rows" if self.cost is None else "cost", steps=steps,
+                             epoch_steps=None if self.packing is None else self._packed_steps)
+        self._packings: dict[tuple, CostOptions] = {}  # (epoch, stages) -> that epoch's CostOptions (packing)
         self.padding_mask = options.padding_mask
         if options.shuffle:
-            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window)
+            spilled = options.shuffle_spill_dir not in (None, False)  # a spill folder: nothing more to offer
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window,
+                              0.0 if spilled else self.row_bytes)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
@@ -78,6 +92,10 @@ class Settings:
             self.schema = batch_schema(self.transform.outputs, extras)
         else:
             self.schema = self.columns.batch_schema(self.drop, extras)  # loader.schema: what every batch holds (G13)
+        if self.packing is not None:  # (S, L) sequences instead of rows
+            target = self.columns.target
+            self.schema = packing.packed_schema(self.packing, self.schema, None if target is None or self.packing.column
+                                                not in target.names else target.field(self.packing.column).type)
         self._checksum: str | None = None
 
     # the layout's answers, which the loaders and their position ask for
@@ -87,11 +105,31 @@ class Settings:
     reshuffle = property(lambda self: self.layout.reshuffle)
     partition_epoch = property(lambda self: self.layout.partition_epoch)
 
+    def placement(self, num_workers: int = 1):
+        """Where a slot keeps its windows' rows (``window_budget.placement``): a new one per epoch's iteration."""
+        return window_budget.placement(self.options, num_workers)
+
     def key(self, epoch: int, slot: int = 0, stage: int = 0):
         return self.layout.key(epoch, slot, stage)
 
     def steps_of(self, epoch: int, stages=()) -> int:
         return self.layout.steps_of(epoch, stages)
+
+    def cost_of(self, epoch: int, stages=()) -> CostOptions | None:
+        """The cost arrangement of ``epoch``: with packing, its windows' steps, from every rank's pieces (the same
+        on every rank, ``reading/packing.of_epoch``)."""
+        if self.packing is None or self.cost is None:
+            return self.cost
+        key = (epoch, tuple(stages))
+        if key not in self._packings:
+            pieces = self.plan.pieces(**self.layout.pieces_args(epoch, 1, stages))
+            self._packings = {key: replace(self.cost, pack=packing.of_epoch(self.packing, self.plan, pieces,
+                                                                            self.shuffle_window))}  # the last one
+        return self._packings[key]
+
+    def _packed_steps(self, epoch: int) -> int:
+        cost = self.cost_of(epoch)
+        return 0 if cost is None or cost.pack is None else sum(cost.pack.window_steps or ())
 
     def fragments(self, epoch: int, num_workers: int = 1, stages=()):
         return self.plan.assignment(self.rank, **self.layout.pieces_args(epoch, num_workers, stages))
@@ -105,6 +143,10 @@ class Settings:
                                              self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
         if self.cost is not None and self.cost.budget is None and self.shuffle:  # which batches a window makes
             cost[loader_state.COST_ARRANGEMENT] = self.cost.version  # (unshuffled: the plan's order, no window)
+        if self.packing is not None:  # which documents a window's steps hold
+            cost.update({loader_state.PACK: self.packing.column, loader_state.SEQ_LEN: self.packing.seq_len,
+                         loader_state.SEQUENCES: self.packing.sequences, loader_state.PACKING: self.packing.version,
+                         loader_state.LONG_DOCUMENTS: self.packing.long_documents})
         return {**dict(zip(loader_state.IDENTITY_KEYS, values, strict=True)), **cost}
 
 
@@ -122,18 +164,24 @@ def _rows_batch(plan: ShardPlan, options: LoaderOptions, budget: bool) -> int:
     return check_int("batch_size", batch_size, minimum=1)
 
 
-def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int) -> None:
-    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window."""
+def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, row_bytes: float = 0.0) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window;
+    with ``row_bytes`` (decoded bytes per row), it says the local disk a spill folder would take instead."""
     if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
+    disk = rank_rows * row_bytes
+    spill = "" if not row_bytes else (
+        ". A spill folder holds them in one window instead (make_loader(shuffle_spill_dir=<local disk>): about "
+        + (f"{disk / 2**30:.1f} GiB" if disk >= 2**30 else f"{disk / 2**20:.0f} MiB")
+        + " of it for this rank; batches as random as a uniform permutation's)")
     warnings.warn(ShuffleQualityWarning(
         f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
         f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
         "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
         f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
         "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
-        f"--shuffle-quality {name}` measures it"), stacklevel=4)
+        f"--shuffle-quality {name}` measures it" + spill), stacklevel=4)
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool

@@ -17,7 +17,11 @@ from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
+from .packing_check import warn_left_out
 from .schema import MASK_SUFFIX
+from .spill import Placement
+from .spill_window import filling_for
+from .stats import current
 
 PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 
@@ -28,7 +32,7 @@ Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
               shuffle_window: int, key: Sequence[int], batches_done: int = 0,
               cost: CostOptions | None = None, drop: Sequence[str] = (),
-              cost_lengths: str | None = None) -> Iterator[dict]:
+              cost_lengths: str | None = None, placement: Placement | None = None) -> Iterator[dict]:
     """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
@@ -36,16 +40,17 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     With ``cost`` every chunk gets a ``COST_COLUMN`` computed from the columns read, each window is arranged by
     ``core/cost/options.CostOptions`` instead of permuted, and ``drop`` names columns read only to compute the cost.
     ``batch_size=None`` (token budgets) makes every batch its own run. ``cost_lengths``: the lengths column of a
-    padded list cost column (``size()`` is its lengths, not the padded width).
+    padded list cost column (``size()`` is its lengths, not the padded width). ``placement``: where windows hold
+    their rows (memory up to a measured budget, then local disk: ``spill.py``); its files are gone when this ends.
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
-    budget = cost is not None and cost.budget is not None
-    step = 1 if budget else batch_size  # rows per batcher step: a token budget cuts batches row by row
+    budget = cost is not None and cost.per_window
+    step = 1 if budget else batch_size  # rows per batcher step: a token budget or packing cuts batches row by row
     if step is None:
         raise ValueError("slot_runs: batch_size=None needs a cost with a token budget")
     size = window_rows(step, shuffle_window, shuffle)
-    if cost is not None and cost.budget is not None:
+    if cost is not None and cost.per_window:
         start = cost.budget_start(total, size, rows, batches_done)
     else:
         start = start_point(rows, batch_size=step, window_rows=size, batches_done=batches_done, shuffle=shuffle)
@@ -60,14 +65,23 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     arrange = None
     if cost is not None:
         def arrange(window, window_key):
-            return cost.arrange(window[cost.column if alias[0] else COST_COLUMN], batch_size, window_key)
+            costs = window[cost.column if alias[0] else COST_COLUMN]
+            arranged = cost.arrange(costs, batch_size, window_key)
+            if cost.pack is not None:  # never silent: documents a packed window left out (reading/packing.py)
+                warn_left_out(cost.pack, costs, arranged[0], window_key)
+            return arranged
+    filling = None if placement is None else filling_for(placement)
     batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
-                            start=start, key=tuple(key) if shuffle else None, arrange=arrange)
+                            start=start, key=tuple(key) if shuffle else None, arrange=arrange, filling=filling)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
+    recorder = current()  # loader.stats(): windows shuffled and cut into batches count to "batch"
+    push = batcher.push if recorder is None else lambda columns: recorder.timed(batcher.push(columns), "batch")
     stream = iter(chunks(todo))
     try:
         for chunk, columns in stream:
             columns[PADDING] = np.repeat([f.padding for f in chunk], [f.num_rows for f in chunk])
+            if recorder is not None:  # a slow first window (remote storage) says how far it got
+                recorder.filling(len(columns[PADDING]), min(size, total))
             if cost is not None and spec is not None:  # spec.column is cost.column, a loader cost's column
                 where = f"{chunk[0].path!r} row group {chunk[0].row_group}" + (" and after" if len(chunk) > 1 else "")
                 raw = columns[cost_lengths] if cost_lengths is not None and spec.function in ("size", "cardinality") \
@@ -90,13 +104,15 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
                     del columns[name]
                     columns.pop(name + MASK_SUFFIX, None)
             if alias and alias[0]:
-                for run in batcher.push(columns):
+                for run in push(columns):
                     run[COST_COLUMN] = run[cost.column]  # type: ignore[union-attr]
                     yield run
             else:
-                yield from batcher.push(columns)
+                yield from push(columns)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
             close()
+        if placement is not None:  # the end of the epoch, or the loop left: no spill file stays
+            placement.close()
     batcher.finish()

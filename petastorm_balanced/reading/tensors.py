@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import pyarrow as pa
 from ..errors import InvalidValueError, MissingDependencyError
 from . import stream
 from .fragments import as_list, is_text
+from .stats import current
 
 TORCH, NUMPY = "torch", "numpy"
 BATCH_FORMATS = (TORCH, NUMPY)
@@ -81,6 +83,10 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     """
     if batch_format == TORCH:
         require_torch()
+    recorder = current()  # loader.stats(): cutting counts to "convert", timed per GROUP batches (not per batch)
+    cell = recorder.cell() if recorder is not None else None
+    start = perf_counter()
+    inner = cell.inner if cell is not None else 0.0
     names: list[str] = []
     parts: list[int] = []
     cutters: list[Callable] = []
@@ -97,7 +103,12 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     make = batch_dicts(tuple(names), tuple(parts))
     for first in range(0, count, GROUP):
         n = min(GROUP, count - first)
-        yield from make(*[cut(first, n) for cut in cutters])
+        group = [cut(first, n) for cut in cutters]
+        if cell is not None:
+            cell.since("convert", start, inner)
+        yield from make(*group)
+        if cell is not None:
+            start, inner = perf_counter(), cell.inner
 
 
 @functools.lru_cache(maxsize=64)

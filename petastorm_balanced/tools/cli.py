@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import BadInputError, PlanError
 from ..io import fs as fsutil
 from ..plan.format import PLAN_JSON
+from . import progress
 from .progress import Progress
 
 PROG = "petastorm-balanced"
@@ -33,6 +34,7 @@ class InputError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    progress.QUIET = args.quiet
     # Petastorm 0.12.1 drives pyarrow's legacy API; its deprecation warnings are noise a CLI user cannot act on.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -241,6 +243,18 @@ def cmd_compare(args) -> int:
     return OK
 
 
+def cmd_profile(args) -> int:
+    from .profile import format_profile, plot_profile, profile
+    report = profile(args.plan_url, rank=args.rank, world_size=args.world_size, workers=args.workers,
+                     batch_size=args.batch_size, max_batches=args.max_batches,
+                     columns=args.columns.split(",") if args.columns else None,
+                     loader_options={"backend": args.backend, "shuffle_budget": args.shuffle_budget})
+    if args.plot:
+        report["plot"] = plot_profile(report, args.plot)
+    print(json.dumps(report, indent=2) if args.json else format_profile(report))
+    return OK
+
+
 def cmd_spark_job_path(args) -> int:
     """The installed job's file (tools/spark_job.py): what a pip user hands to spark-submit (docs/spark.md)."""
     print(os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_job.py"))  # not imported: it imports us
@@ -250,6 +264,7 @@ def cmd_spark_job_path(args) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Equal steps on every rank over Parquet: plan shards, "
                                      "inspect and verify plans, compare with Petastorm's own sharding.")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or progress log lines")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("plan", help="scan a dataset and write a balanced plan")
@@ -295,6 +310,21 @@ def _parser() -> argparse.ArgumentParser:
     add_planning_arguments(p, default_engine=None, update=False)
     p.add_argument("--json", action="store_true", help="machine-readable output (fields in docs/cli.md)")
     p.set_defaults(run=cmd_compare)
+
+    p = sub.add_parser("profile", help="run one rank's input pipeline alone: steps/s it can feed, its limit, "
+                       "what to change")
+    p.add_argument("plan_url", metavar="PLAN_URL")
+    p.add_argument("--rank", type=_non_negative, default=0, metavar="R")
+    p.add_argument("--world-size", type=_positive, metavar="W", help="ranks (default: the planned world size)")
+    p.add_argument("--workers", type=_positive, default=4, metavar="K", help="make_loader(workers_count=K)")
+    p.add_argument("--batch-size", type=_positive, metavar="B", help="default: the plan's")
+    p.add_argument("--max-batches", type=_positive, metavar="N", help="stop after N batches (default: an epoch)")
+    p.add_argument("--columns", metavar="A,B,...", help="read only these columns (schema_fields)")
+    p.add_argument("--backend", default="auto", choices=("auto", "arrow", "petastorm"))
+    p.add_argument("--shuffle-budget", default="512MiB", metavar="BYTES", help="make_loader(shuffle_budget=)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (loader.stats() under 'stats')")
+    p.add_argument("--plot", metavar="FILE.png", help="draw seconds per stage, the limit highlighted")
+    p.set_defaults(run=cmd_profile)
 
     p = sub.add_parser("spark-job-path", help="print the path of the spark-submit planning job installed with the "
                        "package: spark-submit \"$(petastorm-balanced spark-job-path)\" DATASET_URL ...")

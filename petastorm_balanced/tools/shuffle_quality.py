@@ -7,8 +7,9 @@ global batch (every rank's batch of one step together, what a DDP gradient avera
 """
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,10 +38,19 @@ class ShuffleQuality:
     rank: Quality
     global_batch: Quality
     clustered: dict[str, float] = field(default_factory=dict)
+    # with a spill folder (``make_loader(shuffle_spill_dir=)``): its window, the quality measured with it, and the
+    # local disk a rank's windows take (decoded bytes of the loader's columns); None where it changes nothing
+    spill_window: int | None = None
+    spill_rank: Quality | None = None
+    spill_global_batch: Quality | None = None
+    spill_disk_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["rank"]["ratio"], out["global_batch"]["ratio"] = self.rank.ratio, self.global_batch.ratio
+        if self.spill_rank is not None and self.spill_global_batch is not None:
+            out["spill_rank"]["ratio"] = self.spill_rank.ratio
+            out["spill_global_batch"]["ratio"] = self.spill_global_batch.ratio
         return out
 
     def format(self) -> str:
@@ -53,6 +63,10 @@ class ShuffleQuality:
         if self.clustered:
             names = ", ".join(f"{k!r} ({v:.0%} of its range per row group)" for k, v in self.clustered.items())
             lines.append(f"  stored sorted or clustered by {names}")
+        if self.spill_rank is not None and self.spill_global_batch is not None and self.spill_disk_bytes:
+            lines.append(f"  with a spill folder (shuffle_spill_dir=, windows of {self.spill_window:,} rows, about "
+                         f"{self.spill_disk_bytes / 2**30:.2f} GiB of local disk per rank): per rank "
+                         f"{self.spill_rank.ratio:.2f}x, global batch {self.spill_global_batch.ratio:.2f}x")
         if self.windows_per_rank > 1 and self.rank.ratio > 1.15:
             lines.append("  each rank's rows need several windows: raise shuffle_budget (or read fewer columns) so "
                          "they fit one, or write a shuffled copy once (petastorm_balanced.spark.make_shuffled_copy)")
@@ -76,21 +90,38 @@ def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_s
     settings = Settings(plan, World(0, world), options)
     if column not in settings.columns.names:
         raise InvalidValueError(f"column={column!r} is not among the loader's columns {list(settings.columns.names)}")
+    per_rank = _read(plan, world, column, settings, epoch, settings.shuffle_window)
+    reference = np.concatenate([b for batches in per_rank for b in batches])
+    binned = _binner(reference)
+    rank_rows = plan.rows_per_rank(world, settings.batch_size)
+    spill: tuple = (None,) * 4
+    if rank_rows > settings.shuffle_window:  # a spill folder's window would hold more: measure it too
+        spilled = Settings(plan, World(0, world), replace(options, shuffle_spill_dir=tempfile.gettempdir()))
+        if spilled.shuffle_window > settings.shuffle_window:
+            rows = _read(plan, world, column, settings, epoch, spilled.shuffle_window)
+            spill = (spilled.shuffle_window, *_qualities(rows, binned, reference, seed),
+                     int(min(rank_rows, spilled.shuffle_window) * spilled.row_bytes))
+    return ShuffleQuality(column, world, int(settings.batch_size or 1), epoch, settings.shuffle_window,
+                          -(-rank_rows // settings.shuffle_window),
+                          *_qualities(per_rank, binned, reference, seed), dict(settings.columns.clustered), *spill)
+
+
+def _read(plan, world: int, column: str, settings: Settings, epoch: int, window: int) -> list:
+    """Per rank, the values of ``column`` of each batch of ``epoch`` with windows of ``window`` rows (those the
+    memory budget cannot hold on local disk: the system temp folder, removed when read)."""
     per_rank = []
     for rank in range(world):
         with make_loader(rank, world, plan=plan, batch_size=settings.batch_size, epoch=epoch, schema_fields=[column],
-                         shuffle_window=settings.shuffle_window, backend="arrow") as loader:
+                         shuffle_window=window, shuffle_budget=settings.shuffle_budget, backend="arrow") as loader:
             per_rank.append([_values(batch[column]) for batch in loader])
-    reference = np.concatenate([b for batches in per_rank for b in batches])
-    binned = _binner(reference)
+    return per_rank
+
+
+def _qualities(per_rank: list, binned, reference: np.ndarray, seed: int) -> tuple[Quality, Quality]:
     per_rank = [[binned(b) for b in batches] for batches in per_rank]
     reference = binned(reference)
-    rank_rows = plan.rows_per_rank(world, settings.batch_size)
-    return ShuffleQuality(column, world, int(settings.batch_size or 1), epoch, settings.shuffle_window,
-                          -(-rank_rows // settings.shuffle_window),
-                          Quality.of([b for batches in per_rank for b in batches], reference, seed),
-                          Quality.of([np.concatenate(step) for step in zip(*per_rank, strict=True)], reference, seed),
-                          dict(settings.columns.clustered))
+    return (Quality.of([b for batches in per_rank for b in batches], reference, seed),
+            Quality.of([np.concatenate(step) for step in zip(*per_rank, strict=True)], reference, seed))
 
 
 def _values(values) -> np.ndarray:

@@ -15,7 +15,8 @@ from petastorm_balanced.reading.options import LoaderOptions
 
 # Options a signature leaves out on purpose, and why.
 NOT_IN = {
-    "BalancedIterableDataset": {"max_batch_cost"},  # token budgets: DataLoader workers would need equal budget steps
+    # token budgets and packing: DataLoader workers would need equal steps per worker from windows of documents
+    "BalancedIterableDataset": {"max_batch_cost", "pack", "seq_len", "long_documents"},
 }
 
 

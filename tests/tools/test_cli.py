@@ -356,3 +356,20 @@ def test_inspect_and_verify_understand_elastic_states_and_parts(small_plan, tmp_
     (tmp_path / "forged.json").write_text(json.dumps(forged))
     done = cli("verify", plan_dir, "--state", tmp_path / "forged.json", "--world-size", 3, expect=2)
     assert "state['batches']=10000" in done.stderr
+
+
+def test_progress_logs_long_work_off_a_terminal_and_is_quiet_on_request(monkeypatch, caplog):
+    import logging
+
+    from petastorm_balanced.tools import progress
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
+    stream = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="petastorm_balanced.progress"):
+        with Progress("footers", 3, stream=stream) as bar:
+            bar(1)
+            bar(2)
+        with Progress("verify", 2, stream=stream, quiet=True) as bar:
+            bar(2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert stream.getvalue() == "" and any("footers" in line and "3/3" in line for line in lines), lines
+    assert not any("verify" in line for line in lines)

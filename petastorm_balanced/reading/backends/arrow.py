@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from time import perf_counter
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ from ...io.row_group_cache import CacheSettings, entry_key, local_disk_cache
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from .. import fragments as fr
+from .. import stats
 
 # Requests in flight per process on a remote filesystem: the fragments of the bundles read ahead are read side by
 # side in this many threads (and pyarrow's I/O pool and the S3 client's connections match), since each read waits a
@@ -101,6 +103,7 @@ class BundleReader:
                                                  for f in plan.catalog.files if f.content})
         # row groups kept on the local disk (io/row_group_cache.py), keyed by the footer this reader just checked
         self._cache = local_disk_cache(cache) if cache is not None else None
+        self._stats = stats.current()  # made inside the loader's next(): its recorder (reading/stats.py)
 
     def close(self) -> None:
         """Nothing to stop: the remote read threads are the process's (``remote_pool``)."""
@@ -145,9 +148,24 @@ class BundleReader:
     def read(self, bundle: list[Fragment] | Started) -> dict:
         """The bundle's rows as columns (decoded, transformed); ``bundle`` may be what ``start`` returned."""
         fragments = bundle.bundle if isinstance(bundle, Started) else bundle
+        if self._stats is None:
+            if self._transform is not None:
+                return self._transform.apply(self.table(bundle), fragments)
+            return fr.to_columns(self.table(bundle), self._fields, self._schemas, fragments)
+        cell = self._stats.cell()  # one bundle: two stages timed, a few counts (reading/stats.py)
+        start, inner = perf_counter(), cell.inner
+        table = self.table(bundle)
+        cell.since("read", start, inner)
+        cell.count("rows", table.num_rows)
+        cell.count("bytes", table.get_total_buffer_size())  # not nbytes: that one walks the offsets (50 ns a row)
+        start, inner = perf_counter(), cell.inner
         if self._transform is not None:
-            return self._transform.apply(self.table(bundle), fragments)
-        return fr.to_columns(self.table(bundle), self._fields, self._schemas, fragments)
+            out = self._transform.apply(table, fragments)
+            cell.since("transform", start, inner)
+            return out
+        out = fr.to_columns(table, self._fields, self._schemas, fragments)
+        cell.since("decode", start, inner)
+        return out
 
     def table(self, bundle: list[Fragment] | Started, indices=None) -> pa.Table:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
@@ -169,10 +187,15 @@ class BundleReader:
         filesystem waits for its folder's listing, in flight beside the read."""
         location = f"{self._plan.dataset_url}/{fragment.path}"
         files = self._files()
+        cell = self._stats.cell() if self._stats is not None else None
+        if cell is not None:
+            start, inner, retried = perf_counter(), cell.inner, retry.retries()
         try:
             handle = retry.call(lambda: files.get(fragment.path), url=location, policy=self._retry)
         except (OSError, pa.ArrowException) as exc:  # the footer: stale listing, or name the unreadable file
             raise fr.unreadable_dataset_error(self._plan, exc, fragment.path) from exc
+        if cell is not None and not self.remote:  # opening the file (footer read and checked once per epoch); on
+            cell.since("list", start, inner)  # remote storage it overlaps the reads, and counts to their "read"
         if self._cache is not None:  # a cache entry is keyed by the checked footer, time included
             self._confirm(fragment)
         try:
@@ -188,6 +211,9 @@ class BundleReader:
                 pass
             raise fr.read_error(fragment, exc) from exc
         self._confirm(fragment)
+        if cell is not None:  # the read itself is timed by the thread reading the bundle (``read``)
+            cell.count("requests", 1)
+            cell.count("retries", retry.retries() - retried)
         return table
 
     def _confirm(self, fragment: Fragment) -> None:
@@ -218,7 +244,9 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         # larger bundles where threads hand them over (fragments.BUNDLE_BYTES); a transform sees BUNDLE_ROWS-row
         # bundles, and a remote bundle's fragments are requested side by side (kept as they are)
         large = threads > 1 and transform is None and not reader.remote
-        bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large else fr.BUNDLE_ROWS)
+        # (rows over 512 bytes: fewer rows a bundle either way, so the prefetch stays a few MiB: ``bundle_rows``)
+        bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large
+                            else min(fr.BUNDLE_ROWS, fr.bundle_rows(columns.row_bytes)))
         results = in_order(reader.read, bundles, workers_count=threads, ahead=ahead, start=reader.start)
         try:
             yield from zip(bundles, results, strict=False)

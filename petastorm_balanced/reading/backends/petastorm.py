@@ -20,6 +20,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import pyarrow as pa
@@ -51,7 +52,7 @@ from ...unischema.pickling import harden_petastorm_unpickler
 from ...unischema.storage import load_unischema
 from ...world import resolve_world
 from .. import fragments as fr
-from .. import stream
+from .. import stats, stream
 from ..columns import Columns
 from ..reader_arguments import check_petastorm_kwargs, check_pool_options
 from ..transform import checked
@@ -460,10 +461,25 @@ def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict,
             holder.reader = open_reader(plan, todo, task, schema_fields=[re.escape(n) for n in columns.names],
                                         **reader_options)
         reader, finished = holder.reader, False
+        recorder = stats.current()  # loader.stats(): the wait for Petastorm's workers counts to "read"
+        cell = None if recorder is None else recorder.cell()
         try:
-            for sequence, payload in reader:
-                yield reader.bundles[sequence], payload if isinstance(payload, dict) else \
-                    fr.to_columns(payload, None, columns.schemas, reader.bundles[sequence])
+            results = iter(reader)
+            while True:
+                if cell is not None:
+                    start, inner = perf_counter(), cell.inner
+                try:
+                    sequence, payload = next(results)
+                except StopIteration:
+                    break
+                if cell is not None:
+                    cell.since("read", start, inner)
+                    start, inner = perf_counter(), cell.inner
+                if not isinstance(payload, dict):
+                    payload = fr.to_columns(payload, None, columns.schemas, reader.bundles[sequence])
+                if cell is not None:
+                    cell.since("decode", start, inner)
+                yield reader.bundles[sequence], payload
             finished = True
         finally:
             if not finished or slot is None:
