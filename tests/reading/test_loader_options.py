@@ -62,3 +62,8 @@ def test_byte_counts_are_read_exactly():
     assert parse_bytes("shuffle_budget", "1.5KiB") == 1536
     assert parse_bytes("shuffle_budget", str(MAX_BYTES)) == MAX_BYTES  # a float would round it up past int64
     assert parse_bytes("shuffle_budget", "0.00013GB") == 130000  # a float gives 129999
+
+
+def test_the_spill_budget_is_read_by_the_same_rule():
+    with pytest.raises(InvalidValueError, match=r"shuffle_spill_budget=.* is more than"):
+        LoaderOptions.of({"shuffle_spill_budget": "9" * 400 + "TiB"})
