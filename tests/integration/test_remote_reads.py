@@ -48,7 +48,8 @@ def test_one_open_per_file_and_one_footer_read_per_file_per_epoch(remote, plain_
         # one open per file, whatever the threads, loaders and epochs (the first epoch also locates the dataset root,
         # once); the modification times (G15: a rewrite that keeps the footer's bytes) from one listing per folder;
         # and each file's ETag once per epoch (G15: a re-upload within the same second keeps size, time and footer)
-        assert counts.get("HEAD", 0) == files if epoch else 2 * files <= counts.get("HEAD", 0) <= 2 * files + 1, \
+        # (the first epoch also samples row sizes through a reader of its own, which checks its files' ETags)
+        assert counts.get("HEAD", 0) == files if epoch else 2 * files <= counts.get("HEAD", 0) <= 3 * files + 1, \
             counts
         assert counts.get("list", 0) == folders, counts
         gets = counts.get("GET", 0) - counts.get("list", 0)
@@ -78,7 +79,7 @@ def test_with_the_local_disk_cache_a_second_epoch_reads_only_footers(remote, pla
     every footer (G15), and reads no row group from the storage; the ids are the local ones."""
     cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": "256MiB"}
     for epoch, counts, (files, folders, _) in counted_epochs(remote, plain_dataset, 3, **cache):
-        assert counts.get("HEAD", 0) == files if epoch else 2 * files <= counts.get("HEAD", 0) <= 2 * files + 1, \
+        assert counts.get("HEAD", 0) == files if epoch else 2 * files <= counts.get("HEAD", 0) <= 3 * files + 1, \
             counts  # an open per file once, and its ETag once per epoch
         if epoch:  # the footers, checked again, and the listing of modification times; no row group
             assert counts.get("GET", 0) - counts.get("list", 0) == files, counts
