@@ -87,7 +87,14 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
 
 
 def log(rank: int, message: str) -> None:
-    print(f"[rank {rank}] {message}", flush=True)
+    say(f"[rank {rank}] {message}")
+
+
+def say(line: str) -> None:
+    """Write ``line`` whole, in one write: the ranks share stdout, and print's separate writes of the text and of
+    the newline let another rank's line land in between (``...loss=2.3440[rank 0] epoch 0...``)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def check_epoch(steps: list, expected_steps: int, ids: list, padding: list, *, matching_rows: int,
@@ -109,7 +116,7 @@ def report(rank: int, epoch: int, checks: list) -> list:
     """Rank 0 prints every check; all ranks return the failed ones."""
     if rank == 0:
         for name, ok, detail in checks:
-            print(f"CHECK epoch {epoch} {name}: {'OK' if ok else 'FAILED'} ({detail})", flush=True)
+            say(f"CHECK epoch {epoch} {name}: {'OK' if ok else 'FAILED'} ({detail})")
     return [(epoch, name) for name, ok, _ in checks if not ok]
 
 
@@ -209,8 +216,7 @@ def main(argv=None) -> int:
                 rows = sum(int((~g[2]).sum()) for g in gathered)
                 torch.save({"loader": loader.state_dict(), "model": model.module.state_dict(),
                             "consumed_rows": rows}, args.checkpoint)
-                print(f"STOPPED after {stop} of {expected} steps of epoch {epoch}: checkpoint {args.checkpoint}",
-                      flush=True)
+                say(f"STOPPED after {stop} of {expected} steps of epoch {epoch}: checkpoint {args.checkpoint}")
             break
         # Every rank judges the same gathered data with the same pure function, so all agree on the exit code.
         checks = check_epoch([g[0] for g in gathered], expected, [g[1] for g in gathered],
@@ -225,8 +231,8 @@ def main(argv=None) -> int:
     dist.barrier()  # nobody tears down connections while a peer may still be sending
     dist.destroy_process_group()
     if rank == 0:
-        print(("ALL CHECKS PASSED" if not failed else f"CHECKS FAILED: {failed}")
-              + f" ({args.epochs} epochs, world={world}, {elapsed:.1f} s)", flush=True)
+        say(("ALL CHECKS PASSED" if not failed else f"CHECKS FAILED: {failed}")
+            + f" ({args.epochs} epochs, world={world}, {elapsed:.1f} s)")
     return 1 if failed else 0
 
 

@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
-"""Run every code block of README.md and docs/*.md as a user would, so that a stale example fails CI.
+"""Run every code block of README.md and docs/*.md exactly as a user pastes it, so that a stale example fails CI.
 
     python scripts/doc_blocks.py [--list] [--bin VENV/bin] [--only FILE:LINE] [FILE.md ...]
 
-Fence syntax (the one every doc follows):
-  ```python / ```bash / ```sh / ```console   run, in order, one process per block, from a scratch folder per file
-  ```python norun: REASON                    not run; the reason is required (``norun`` alone is an error)
+THE CONVENTION (every page follows it; the fence's info string says what happens to a block):
+  ```python / ```bash / ```sh / ```console   run verbatim, in order, one process per block
+  ```python torchrun: N                      saved to a file and run as ``torchrun --standalone --nproc_per_node N
+                                             FILE`` (a block that needs ranks; the page says to run it that way)
+  ```python norun: REASON                    not run; REASON says what the reader must supply or replace (a
+                                             cluster, a GPU, their own model); ``norun`` alone is an error
   ```python needs: MODULE [MODULE ...]       run where every MODULE imports in the venv, else reported as skipped
-                                             (TensorFlow and JAX examples: the modern stack runs them)
+                                             (TensorFlow and JAX examples: the framework venv runs them)
   ```text, ```json, a bare ``` ...           never run (program output, file contents)
-With ``--require-needs`` such a block fails instead (the framework venv of scripts/user_tier.sh).
-A ``console`` block runs its ``$ `` lines only. Blocks of one file share that file's scratch folder (a plan
-written by one block is read by the next) but no Python state; files run side by side (``--jobs``). Before a
-file's first block the folder holds a small generated dataset at ``data/reviews``, ``reviews`` and
-``datasets/clicks`` (what the docs' examples name), and cluster URLs are mapped to it: ``hdfs://host/p`` and
-``s3://bucket/p`` become ``file://<folder>/p``, ``/tmp/p`` becomes ``<folder>/tmp/p``, ``--master yarn`` becomes
-``--master local[2]``. Python blocks start with the names a training loop example assumes (``epochs = 1``,
-``rank``/``world_size`` 0/1, a no-op ``train_step``), and RANK=0/WORLD_SIZE=1 are set, as for a single-process
-run. ``pip install petastorm-balanced[X]`` installs the wheel under test (``--wheel``). Commands come from
-``--bin`` (the user venv's bin folder; default: this interpreter's): the checkout is never on the path, so a
-block only passes against the installed package.
+A ``console`` block runs its ``$ `` lines only. Nothing is rewritten and nothing is defined for a block: each
+Markdown file gets an empty working directory, and its blocks run there in order, with the venv's bin folder first
+on PATH (as an activated venv), sharing files (a dataset one block writes, the next reads) but no Python state.
+So a runnable block must create the data it reads or read what a block above it on the same page wrote (relative
+paths: the working directory is the reader's), and define every name it uses (a tiny ``train_step`` included).
+What a reader must replace (a cluster URL, a bucket) goes in a ``norun`` block, with the runnable local twin
+beside it where there is one. Files run side by side (``--jobs``) in folders removed afterwards.
+
+Commands come from ``--bin`` (the user venv's bin folder; default: this interpreter's): the checkout is never on
+the path, so a block only passes against the installed package. With ``--require-needs`` a block whose module
+does not import fails instead (the framework venv of scripts/user_tier.sh).
 
 Exit 1 when any block fails (each failure is printed with its file:line, the block and its output's tail), 2 on a
 malformed fence.
@@ -42,19 +45,7 @@ from pathlib import Path
 
 RUNNABLE = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash", "console": "console"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
-PRELUDE = ("epochs = 1\nrank, world_size = 0, 1\n\n\ndef train_step(batch):\n    pass\n\n\n"
-           "# --- the block from {where} ---\n")
-# Cluster URLs -> the scratch folder (the scheme's authority, such as a bucket or a namenode, is dropped).
-URL = re.compile(r"\b(?:hdfs|s3a?|gs|abfss?|viewfs)://[^/\s\"']*/")
-SUBSTITUTIONS = [
-    (re.compile(r"--master[ =]yarn\b"), "--master local[2]"),
-    (re.compile(r"--master[ =]'?local\[\*\]'?"), "--master local[2]"),
-    (re.compile(r"--deploy-mode[ =]cluster\b"), "--deploy-mode client"),
-]
-TMP = re.compile(r"(?<![\w/.])/tmp/")
-PIP_US = re.compile(r"(\bpip install\b[^\n#]*?)['\"]?\bpetastorm-balanced(\[[\w,]*\])?['\"]?(?=\s|$)")
-FIXTURE_NAMES = ("data/reviews", "reviews", "datasets/clicks")  # the dataset names the docs use
-DATASET_ROWS, DATASET_FILES = 100_000, 12  # enough for the docs' cluster-sized examples (64 ranks x 256)
+OPTIONS = ("norun", "needs", "torchrun")  # what may follow the language word in a fence's info string
 
 
 class FenceError(Exception):
@@ -69,6 +60,7 @@ class Block:
     norun: str | None
     code: str
     needs: tuple[str, ...] = ()  # modules the block needs; without them it is skipped (and reported)
+    ranks: int | None = None  # ``torchrun: N``: run as N processes under torchrun
 
     @property
     def where(self) -> str:
@@ -89,17 +81,23 @@ def parse(path: str, text: str) -> list[Block]:
             continue
         fence, info, start = m.group("fence"), m.group("info").strip(), i
         word = info.split()[0].lower() if info else ""
-        norun = None
         rest = info[len(word):].strip() if info else ""
-        if rest.startswith("norun"):
-            norun = rest[len("norun"):].lstrip(":").strip()
-            if not norun:
-                raise FenceError(f"{path}:{start + 1}: `norun` needs a reason: ```{word} norun: WHY")
-        needs: tuple[str, ...] = ()
-        if rest.startswith("needs"):
-            needs = tuple(rest[len("needs"):].lstrip(":").replace(",", " ").split())
-            if not needs:
-                raise FenceError(f"{path}:{start + 1}: `needs` names modules: ```{word} needs: MODULE ...")
+        option = rest.split(":")[0].split()[0] if rest else ""
+        value = rest[len(option):].lstrip(":").strip()
+        if option and option not in OPTIONS:
+            raise FenceError(f"{path}:{start + 1}: unknown fence option {option!r} (one of {', '.join(OPTIONS)})")
+        norun = value if option == "norun" else None
+        if option == "norun" and not norun:
+            raise FenceError(f"{path}:{start + 1}: `norun` needs a reason: ```{word} norun: WHY")
+        needs = tuple(value.replace(",", " ").split()) if option == "needs" else ()
+        if option == "needs" and not needs:
+            raise FenceError(f"{path}:{start + 1}: `needs` names modules: ```{word} needs: MODULE ...")
+        ranks = None
+        if option == "torchrun":
+            if word != "python" or not value.isdigit() or int(value) < 1:
+                raise FenceError(f"{path}:{start + 1}: `torchrun` takes a python block and a process count: "
+                                 "```python torchrun: 2")
+            ranks = int(value)
         body, i = [], i + 1
         while i < len(lines):
             close = FENCE.match(lines[i])
@@ -112,50 +110,26 @@ def parse(path: str, text: str) -> list[Block]:
             raise FenceError(f"{path}:{start + 1}: the block opened here is never closed")
         i += 1
         blocks.append(Block(path, start + 1, RUNNABLE.get(word, word or "bare"), norun, "\n".join(body) + "\n",
-                            needs))
+                            needs, ranks))
     return blocks
-
-
-def localize(code: str, folder: str) -> str:
-    """Map /tmp, cluster URLs and cluster masters to the scratch folder and local[2], and ``pip install
-    petastorm-balanced[...]`` to the wheel under test (``$PB_WHEEL``)."""
-    code = TMP.sub(folder + "/tmp/", code)  # first: the scratch folder may itself be under /tmp
-    code = URL.sub("file://" + folder + "/", code)  # a URL stays a URL (Petastorm refuses scheme-less paths)
-    code = PIP_US.sub(lambda m: f'{m.group(1)}"$PB_WHEEL{m.group(2) or ""}"', code)
-    for pattern, replacement in SUBSTITUTIONS:
-        code = pattern.sub(replacement, code)
-    return code
 
 
 def console_commands(code: str) -> str:
     return "".join(line[2:] + "\n" for line in code.splitlines() if line.startswith("$ "))
 
 
-def make_dataset(python: str, root: Path, env: dict) -> Path:
-    """The small skewed dataset every file's examples read (generated once, with the installed package)."""
-    dataset = root / "fixture" / "reviews"
-    subprocess.run([python, "-m", "petastorm_balanced.datagen", str(dataset), "--rows", str(DATASET_ROWS),
-                    "--files", str(DATASET_FILES)], check=True, env=env, cwd=root, stdout=subprocess.DEVNULL)
-    return dataset
-
-
-def prepare(folder: Path, dataset: Path) -> None:
-    (folder / "tmp").mkdir(parents=True)
-    for name in FIXTURE_NAMES:  # links: the dataset is generated once and only read
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).symlink_to(dataset, target_is_directory=True)
-
-
 def run_block(block: Block, folder: Path, python: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    code = localize(block.code, str(folder))
     name = f"block_{block.line}"
     if block.lang == "python":
         script = folder / f"{name}.py"
-        script.write_text(PRELUDE.format(where=block.where) + code)
+        script.write_text(block.code)  # verbatim: nothing added, nothing replaced
         cmd = [python, str(script)]
+        if block.ranks is not None:  # torchrun from the venv, as the page says to run it
+            cmd = [os.path.join(os.path.dirname(python), "torchrun"), "--standalone",
+                   f"--nproc_per_node={block.ranks}", script.name]
     else:
         script = folder / f"{name}.sh"
-        script.write_text(console_commands(code) if block.lang == "console" else code)
+        script.write_text(console_commands(block.code) if block.lang == "console" else block.code)
         cmd = ["bash", "-euo", "pipefail", str(script)]
     try:
         proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -171,15 +145,11 @@ def run_block(block: Block, folder: Path, python: str, env: dict, timeout: float
         raise
 
 
-def block_env(bindir: str, wheel: str | None) -> dict:
+def block_env(bindir: str) -> dict:
+    """What an activated venv gives a user's shell; PYTHONPATH goes (the checkout must not be importable)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    python = os.path.join(bindir, "python")
     env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=os.path.dirname(bindir),
-               PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, SPARK_LOCAL_IP="127.0.0.1",
-               RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533",
-               PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
-    if wheel:
-        env["PB_WHEEL"] = os.path.abspath(wheel)
+               PYTHONDONTWRITEBYTECODE="1")
     return env
 
 
@@ -199,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the blocks and what happens to each; run none")
     parser.add_argument("--only", action="append", default=[], metavar="FILE:LINE", help="run these blocks only")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per block (default 300)")
-    parser.add_argument("--wheel", help="the wheel under test: `pip install petastorm-balanced[...]` installs it")
     parser.add_argument("--jobs", type=int, default=2, help="files run side by side (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders (printed)")
     parser.add_argument("--require-needs", action="store_true",
@@ -216,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for b in blocks:
             what = "run" if b.runnable else (f"norun: {b.norun}" if b.norun else "never run")
+            what += f" under torchrun, {b.ranks} processes" if b.ranks and b.runnable else ""
             print(f"{b.where:28} {b.lang:8} {what}")
         return 0
     python = os.path.join(args.bin, "python")
-    env = block_env(args.bin, args.wheel)
+    env = block_env(args.bin)
     missing = {m for b in blocks if b.runnable for m in b.needs if not importable(python, m, env)}
     unmet = [b for b in blocks if b.runnable and missing.intersection(b.needs)]
     for b in unmet:
@@ -232,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="pb-doc-blocks-"))
     started, failures, ran = time.perf_counter(), [], 0
     try:
-        dataset = make_dataset(python, scratch, env)
         by_file: dict = {}
         for b in blocks:
             if b.runnable:
@@ -242,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         def run_file(path: str) -> None:  # a file's blocks in order, in its own folder
             nonlocal ran
             folder = scratch / re.sub(r"\W", "_", path)
-            prepare(folder, dataset)
+            folder.mkdir()
             for b in by_file[path]:
                 t0 = time.perf_counter()
                 result = run_block(b, folder, python, env, args.timeout)

@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=${1:-${PB_STACK:-petastorm}}
 case "$stack" in
-  petastorm) venv=.venv; pins=requirements/pins.txt ;;
-  modern) venv=.venv-modern; pins=requirements/modern.txt ;;
+  petastorm) venv=.venv; pins=requirements/pins.txt; size="about 3.0 GB" ;;
+  modern) venv=.venv-modern; pins=requirements/modern.txt; size="about 4.9 GB" ;;
   *) echo "setup: unknown stack '$stack' (petastorm or modern)" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3.11}
@@ -25,13 +25,18 @@ extras=()
 for f in "${files[@]}"; do extras+=(-r "$f"); done
 stamp=$venv/.pins-$(cat "$pins" requirements/test.txt setup.cfg "${files[@]}" scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  echo "setup: installing the $stack stack into $venv (first time: a few minutes)"
-  "$venv/bin/python" -m pip install -q --upgrade pip wheel setuptools
-  "$venv/bin/python" -m pip install -q -r "$pins" -r requirements/test.txt "${extras[@]}" -c "$pins"
+  echo "setup: installing the $stack stack into $venv ($size on disk; a few minutes the first time, then"
+  echo "       only when a requirements file changes): $pins requirements/test.txt ${files[*]}"
+  # One line per package as pip collects it, then what it installed (its progress bars and resolver chatter off).
+  pipe() { "$venv/bin/python" -m pip install --progress-bar off "$@" 2>&1 \
+             | awk '/^(Collecting|Installing collected|Successfully installed|ERROR)/ {print substr($0, 1, 160); fflush()}'; }
+  pipe --upgrade pip wheel setuptools
+  pipe -r "$pins" -r requirements/test.txt "${extras[@]}" -c "$pins"
   if [ "$stack" = modern ]; then  # Keras 2 for MultiWorkerMirroredStrategy; it declares `tensorflow`, the GPU build
-    "$venv/bin/python" -m pip install -q --no-deps tf-keras==2.21.0
+    pipe --no-deps tf-keras==2.21.0
   fi
-  "$venv/bin/python" -m pip install -q --no-deps -e .
+  pipe --no-deps -e .
+  echo "setup: $venv ready ($(du -sh "$venv" | cut -f1))"
   rm -f "$venv"/.pins-*
   touch "$stamp"
 fi

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the test suite on both supported stacks (what CI runs). Extra arguments go to pytest.
+# Disk, all in the checkout and ignored by git: .venv about 3.0 GB, .venv-modern about 4.9 GB, .venv-tools 150 MB,
+# and the user tier's .venv-user 1.9 GB and .venv-frameworks 2.3 GB (scripts/user_tier.sh): about 12 GB in all.
+# The tests write nothing elsewhere but the system's temporary folder, and remove what they made there.
 #   scripts/test.sh                      both stacks: everything on the petastorm stack, then the modern stack
 #   PB_STACKS=modern scripts/test.sh -m "not slow"     one stack, the fast tier (daily work, under 3 minutes)
 # On the modern stack the slow tests run only where the stack matters (marker `stack`: reading, planning, Spark,

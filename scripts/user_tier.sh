@@ -8,18 +8,19 @@
 #      installed planning job under spark-submit (README's "The planning job on a cluster")
 #   4. the API reference: mkdocs build --strict (docs/api.md, mkdocstrings)
 #   5. docs/frameworks.md's TensorFlow and JAX examples, from the wheel in a second venv (numpy 2, no torch)
-# The user venvs are cached outside the clone, keyed by a hash of the wheel's requirements and the extras
-# (${PB_CACHE:-~/.cache/petastorm-balanced}/user-<hash>, frameworks-<hash>); a rerun only reinstalls the wheel. scripts/test.sh runs
-# this tier last; PB_USER_TIER=0 skips it there (daily work).
+# The user venvs live in the checkout, ignored by git: .venv-user (about 1.9 GB) and .venv-frameworks (about 2.3 GB)
+# (or under $PB_CACHE), rebuilt when the wheel's requirements or the extras change (the stamp .key-<hash> inside names
+# them); a rerun only reinstalls the wheel. scripts/test.sh runs this tier last; PB_USER_TIER=0 skips it there.
 #   scripts/user_tier.sh [doc_blocks.py arguments, e.g. --only docs/spark.md:29]
 set -euo pipefail
+shopt -s inherit_errexit  # a failed install inside $(user_venv ...) stops the tier
 root="$(cd "$(dirname "$0")/.." && pwd)"
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
-EXTRAS=${PB_USER_EXTRAS:-petastorm,spark,torch,plot}
+EXTRAS=${PB_USER_EXTRAS:-petastorm,spark,torch,plot,delta}  # delta: docs/tables.md's examples
 TORCH=${PB_USER_TORCH:-torch==2.13.0}
 TF_CPU=tensorflow-cpu==2.21.0 TF_KERAS=tf-keras==2.21.0  # requirements/tf_jax.txt
-cache=${PB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/petastorm-balanced}
+cache=${PB_CACHE:-$root}
 work=$(mktemp -d "${TMPDIR:-/tmp}/pb-user-tier.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 t0=$SECONDS
@@ -61,31 +62,35 @@ for line in meta.splitlines():
 EOF
    echo "$extras $*"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16
 }
-# user_venv NAME EXTRAS FIRST... : a fresh venv (cached) that gets FIRST, then the wheel[EXTRAS] (torch's CPU build
-# first, as a user picks their torch); the words after a "--no-deps" in FIRST go in without their dependencies.
+# user_venv NAME EXTRAS SIZE FIRST... : a fresh venv (kept) that gets FIRST, then the wheel[EXTRAS] (torch's CPU
+# build first, as a user picks their torch); the words after a "--no-deps" in FIRST go in without their dependencies.
 user_venv() {
-  local name=$1 extras=$2; shift 2
-  local dir; dir=$cache/$name-$(venv_key "$extras" "$@")
-  if [ ! -f "$dir/.complete" ]; then
-    step "fresh venv $dir: $*, then the wheel[$extras] (first time: a few minutes)" >&2
+  local name=$1 extras=$2 size=$3; shift 3
+  local dir=$cache/.venv-$name key; key=$(venv_key "$extras" "$@")
+  if [ ! -f "$dir/.key-$key" ]; then
+    step "fresh venv $dir ($size on disk, a few minutes): $*, then the wheel[$extras]" >&2
     rm -rf "$dir"; mkdir -p "$cache"
     "$PY" -m venv "$dir"
-    "$dir/bin/python" -m pip install -q --upgrade pip >&2
+    pipe() {  # a line per package as pip collects it, then what it installed
+      "$dir/bin/python" -m pip install --progress-bar off "$@" 2>&1 \
+        | awk '/^(Collecting|Installing collected|Successfully installed|ERROR)/ {print substr($0, 1, 160); fflush()}' >&2
+    }
+    pipe --upgrade pip
     local first=() nodeps=() word
     for word in "$@"; do
       if [ "$word" = --no-deps ] || [ ${#nodeps[@]} -gt 0 ]; then nodeps+=("$word"); else first+=("$word"); fi
     done
-    if [ ${#first[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q "${first[@]}" >&2; fi
-    if [ ${#nodeps[@]} -gt 0 ]; then "$dir/bin/python" -m pip install -q "${nodeps[@]}" >&2; fi
-    "$dir/bin/python" -m pip install -q "$wheel[$extras]" >&2
-    touch "$dir/.complete"
+    if [ ${#first[@]} -gt 0 ]; then pipe "${first[@]}"; fi
+    if [ ${#nodeps[@]} -gt 0 ]; then pipe "${nodeps[@]}"; fi
+    pipe "$wheel[$extras]"
+    touch "$dir/.key-$key"
   else
     step "cached venv $dir (same requirements): reinstall this wheel only" >&2
     "$dir/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
   fi
   echo "$dir"
 }
-venv=$(user_venv user "$EXTRAS" "$TORCH")
+venv=$(user_venv user "$EXTRAS" "about 1.9 GB" "$TORCH")
 "$venv/bin/python" -m pip check
 "$venv/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm|petastorm-balanced|pyarrow|numpy|pandas|pyspark|torch) '
 
@@ -102,16 +107,16 @@ petastorm-balanced plan reviews --world-size 4 --batch-size 64 --engine local --
 petastorm-balanced inspect plan --json > inspect.json
 petastorm-balanced verify plan --read --epochs 1 | tail -2
 step "every code block of README.md and docs/*.md (scripts/doc_blocks.py)"
-"$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" --wheel "$wheel" "$@"
+"$venv/bin/python" "$root/scripts/doc_blocks.py" --bin "$venv/bin" "$@"
 
 step "TensorFlow and JAX examples from the wheel (docs/frameworks.md): a second venv, numpy 2, no torch"
 # tensorflow-cpu is the CPU build of the [tf] extra's tensorflow (the same code, what CI's machines can run), and
 # tf-keras declares `tensorflow`, so it goes in without its dependencies; the wheel then takes [jax]. Every block of
 # frameworks.md must run here: a module that does not import fails the tier instead of skipping the block.
-fw=$(user_venv frameworks jax "$TF_CPU" --no-deps "$TF_KERAS")
+fw=$(user_venv frameworks jax "about 2.3 GB" "$TF_CPU" --no-deps "$TF_KERAS")
 "$fw/bin/python" -m pip list 2>/dev/null | grep -i -E '^(petastorm-balanced|pyarrow|numpy|tensorflow.cpu|tf.keras|jax) '
 if "$fw/bin/python" -c 'import torch' 2>/dev/null; then echo "torch is in the framework venv"; exit 1; fi
-"$fw/bin/python" "$root/scripts/doc_blocks.py" --bin "$fw/bin" --wheel "$wheel" --require-needs \
+"$fw/bin/python" "$root/scripts/doc_blocks.py" --bin "$fw/bin" --require-needs \
   "$root/docs/frameworks.md"
 
 step "API reference: mkdocs build --strict"

@@ -1,5 +1,8 @@
 """Shared fixtures: one SparkSession per test run, and skewed datasets generated once per run."""
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -15,6 +18,12 @@ settings.register_profile("dev", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Nothing goes to the home folder: matplotlib's font cache and Keras' config would (~/.cache/matplotlib,
+# ~/.config/matplotlib, ~/.keras). They go to a temporary folder, for the subprocesses too, removed at the end.
+_HOME_CACHES = tempfile.mkdtemp(prefix="pb-tests-caches-")
+os.environ.setdefault("MPLCONFIGDIR", os.path.join(_HOME_CACHES, "matplotlib"))
+os.environ.setdefault("KERAS_HOME", os.path.join(_HOME_CACHES, "keras"))
+atexit.register(shutil.rmtree, _HOME_CACHES, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

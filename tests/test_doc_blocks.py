@@ -1,4 +1,4 @@
-"""The doc-block harness (scripts/doc_blocks.py): the fence syntax, the URL mapping, and that a stale example fails.
+"""The doc-block harness (scripts/doc_blocks.py): the fence syntax, blocks run verbatim, and a stale example fails.
 
 The harness itself runs every block of README.md and docs/*.md in the user tier (scripts/user_tier.sh), against
 the installed wheel; here it runs small Markdown files with this stack's interpreter.
@@ -36,16 +36,14 @@ def test_malformed_fences_are_errors(text, problem):
         doc_blocks.parse("x.md", text)
 
 
-def test_cluster_urls_and_masters_map_to_the_scratch_folder():
-    code = ("plan_shards('hdfs:///data/reviews', output_url='s3://bucket/plans/x')\n"
-            "spark-submit --master yarn --deploy-mode cluster job.py hdfs://nn:8020/data/reviews /tmp/reviews\n"
-            "pip install 'petastorm-balanced[torch,spark]'\n")
-    out = doc_blocks.localize(code, "/scratch/F")
-    assert "file:///scratch/F/data/reviews" in out and "file:///scratch/F/plans/x" in out
-    assert "--master local[2] --deploy-mode client" in out and "/scratch/F/tmp/reviews" in out
-    assert "file:///scratch/F/data/reviews /scratch" in out  # hdfs://nn:8020/ loses its authority
-    assert 'pip install "$PB_WHEEL[torch,spark]"' in out
-    assert "hdfs:" not in out and "s3:" not in out and "yarn" not in out
+def test_torchrun_blocks_name_their_process_count():
+    blocks = doc_blocks.parse("x.md", "```python torchrun: 2\nprint(1)\n```\n")
+    assert blocks[0].ranks == 2 and blocks[0].runnable
+    for bad in ("```python torchrun\nx\n```\n", "```bash torchrun: 2\nx\n```\n", "```python torchrun: two\nx\n```\n"):
+        with pytest.raises(doc_blocks.FenceError, match="torchrun"):
+            doc_blocks.parse("x.md", bad)
+    with pytest.raises(doc_blocks.FenceError, match="unknown fence option"):
+        doc_blocks.parse("x.md", "```python nrun: typo\nx\n```\n")
 
 
 def run(tmp_path, markdown):
@@ -56,9 +54,10 @@ def run(tmp_path, markdown):
 
 
 def test_a_stale_example_fails_and_a_good_one_passes(tmp_path):
-    good = ("```python\nimport pyarrow.dataset as ds\n"
-            "assert ds.dataset('hdfs:///data/reviews').count_rows() > 0   # the generated dataset, mapped\n```\n"
-            "```bash\ntest -d /tmp/ && ls reviews | grep -q parquet\n```\n"
+    """Blocks run verbatim, in order, in one working directory per file: what a block writes the next reads, and
+    nothing is defined or rewritten for them (a cluster URL stays a cluster URL, an undefined name fails)."""
+    good = ("```bash\nmkdir -p data && echo hi > data/x.txt\n```\n"
+            "```python\nassert open('data/x.txt').read() == 'hi\\n'\nassert 'train_step' not in dir()\n```\n"
             "```python norun: a fragment\nthis is not python\n```\n")
     result = run(tmp_path, good)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -68,3 +67,15 @@ def test_a_stale_example_fails_and_a_good_one_passes(tmp_path):
     assert result.returncode == 1
     assert "FAILED" in result.stdout and "ImportError" in result.stdout
     assert result.stderr.strip().endswith("doc.md:11")  # the stale block's fence line
+    for undefined in ("```python\nfor epoch in range(epochs):\n    pass\n```\n",
+                      "```python\nimport pyarrow.dataset as ds\nds.dataset('hdfs:///data/reviews')\n```\n"):
+        result = run(tmp_path, undefined)
+        assert result.returncode == 1, result.stdout  # the old harness defined `epochs` and mapped hdfs:// paths
+
+
+def test_a_torchrun_block_runs_as_that_many_ranks(tmp_path):
+    ranks = ("```python torchrun: 2\nimport os\nopen(f\"rank{os.environ['RANK']}-of-{os.environ['WORLD_SIZE']}\", "
+             "'w').close()\n```\n```bash\ntest -f rank0-of-2 && test -f rank1-of-2\n```\n")
+    result = run(tmp_path, ranks)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 blocks run, 0 failed" in result.stdout

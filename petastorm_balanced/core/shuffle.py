@@ -36,6 +36,7 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> i
 # list columns still hold their chunks, the window joined and a run, which the margin up to 6 covers. Lowering it
 # would change the default window, and so the order of every default loader.
 WINDOW_COPIES = 6
+DEFAULT_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``shuffle_budget``)
 
 
 def budget_window(budget_bytes: int, row_bytes: float, batch_size: int) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -89,3 +89,41 @@ def _number(value) -> float | None:
         return None
     number = float(value)
     return number if np.isfinite(number) else None
+
+
+def row_bytes(schema: pa.Schema, footers: Sequence[pq.FileMetaData]) -> float:
+    """Estimated decoded bytes per row of ``schema``'s columns: fixed-width types by their width, the others by
+    their uncompressed Parquet size per row in ``footers`` (the loader passes the first files in path order: the
+    same on every rank, so every rank sizes its shuffle windows alike)."""
+    total, variable = 0.0, set()
+    for field in schema:
+        width = fixed_width(field.type)
+        if width is None:
+            variable.add(field.name)
+        else:
+            total += width
+    if not variable:
+        return total
+    size = rows = 0
+    for meta in footers:
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            rows += group.num_rows
+            for j in range(group.num_columns):
+                column = group.column(j)
+                if column.path_in_schema.split(".")[0] in variable:
+                    size += column.total_uncompressed_size
+    return total + size / max(rows, 1)
+
+
+def fixed_width(t: pa.DataType) -> float | None:
+    """Bytes per value of a fixed-width type as delivered (numpy), or None for variable-width types."""
+    if pa.types.is_boolean(t):
+        return 1.0
+    if pa.types.is_fixed_size_list(t):
+        inner = fixed_width(t.value_type)
+        return None if inner is None else inner * t.list_size
+    try:
+        return t.bit_width / 8
+    except ValueError:
+        return None

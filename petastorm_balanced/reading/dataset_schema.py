@@ -21,7 +21,7 @@ from ..io import footer as footer_io
 from ..io import retry, tables
 from ..io.location import DatasetLocation
 from ..io.partitions import arrow_type, partition_values
-from ..io.stats import value_ranges
+from ..io.stats import row_bytes, value_ranges
 from .schema import ColumnSchema, column_schema, delivered_type, unify_types
 
 FOOTER_THREADS = 8  # footers read side by side on a local disk (CPU-bound: more threads only hand off)
@@ -152,44 +152,6 @@ def stored_columns(footers: Sequence[tuple[str, pq.FileMetaData]],
     sample = [meta for _, meta in sorted(footers, key=lambda pair: pair[0])[:ROW_BYTES_FILES]]
     return StoredColumns(schema, {n: nullable[n] for n in wanted}, row_bytes(schema, sample),
                          Deferred(lambda: clustered_columns(value_ranges(sample))))
-
-
-def row_bytes(schema: pa.Schema, footers: Sequence[pq.FileMetaData]) -> float:
-    """Estimated decoded bytes per row of ``schema``'s columns: fixed-width types by their width, the others by
-    their uncompressed Parquet size per row in ``footers`` (the first ``ROW_BYTES_FILES`` in path order: the same
-    on every rank, so every rank sizes its shuffle windows alike)."""
-    total, variable = 0.0, set()
-    for field in schema:
-        width = fixed_width(field.type)
-        if width is None:
-            variable.add(field.name)
-        else:
-            total += width
-    if not variable:
-        return total
-    size = rows = 0
-    for meta in footers:
-        for i in range(meta.num_row_groups):
-            group = meta.row_group(i)
-            rows += group.num_rows
-            for j in range(group.num_columns):
-                column = group.column(j)
-                if column.path_in_schema.split(".")[0] in variable:
-                    size += column.total_uncompressed_size
-    return total + size / max(rows, 1)
-
-
-def fixed_width(t: pa.DataType) -> float | None:
-    """Bytes per value of a fixed-width type as delivered (numpy), or None for variable-width types."""
-    if pa.types.is_boolean(t):
-        return 1.0
-    if pa.types.is_fixed_size_list(t):
-        inner = fixed_width(t.value_type)
-        return None if inner is None else inner * t.list_size
-    try:
-        return t.bit_width / 8
-    except ValueError:
-        return None
 
 
 def _arrow_key(meta) -> bytes:

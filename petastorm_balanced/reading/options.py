@@ -16,11 +16,12 @@ from numbers import Integral
 from typing import Any
 
 from ..core.params import check_int
+from ..core.shuffle import DEFAULT_BUDGET
 from ..errors import InvalidTypeError, InvalidValueError
 from .list_shapes import ListOptions
 from .tensors import TORCH, check_batch_format
 
-SHUFFLE_BUDGET = 512 * 2**20  # default bytes of decoded rows one rank's shuffle may hold (``core/shuffle.py``)
+SHUFFLE_BUDGET = DEFAULT_BUDGET  # default bytes of decoded rows one rank's shuffle may hold (``core/shuffle.py``)
 SPILL_BUDGET = 64 * 2**30  # default bytes of local disk one rank's shuffle windows may take (``reading/spill.py``)
 
 

@@ -76,9 +76,10 @@ class Settings:
                              epoch_steps=None if self.packing is None else self._packed_steps)
         self._packings: dict[tuple, CostOptions] = {}  # (epoch, stages) -> that epoch's CostOptions (packing)
         self.padding_mask = options.padding_mask
-        if options.shuffle:
+        # Rank 0 says it (every rank has as many rows and the same window); a shuffle_window given is what was asked.
+        if options.shuffle and options.shuffle_window is None and self.rank == 0:
             spilled = options.shuffle_spill_dir not in (None, False)  # a spill folder: nothing more to offer
-            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window,
+            warn_stored_order(self.columns.clustered, rank_rows, shuffle_window, self.shuffle_budget,
                               0.0 if spilled else self.row_bytes)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
@@ -164,24 +165,33 @@ def _rows_batch(plan: ShardPlan, options: LoaderOptions, budget: bool) -> int:
     return check_int("batch_size", batch_size, minimum=1)
 
 
-def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, row_bytes: float = 0.0) -> None:
-    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than one window;
-    with ``row_bytes`` (decoded bytes per row), it says the local disk a spill folder would take instead."""
+MEMORY_ADVICE = 4 * 2**30  # a shuffle_budget past this is no advice: a spill folder (local disk) holds the window
+
+
+def warn_stored_order(clustered: Mapping[str, float], rank_rows: int, window: int, budget: int,
+                      row_bytes: float = 0.0) -> None:
+    """A ``ShuffleQualityWarning`` when rows are stored in order and a rank's rows need more than the one window
+    that ``budget`` (the ``shuffle_budget``) holds: its shuffled batches then mix only nearby row groups, measurably
+    less random than the uniform permutation a shuffle asks for. It names one fix: the budget that holds a rank's
+    rows, or past ``MEMORY_ADVICE`` a spill folder and the disk it takes (``row_bytes``: decoded bytes per row; 0
+    when a spill folder is already given), else a shuffled copy. Every rank has as many rows and the same window,
+    so rank 0 alone says it; a ``shuffle_window`` given is the window asked for, and is not warned about."""
     if rank_rows <= window or not clustered:  # (clustered is computed when first asked)
         return
     name, spread = min(clustered.items(), key=lambda item: item[1])
+    need = -(-budget * rank_rows // window)  # bytes
     disk = rank_rows * row_bytes
-    spill = "" if not row_bytes else (
-        ". A spill folder holds them in one window instead (make_loader(shuffle_spill_dir=<local disk>): about "
-        + (f"{disk / 2**30:.1f} GiB" if disk >= 2**30 else f"{disk / 2**20:.0f} MiB")
-        + " of it for this rank; batches as random as a uniform permutation's)")
+    if need <= MEMORY_ADVICE:
+        fix = f"pass shuffle_budget=\"{-(-need // 2**20)}MiB\" to hold them in one"
+    elif row_bytes:
+        fix = ("pass shuffle_spill_dir=<local disk> to hold them in one there (about "
+               + (f"{disk / 2**30:.1f} GiB" if disk >= 2**30 else f"{disk / 2**20:.0f} MiB") + " for this rank)")
+    else:
+        fix = "write a shuffled copy once (petastorm_balanced.spark.make_shuffled_copy)"
     warnings.warn(ShuffleQualityWarning(
-        f"rows are stored sorted or clustered by {name!r} (a row group spans {spread:.0%} of its range) and this "
-        f"rank's {rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows: a batch mixes "
-        "only the row groups of its window, so batches are further from i.i.d. than a uniform permutation's. Raise "
-        f"shuffle_budget (about {rank_rows / window:.1f}x for one window), read fewer columns, or write a shuffled "
-        "copy once (petastorm_balanced.spark.make_shuffled_copy); `petastorm-balanced inspect PLAN "
-        f"--shuffle-quality {name}` measures it" + spill), stacklevel=4)
+        f"rows are stored sorted by {name!r} (a row group spans {spread:.0%} of its range) and this rank's "
+        f"{rank_rows:,} rows need {-(-rank_rows // window)} shuffle windows of {window:,} rows, so shuffled batches "
+        f"mix only nearby row groups: {fix}"), stacklevel=4)
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool

@@ -105,7 +105,13 @@ def cmd_inspect(args) -> int:
         quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size, batch_size=batch_size,
                                   epoch=epoch, shuffle_budget=args.shuffle_budget)
         report["shuffle_quality"] = quality.as_dict()
+    from ..planner.stored_order import find_stored_order
+    order = find_stored_order(plan, args.world_size, batch_size)  # the planning warning's finding, stated here too
+    if order is not None:
+        report["stored_order"] = order.as_dict()
     print(json.dumps(report, indent=2) if args.json else format_inspect(report))
+    if order is not None and order.clustered and not args.json:
+        print(order.describe())
     if quality is not None and not args.json:
         print(quality.format())
     return OK

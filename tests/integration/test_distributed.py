@@ -375,3 +375,23 @@ def test_elastic_example_checks_catch_broken_epochs():
     assert "equal steps at world 2" in failed(short, matching_rows=20) and not rows_failed(short, matching_rows=20)
     assert rows_failed(good, matching_rows=28)  # 4 left out; the last world (1) allows 3
     assert failed(good, matching_rows=27) == set()
+
+
+def test_example_lines_are_written_whole(monkeypatch):
+    """Ranks share stdout: each line must go out in one write, or another rank's line lands inside it (print
+    writes the text and the newline separately) and the demo's per-rank summary loses lines."""
+    example = _load_example("train_ddp")
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    example.log(1, "epoch 0: steps=230 rows=14720 mean loss=2.3440")
+    example.report(0, 0, [("equal steps", True, "steps per rank [230, 230]")])
+    assert writes == ["[rank 1] epoch 0: steps=230 rows=14720 mean loss=2.3440\n",
+                      "CHECK epoch 0 equal steps: OK (steps per rank [230, 230])\n"]

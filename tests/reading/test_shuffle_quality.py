@@ -131,25 +131,43 @@ def test_a_state_saved_with_another_window_is_refused_with_the_fix(sorted_small_
     assert take(iter(resumed)) == rest
 
 
-def test_sorted_storage_is_detected_when_planning_and_loading(sorted_small_groups, tmp_path):
+def shuffle_warnings(caught):
+    return [str(w.message) for w in caught if issubclass(w.category, ShuffleQualityWarning)]
+
+
+def test_sorted_storage_is_stated_once_where_it_changes_the_batches(sorted_small_groups, tmp_path, monkeypatch,
+                                                                    capsys):
+    """Planning warns only when a rank's rows at the plan's world size need more than one default shuffle window
+    (else the batches are a uniform permutation's: nothing to act on), once, with the budget that fixes it; the
+    loader warns on rank 0 only, where its own window is too small; ``inspect`` states the finding either way."""
+    from petastorm_balanced.planner import stored_order
+    with warnings.catch_warnings(record=True) as caught:  # 24,000 rows fit one default window: nothing to say
+        warnings.simplefilter("always")
+        plan = plan_shards(sorted_small_groups, 1, batch_size=BATCH, engine="local", output_url=str(tmp_path / "p"))
+    assert shuffle_warnings(caught) == []
+    assert cli_main(["inspect", str(tmp_path / "p")]) == 0
+    assert "stored sorted by 'label'" in capsys.readouterr().out  # the finding, stated without a warning
+
+    monkeypatch.setattr(stored_order, "DEFAULT_BUDGET", 256 * 2**10)  # a default window of a few hundred rows
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = plan_shards(sorted_small_groups, 1, batch_size=BATCH, engine="local")
-    said = [str(w.message) for w in caught if issubclass(w.category, ShuffleQualityWarning)]
-    assert len(said) == 1 and "'label'" in said[0] and "--shuffle-quality" in said[0]
-
-    with warnings.catch_warnings(record=True) as caught:  # the rank's rows fit one window: nothing to say
-        warnings.simplefilter("always")
-        make_loader(0, 1, plan=plan, backend="arrow").close()
-    assert not [w for w in caught if issubclass(w.category, ShuffleQualityWarning)]
-    with pytest.warns(ShuffleQualityWarning, match="need 9 shuffle windows"):
-        make_loader(0, 1, plan=plan, backend="arrow", shuffle_window=2_688).close()
-
+        plan_shards(sorted_small_groups, 1, batch_size=BATCH, engine="local")
+    said = shuffle_warnings(caught)
+    assert len(said) == 1 and "'label'" in said[0] and "shuffle_budget=" in said[0], said
     shuffled = write(tmp_path / "shuffled", row_group=600, sort=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan_shards(shuffled, 1, batch_size=BATCH, engine="local")
-    assert not [w for w in caught if issubclass(w.category, ShuffleQualityWarning)]
+    assert shuffle_warnings(caught) == []
+
+    with warnings.catch_warnings(record=True) as caught:  # the rank's rows fit one window: nothing to say
+        warnings.simplefilter("always")
+        make_loader(0, 1, plan=plan, backend="arrow").close()
+        make_loader(1, 2, plan=plan, backend="arrow", shuffle_budget="64KiB").close()  # rank 1: rank 0 says it
+        make_loader(0, 1, plan=plan, backend="arrow", shuffle_window=2_688).close()  # the window asked for
+    assert shuffle_warnings(caught) == []
+    with pytest.warns(ShuffleQualityWarning, match='need [0-9]+ shuffle windows.*shuffle_budget="[0-9]+MiB"'):
+        make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget="64KiB").close()
 
 
 def test_statistics_are_read_only_when_a_warning_may_be_due(sorted_small_groups, monkeypatch):
@@ -161,11 +179,11 @@ def test_statistics_are_read_only_when_a_warning_may_be_due(sorted_small_groups,
     calls = []
     real = dataset_schema.value_ranges
     monkeypatch.setattr(dataset_schema, "value_ranges", lambda footers: calls.append(1) or real(footers))
-    make_loader(0, 1, plan=plan, backend="arrow", shuffle=False, shuffle_window=2_688).close()
+    make_loader(0, 1, plan=plan, backend="arrow", shuffle=False, shuffle_budget="64KiB").close()
     make_loader(0, 1, plan=plan, backend="arrow").close()  # the rank's rows fit one window
     assert calls == []
     with pytest.warns(ShuffleQualityWarning, match="'label'"):
-        make_loader(0, 1, plan=plan, backend="arrow", shuffle_window=2_688).close()
+        make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget="64KiB").close()
     assert calls == [1]
 
 
@@ -177,7 +195,7 @@ def test_hive_partitions_count_as_clustered(tmp_path):
         pq.write_table(pa.table({"id": np.arange(day * 1000, (day + 1) * 1000)}), folder / "part.parquet")
     plan = plan_shards(str(root), 1, batch_size=16, engine="local")
     with pytest.warns(ShuffleQualityWarning, match="'day'"):
-        make_loader(0, 1, plan=plan, backend="arrow", shuffle_window=512).close()
+        make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget="16KiB").close()
 
 
 def test_inspect_measures_what_the_loader_delivers(sorted_large_groups, tmp_path, capsys):

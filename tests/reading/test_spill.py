@@ -210,11 +210,15 @@ def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
     assert files_under(temp) == []
 
 
-def test_the_warning_and_inspect_say_what_a_spill_folder_buys(sorted_data, tmp_path):
+def test_the_warning_and_inspect_say_what_a_spill_folder_buys(sorted_data, tmp_path, monkeypatch):
     from petastorm_balanced.errors import ShuffleQualityWarning
+    from petastorm_balanced.reading import settings
     from petastorm_balanced.tools.shuffle_quality import shuffle_quality
     plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
-    said = r"measures it\. A spill folder .*shuffle_spill_dir=<local disk>\): about [0-9]+ MiB"
+    with pytest.warns(ShuffleQualityWarning, match='shuffle_budget="[0-9]+MiB" to hold them in one'):
+        make_loader(0, 1, plan=plan, shuffle_budget="256KiB", backend="arrow").close()
+    monkeypatch.setattr(settings, "MEMORY_ADVICE", 0)  # as if a window of a rank's rows were past memory
+    said = r"shuffle_spill_dir=<local disk> to hold them in one there \(about [0-9]+ MiB for this rank\)"
     with pytest.warns(ShuffleQualityWarning, match=said):
         make_loader(0, 1, plan=plan, shuffle_budget="256KiB", backend="arrow").close()
     report = shuffle_quality(plan, "label", shuffle_budget="256KiB", epoch=1)
