@@ -36,8 +36,8 @@ def scan_lists(plan: ShardPlan, types: dict[str, pa.DataType], threads: int = SC
     groups: dict[str, set[int]] = {}
     for g in plan.catalog.row_groups:
         groups.setdefault(g.path, set()).add(g.row_group)
-    identity = (plan.dataset_url, tuple((p, files[p].size, files[p].mtime_ns, files[p].footer, tuple(sorted(groups[p])))
-                                        for p in sorted(groups)))
+    identity = (plan.dataset_url, tuple((p, files[p].size, files[p].mtime_ns, files[p].footer, files[p].content,
+                                         tuple(sorted(groups[p]))) for p in sorted(groups)))
     keys = {name: (identity, name, str(t)) for name, t in types.items()}
     todo = {name: t for name, t in types.items() if keys[name] not in _CACHE}
     if todo:

@@ -385,10 +385,11 @@ def check_footers(plan: ShardPlan, fragments: Sequence[Fragment]) -> None:
     planned = {f.path: f for f in plan.catalog.files}
 
     def check(name, footer):
-        check_file(plan, planned[name], footer=footer.digest, mtime_ns=footer.mtime_ns)
+        check_file(plan, planned[name], footer=footer.digest, mtime_ns=footer.mtime_ns, content=footer.content)
+    contents = {fsutil.join(root, f.path): f.content for f in plan.catalog.files if f.content}
     try:
-        CheckedFooters(filesystem, check).check_all((f.path, fsutil.join(root, f.path)) for f in fragments
-                                                    if f.path in planned)
+        CheckedFooters(filesystem, check, contents=contents).check_all(
+            (f.path, fsutil.join(root, f.path)) for f in fragments if f.path in planned)
     except (OSError, pa.ArrowException) as exc:  # gone, resized or unreadable: name the file
         raise fr.unreadable_dataset_error(plan, exc) from exc
 
