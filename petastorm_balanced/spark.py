@@ -10,10 +10,11 @@ the data files it reads (path, size, modification time and, for Parquet, the foo
 that change what is written (a fixed list and every other explicitly set ``spark.sql.*`` conf but a few neutral
 ones), and the converter's options. The same DataFrame in this process, another process or a later run reuses the
 committed copy and its plans; anything else gets a new folder. A plan whose text does not describe its content (an
-RDD, a Python UDF's code: classic Spark shows neither), whose rows depend on the run (rand(), uuid(), the current
-time, a nondeterministic UDF) or whose inputs have no content digest (CSV, JSON) is reused within this process
-only, as Petastorm does (``sameResult``). pyspark is imported when a converter is made, so
-``import petastorm_balanced`` needs no Spark.
+RDD, a Python UDF's code: classic Spark shows neither) or whose inputs have no content digest (CSV, JSON) is reused
+within this process only, as Petastorm does (``sameResult``). A plan whose rows depend on the run (rand(), uuid(),
+the current time, a nondeterministic UDF) is never reused: each call writes a fresh copy, since the DataFrame
+would not give the old copy's rows now (``reuse=True`` reuses it as any other plan, ``reuse=False`` writes a fresh
+copy of any plan). pyspark is imported when a converter is made, so ``import petastorm_balanced`` needs no Spark.
 """
 from __future__ import annotations
 
@@ -180,8 +181,8 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
                          cost: str | None = None,
                          policy: str = "drop", seed: int = 0,
                          parquet_row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
-                         compression_codec: str | None = None, dtype: str | None = "float32"
-                         ) -> BalancedConverter:
+                         compression_codec: str | None = None, dtype: str | None = "float32",
+                         reuse: bool | None = None) -> BalancedConverter:
     """Materialize ``df`` once as Parquet under the cache folder and plan it; see the module docstring for reuse.
 
     ``parent_cache_dir_url`` defaults to the Spark conf ``petastorm.spark.converter.parentCacheDirUrl``, as
@@ -190,20 +191,37 @@ def make_spark_converter(df: Any, *, world_size: int | None = None, batch_size: 
     planned. ``where``, ``cost``, ``policy``, ``seed`` and ``batch_size`` are ``plan_shards``'s. Spark ML vectors
     become arrays of ``dtype``. Array columns are delivered by the loaders' ``list_format``: ``(batch, k)`` tensors
     where every array of a column has one length (the default), padded tensors with lengths, or lists.
+
+    ``reuse``: None (the default) reuses a copy of the same plan unless its rows depend on the run (rand(), uuid(),
+    current_timestamp(), a nondeterministic UDF: a fresh copy each call, the rows the DataFrame gives now); True
+    reuses such a copy too (the rows of the first call, as Petastorm's converter does); False writes a fresh copy
+    whatever the plan.
     """
+    return _convert(df, world_size=world_size, batch_size=batch_size, parent_cache_dir_url=parent_cache_dir_url,
+                    where=where, cost=cost, policy=policy, seed=seed,
+                    options=(parquet_row_group_size_bytes, compression_codec, dtype), reuse=reuse)
+
+
+def _convert(df: Any, *, world_size, batch_size, parent_cache_dir_url, where, cost, policy, seed, options,
+             reuse: bool | None = None, types=None) -> BalancedConverter:
+    """``make_spark_converter``; ``types`` (an Arrow schema): the copy's files are given these types exactly
+    (``io/exact_copy.py``) before the copy is committed."""
     _pyspark()
+    if reuse is not None and not isinstance(reuse, bool):
+        raise InvalidTypeError(f"reuse={reuse!r} must be None (reuse unless the rows depend on the run), True or "
+                               "False")
     if not hasattr(df, "sparkSession") or not hasattr(df, "write"):
         raise InvalidTypeError(f"df={df!r} is not a pyspark.sql.DataFrame")
     spark = df.sparkSession
-    options = ConvertOptions.of(parquet_row_group_size_bytes, compression_codec, dtype)
+    options = ConvertOptions.of(*options)
     cache = Cache.at(_parent_url(spark, parent_cache_dir_url))
     world_size = _default_world_size() if world_size is None else world_size
     balance.check_params(world_size=world_size, seed=seed, **({} if batch_size is None else
                                                                 {"batch_size": batch_size}))
     balance.check_policy(policy)  # planning parameters are checked before anything is written
     prepared = _prepare(df, options.dtype)
-    key = _cache_key(spark, prepared, options)
-    dataset_url = cache.write_once(key, lambda url: _materialize(prepared, url, options))
+    key = _cache_key(spark, prepared, options, reuse, types)
+    dataset_url = cache.write_once(key, lambda url: _materialize(prepared, url, options, types))
     plan = _plan(dataset_url, spark, world_size=world_size, batch_size=batch_size, where=where, cost=cost,
                  policy=policy, seed=seed)
     return BalancedConverter(cache, key, plan)
@@ -221,11 +239,14 @@ def make_shuffled_copy(dataset_url: str | PathLike[str], *, spark: Any = None, s
     as the input has by a 64-bit hash of all their values and ``seed`` and ordered by it inside each file: one
     Spark shuffle, no sort of the whole dataset, and the same copy from the same content. The copy is the
     converter's (``make_spark_converter``): written atomically under the cache folder, reused by every later call
-    on the same files (size, modification time) and ``seed``, values as Spark reads them with no cast
-    (``dtype=None``). ``where``, ``cost``, ``policy``, ``batch_size`` and ``world_size`` plan the copy as
-    ``plan_shards`` would plan the original.
+    on the same files and ``seed``. Every column keeps the Arrow type and value ``pyarrow.dataset`` reads from the
+    source (timestamps with their unit and zone, unsigned integers, dictionaries, durations, nested lists, structs
+    and maps: ``io/exact_copy.py``); a column Spark cannot give back exactly (nanosecond timestamps, times of day)
+    is refused, naming it and the fix, before Spark runs. ``where``, ``cost``, ``policy``, ``batch_size`` and
+    ``world_size`` plan the copy as ``plan_shards`` would plan the original.
     """
     F, _ = _pyspark()
+    from .io import exact_copy
     from .planner.engines.spark import get_session, spark_url
     from .unischema.storage import has_unischema
     url = fsutil.normalize_url(dataset_url)
@@ -233,16 +254,22 @@ def make_shuffled_copy(dataset_url: str | PathLike[str], *, spark: Any = None, s
         raise InvalidValueError(f"dataset_url={url!r} is a Petastorm (Unischema) dataset: a Spark copy would keep its "
                                 "codec cells as raw bytes without the Unischema; raise the loader's shuffle_budget "
                                 "instead, or rewrite it shuffled with petastorm_balanced.unischema.materialize_dataset")
+    types, partitions = exact_copy.source_schema(url)
+    exact_copy.check_copyable(types)  # before Spark reads a byte
     df = get_session(spark).read.parquet(spark_url(url))
+    exact_copy.spark_types_ok(types, df.schema, partitions)
     key = "__petastorm_balanced_shuffle__"
     while key in df.columns:
         key += "_"
-    hashed = df.withColumn(key, F.xxhash64(*[F.col(_quoted(c)) for c in df.columns], F.lit(int(seed))))
+    # Spark hashes no map (DATATYPE_MISMATCH.HASH_MAP_TYPE): a column holding one is hashed as its JSON text
+    hashed_columns = [F.to_json(F.col(_quoted(f.name))) if "map<" in f.dataType.simpleString()
+                      else F.col(_quoted(f.name)) for f in df.schema.fields]
+    hashed = df.withColumn(key, F.xxhash64(*hashed_columns, F.lit(int(seed))))
     shuffled = (hashed.repartition(max(1, len(df.inputFiles())), F.col(key)).sortWithinPartitions(key)
-                .drop(key))
-    return make_spark_converter(shuffled, world_size=world_size, batch_size=batch_size,
-                                parent_cache_dir_url=parent_cache_dir_url, where=where, cost=cost, policy=policy,
-                                seed=seed, dtype=None)
+                .drop(key).select(*[F.col(_quoted(n)) for n in types.names]))
+    return _convert(shuffled, world_size=world_size, batch_size=batch_size,
+                    parent_cache_dir_url=parent_cache_dir_url, where=where, cost=cost, policy=policy, seed=seed,
+                    options=(DEFAULT_ROW_GROUP_SIZE_BYTES, None, None), types=types)
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -290,16 +317,23 @@ def _quoted(name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- cache key
 
-def _cache_key(spark, df, options: ConvertOptions) -> str:
-    """The folder name of ``df``'s copy: a digest of its plan, its input files, output confs and options."""
-    text, shareable, jplan = _plan_text(spark, df)
+def _cache_key(spark, df, options: ConvertOptions, reuse: bool | None = None, types=None) -> str:
+    """The folder name of ``df``'s copy: a digest of its plan, its input files, output confs and options; a name
+    of its own (a fresh copy) for a plan whose rows depend on the run, unless ``reuse=True`` (then reused within
+    this process only, as Petastorm does), and for any plan with ``reuse=False``."""
+    text, shareable, repeatable, jplan = _plan_text(spark, df)
     digest = hashlib.sha256()
     files, by_content = _input_files(df)
-    shareable = shareable and by_content
-    parts = {"version": KEY_VERSION, "options": options.__dict__, "files": files, "confs": _result_confs(spark)}
+    shareable = shareable and by_content and repeatable  # reuse=True: such a plan within this process only
+    parts = {"version": KEY_VERSION, "options": options.__dict__, "files": files, "confs": _result_confs(spark),
+             **({} if types is None else {"types": types.to_string(show_schema_metadata=False)})}
     digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
     digest.update(b"\0" + text.encode())
     key = "df-" + digest.hexdigest()[:40]
+    if reuse is False or (not repeatable and reuse is None):
+        log.info("writing a fresh copy of the DataFrame (%s)", "reuse=False" if reuse is False else
+                 "its rows depend on the run; reuse=True would reuse an earlier copy")
+        return f"{key}-{uuid.uuid4().hex[:12]}"
     if shareable:
         return key
     with _memo_lock:  # as Petastorm: reuse within this process when Spark says the plans give the same result
@@ -311,8 +345,9 @@ def _cache_key(spark, df, options: ConvertOptions) -> str:
     return key
 
 
-def _plan_text(spark, df) -> tuple[str, bool, Any]:
-    """Text describing ``df``'s content, whether it describes all of it, and the JVM plan (classic Spark).
+def _plan_text(spark, df) -> tuple[str, bool, bool, Any]:
+    """Text describing ``df``'s content, whether it describes all of it, whether its rows are the same at every
+    run (no rand(), uuid(), current time or nondeterministic UDF), and the JVM plan (classic Spark).
 
     Classic: the canonicalized analyzed plan as JSON (expression ids normalized by Spark, the JVM id removed);
     fields it cannot show come out ``null``. A file relation's null is covered by the input files in the key, an
@@ -329,7 +364,7 @@ def _plan_text(spark, df) -> tuple[str, bool, Any]:
         analyzed = df._explain_string(mode="extended")
         analyzed = analyzed.split("== Analyzed Logical Plan ==")[-1].split("== Optimized Logical Plan ==")[0]
         volatile = _CONNECT_VOLATILE.search(analyzed) is not None  # rand(), uuid(), current_timestamp() ...
-        return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), not volatile, None
+        return hashlib.sha256(proto).hexdigest() + _EXPLAIN_ID.sub("#", analyzed), True, not volatile, None
     jplan = df._jdf.queryExecution().analyzed()
     text = _EXPR_ID.sub("", jplan.canonicalized().toJSON())
     unknown = text
@@ -337,7 +372,7 @@ def _plan_text(spark, df) -> tuple[str, bool, Any]:
         unknown = unknown.replace(f'"{covered}":null', "")
     # rand(), uuid(), a nondeterministic UDF, or the time of the run: another run computes other rows
     repeatable = bool(jplan.deterministic()) and _CURRENT_TIME.search(text) is None
-    return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown and repeatable, jplan
+    return f"{text}\n{jplan.semanticHash()}", '":null' not in unknown, repeatable, jplan
 
 
 def _result_confs(spark) -> dict:
@@ -375,10 +410,12 @@ def _canonical_proto(message, seen: dict) -> None:
 
 
 def _input_files(df) -> tuple[list[list], bool]:
-    """The data files ``df`` reads with their size, modification time and, for Parquet, the sha256 of the footer,
-    and whether that identifies their content: a copy that keeps size and modification time (``cp -p``, rsync)
-    still changes a Parquet footer (statistics, offsets); other formats have no such digest, so their copy is
-    reused within this process only."""
+    """The data files ``df`` reads with their size, modification time, for Parquet the sha256 of the footer, and
+    the store's content fingerprint (an ETag, or every byte's digest where ``PETASTORM_BALANCED_CONTENT_DIGEST``
+    asks for it: ``io/content.py``), and whether that identifies their content: a copy that keeps size and
+    modification time (``cp -p``, rsync) mostly changes a Parquet footer (statistics, offsets), and a fingerprint
+    tells the rest; a file with neither is reused within this process only."""
+    from .io import content
     from .io.footer import read_footer
     names = sorted(df.inputFiles())
     if not names:
@@ -388,14 +425,16 @@ def _input_files(df) -> tuple[list[list], bool]:
         paths = [fsutil.resolve(_as_url(n))[1] for n in names]
         infos = filesystem.get_file_info(paths)
         out, by_content = [], True
+        digest = content.digest_wanted()
         for name, path, info in zip(names, paths, infos, strict=True):
             entry = [name, info.size, info.mtime_ns]
+            tag = content.fingerprint(filesystem, path, digest=digest) if content.wanted(filesystem) else ""
             if name.endswith(".parquet"):
                 with filesystem.open_input_file(path) as handle:
                     entry.append(read_footer(handle).digest)
-            else:
+            elif not tag:
                 by_content = False
-            out.append(entry)
+            out.append(entry + ([tag] if tag else []))
         return out, by_content
     except (OSError, ValueError):  # a filesystem pyarrow cannot open here: names only, this process only
         return [[n] for n in names], False
@@ -408,7 +447,7 @@ def _as_url(spark_path: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- writing
 
-def _materialize(df, url: str, options: ConvertOptions) -> None:
+def _materialize(df, url: str, options: ConvertOptions, types=None) -> None:
     """Write ``df`` under ``url`` (which does not exist yet). Array columns stay Parquet lists as Spark writes them:
     the loaders deliver them as tensors (``(batch, k)`` where every array of a column has one length, a padded form
     on request) or lists, by their ``list_format`` (``reading/list_shapes.py``)."""
@@ -417,6 +456,10 @@ def _materialize(df, url: str, options: ConvertOptions) -> None:
                      else options.compression_codec)
      .option("parquet.block.size", str(options.parquet_row_group_size_bytes))
      .parquet(spark_url(url)))
+    if types is not None:  # before the copy is committed: never served with Spark's types
+        from .io.exact_copy import restore_types
+        codec = {"uncompressed": "none", "lz4_raw": "lz4"}.get(options.compression_codec, options.compression_codec)
+        log.info("gave %d files of the copy the source's types", restore_types(url, types, codec))
     log.info("materialized the DataFrame at %s", url)
 
 

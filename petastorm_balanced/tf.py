@@ -64,6 +64,7 @@ def make_tf_dataset(rank: int | None = None, world: int | None = None, *, plan: 
     ``TF_CONFIG``. Under a multi-replica strategy use ``distribute_tf_dataset`` instead (module docstring).
     """
     tf = _tf()
+    _refuse_strategy(tf)
     loader = _loader(rank, world, plan, batch_size, make_loader_kwargs)
     position = DatasetPosition.of(loader)
     dataset = tf.data.Dataset.from_generator(position.epoch_batches, output_signature=element_spec(loader.schema,
@@ -103,6 +104,27 @@ def distribute_tf_dataset(strategy: Any, *, plan: ShardPlan | str, batch_size: i
                                 "distribute_tf_dataset serves one per worker")
     distributed.position = made[0]
     return distributed
+
+
+def _refuse_strategy(tf) -> None:
+    """``InvalidValueError`` when a strategy would re-batch this dataset (module docstring): a multi-replica strategy
+    in scope, or a ``MultiWorkerMirroredStrategy`` made in this process (it must be made before any other TensorFlow
+    work, so it exists when the dataset is made, in scope or not). Keras would otherwise fail deep in ``fit`` with
+    "Input dataset was expected to contain N elements but contained only M", or lose rows."""
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
+    try:
+        from tensorflow.python.eager import context
+        collective = getattr(context.context(), "_collective_ops_server_def", None) is not None
+    except ImportError:  # pragma: no cover - a TensorFlow without that module: the scope check alone
+        collective = False
+    if replicas > 1 or collective:
+        what = (f"{type(strategy).__name__} ({replicas} replicas) is in scope" if replicas > 1 else
+                "a MultiWorkerMirroredStrategy runs in this process")
+        raise InvalidValueError(f"make_tf_dataset(...) while {what}: Keras would split each batch between the "
+                                "replicas and shard the batches between workers (rows lost, or TensorFlow's 'Input "
+                                "dataset was expected to contain N elements'); use distribute_tf_dataset(strategy, "
+                                "plan=..., batch_size=...) instead (docs/frameworks.md)")
 
 
 def _options(tf) -> Any:
@@ -180,7 +202,7 @@ class DatasetPosition:
         """Batches the next pass of ``make_tf_dataset`` holds: after restoring a mid-epoch position, the rest of that
         epoch (iterate ``ds.take(position.steps_left())``: ``cardinality()`` stays the whole epoch's steps)."""
         state = self.state_dict()
-        return self.loader._position.settings.steps_of(state["epoch"], ()) - state["batches"]
+        return self.loader.steps_of(state["epoch"]) - state["batches"]
 
     # -- the generators TensorFlow runs
     def epoch_batches(self) -> Iterator[dict]:
@@ -222,7 +244,7 @@ class DatasetPosition:
         epoch, batch = self._start
         left = self._consumed
         def steps(epoch: int, stages: tuple) -> int:
-            return int(self.loader._position.settings.steps_of(epoch, stages))
+            return self.loader.steps_of(epoch, stages)
         if state["elastic"]["stages"] and (epoch, batch + left) != (state["epoch"], state["batches"]):
             raise InvalidValueError("a position inside an elastic resume (a state saved at another world size) can "
                                     "only be saved where the loader is; checkpoint after the resumed epoch ends")

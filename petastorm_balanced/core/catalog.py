@@ -26,6 +26,7 @@ class FileInfo:
     row_group_rows: tuple[int, ...]
     footer: str = ""  # sha256 (hex) of the footer bytes; "" when unknown (plans of format version 1)
     mtime_ns: int | None = None  # modification time as listed; None where the filesystem reports none
+    content: str = ""  # the store's content fingerprint ('etag:...', 'sha256:...'; io/content.py), "" when none
 
     @property
     def num_rows(self) -> int:

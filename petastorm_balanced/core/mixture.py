@@ -15,8 +15,10 @@ guarantees, and why that shape:
   more sources: Fraenkel's balanced-word problem.)
 - the schedule is periodic: after ``period`` batches (the common denominator of the ``r_i``) every lag is zero and
   it repeats, so the rows any range of batches takes are a table lookup, the same on every rank, with no state but
-  the batch count and no communication. Weights are read as fractions with denominators up to
-  ``MAX_DENOMINATOR`` (0.7 is 7/10), and a period longer than ``MAX_PERIOD`` batches is refused with the fix.
+  the batch count and no communication. Weights are read exactly as given: integers and ``Fraction`` as they
+  are, a float as the simplest fraction that is that float (0.7 is 7/10, 4e-05 is 1/25000, 1/3 is 1/3), so the
+  shares are the ones the user wrote, however small; a period longer than ``MAX_PERIOD`` batches (weights with
+  many digits) is refused naming the weight, never rounded into other shares.
 
 **Where a source stands.** Each rank reads a source in passes of ``rows_per_pass`` rows (the source plan's
 rows per rank at ``batch_size=1``); a source's *counter* is the rows of it a rank has delivered since its first
@@ -55,7 +57,6 @@ import numpy as np
 from ..errors import InvalidTypeError, InvalidValueError
 from .params import check_int
 
-MAX_DENOMINATOR = 10_000  # weights are read as fractions with denominators up to this (0.7 -> 7/10)
 MAX_PERIOD = 1 << 20  # batches in one period of the schedule (one table of period x sources small ints)
 
 
@@ -66,16 +67,32 @@ def parse_weights(weights, sources: int) -> tuple[Fraction, ...]:
     if len(weights) != sources:
         raise InvalidValueError(f"weights={list(weights)!r} has {len(weights)} entries for {sources} plans; give one "
                                 "weight per plan")
-    parsed = []
     for i, w in enumerate(weights):
         if isinstance(w, bool) or not isinstance(w, (Real, Fraction)):
             raise InvalidTypeError(f"weights[{i}]={w!r} must be a number")
         if not float(w) > 0 or w != w or w == float("inf"):
             raise InvalidValueError(f"weights[{i}]={w!r} must be a positive finite number (leave a source out "
                                     "instead of giving it weight 0)")
-        parsed.append(Fraction(w if isinstance(w, (int, Fraction)) else float(w)).limit_denominator(MAX_DENOMINATOR))
+    parsed = [Fraction(w) if isinstance(w, (int, Fraction)) else simplest_fraction(float(w)) for w in weights]
     total = sum(parsed)
     return tuple(w / total for w in parsed)
+
+
+def simplest_fraction(value: float) -> Fraction:
+    """The fraction of smallest denominator (within a factor of two) that converts back to ``value``: what a user
+    who wrote ``0.7`` or ``4e-05`` meant (7/10, 1/25000), where the float's own binary fraction would make every
+    schedule period astronomically long.
+
+    >>> simplest_fraction(0.7), simplest_fraction(4e-05), simplest_fraction(1 / 3)
+    (Fraction(7, 10), Fraction(1, 25000), Fraction(1, 3))
+    """
+    exact = Fraction(value)
+    bound = 1
+    while True:  # ends: the float itself is a fraction whose denominator is a power of two
+        candidate = exact.limit_denominator(bound)
+        if float(candidate) == value:
+            return candidate
+        bound *= 2
 
 
 @dataclass(frozen=True)
@@ -139,9 +156,11 @@ def make_schedule(weights: tuple[Fraction, ...], batch_size: int) -> Schedule:
     fractions = [s - int(s) for s in shares]
     period = lcm(*(f.denominator for f in fractions))
     if period > MAX_PERIOD:
-        raise InvalidValueError(f"weights={[str(w) for w in weights]} with batch_size={batch_size} repeat only every "
-                                f"{period} batches (more than {MAX_PERIOD}); give weights with a small common "
-                                "denominator, such as integers ([7, 2, 1]) or two decimals")
+        worst = max(range(len(weights)), key=lambda i: fractions[i].denominator)
+        raise InvalidValueError(f"weights[{worst}] is {weights[worst]} of the total, so with batch_size={batch_size} "
+                                f"the schedule repeats only every {period} batches (more than {MAX_PERIOD}); give "
+                                "weights with a small common denominator, such as integers ([7, 2, 1]) or two "
+                                "decimals")
     extras = pfair([int(f * period) for f in fractions], period)
     prefix = np.concatenate([np.zeros((1, len(weights)), dtype=np.int64), np.cumsum(extras, axis=0)])
     return Schedule(weights, batch_size, base, extras, prefix)
@@ -240,10 +259,22 @@ class Mixture:
         """Steps of ``point``'s epoch (its batches so far and those left)."""
         return point.batch + self.remaining(point)
 
-    def next_epoch(self, point: Point) -> Point:
-        """The first batch of the epoch after ``point``'s."""
+    def next_epoch(self, point: Point, epochs: int = 1) -> Point:
+        """The first batch of the ``epochs``-th epoch after ``point``'s, by arithmetic (the same cost for any
+        ``epochs``): after the end of ``point``'s epoch, each epoch takes ``epoch_steps`` batches, or (the default)
+        ends in the batch where the scarcest source's counter reaches its next pass, and that batch never carries
+        it a whole pass further (a pass holds at least a batch's share), so ``epochs - 1`` more epochs end where
+        its counter reaches ``epochs - 1`` more pass boundaries."""
+        epochs = check_int("epochs", epochs, minimum=1)
         end = self.advance(point, self.remaining(point))
-        return replace(end, epoch=point.epoch + 1, batch=0)
+        more = epochs - 1
+        if self.epoch_steps is not None:
+            batches = more * self.epoch_steps
+        else:
+            s, rows = self.scarcest, self.rows_per_pass[self.scarcest]
+            counter = end.counters[s]
+            batches = self._batches_to(s, end.phase, (counter // rows + more) * rows - counter) if more else 0
+        return replace(self.advance(end, batches), epoch=point.epoch + epochs, batch=0)
 
     def start(self, epoch: int) -> Point:
         """The first batch of ``epoch`` when every source started at its first row at epoch 0 with this schedule."""

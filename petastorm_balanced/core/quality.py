@@ -22,12 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def codes_of(values: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` as integer codes into the distinct values of ``reference``, and ``reference``'s frequencies."""
-    distinct, counts = np.unique(reference, return_counts=True)
-    return np.searchsorted(distinct, values), counts / counts.sum()
-
-
 def batch_tvs(batches: Sequence[np.ndarray], reference: np.ndarray) -> np.ndarray:
     """TV distance of each batch's histogram from ``reference``'s (both arrays of the same column's values)."""
     distinct, counts = np.unique(reference, return_counts=True)

@@ -30,12 +30,14 @@ _MAGIC = b"PAR1"
 class Footer:
     """A parsed footer and the sha256 (hex) of its bytes as stored in the file, and the file's size then; the
     file's modification time (ns) once a ``CheckedFooters`` looked it up after reading the footer, None where the
-    filesystem reports none."""
+    filesystem reports none; the file's content fingerprint (``io/content.py``) once a ``CheckedFooters`` asked for
+    one, else ``""``."""
 
     metadata: pq.FileMetaData
     digest: str
     file_size: int
     mtime_ns: int | None = None
+    content: str = ""
 
 
 class ParsedFooters:
@@ -239,17 +241,6 @@ def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     return Footer(pq.read_metadata(pa.BufferReader(_MAGIC + stored)), digest, size)
 
 
-def open_parquet(filesystem, path: str, parsed: ParsedFooters | None = None) -> tuple:
-    """``(ParquetFile, Footer)`` for ``path``: the footer is read and hashed once and handed to the reader."""
-    handle = filesystem.open_input_file(path)
-    try:
-        footer = read_footer(handle, parsed)
-        return pq.ParquetFile(handle, metadata=footer.metadata), footer
-    except BaseException:
-        handle.close()
-        raise
-
-
 def modification_time(filesystem, location: str) -> int | None:
     """The file's modification time in nanoseconds as the filesystem lists it (what planning recorded), or None."""
     return filesystem.get_file_info(location).mtime_ns
@@ -286,8 +277,14 @@ class CheckedFooters:
     too, though the rows read were the planned ones.
     """
 
-    def __init__(self, filesystem, check, *, pre_buffer: bool = False, shared: bool = False):
+    def __init__(self, filesystem, check, *, pre_buffer: bool = False, shared: bool = False,
+                 contents: dict[str, str] | None = None):
         self._filesystem, self._check = filesystem, check
+        # location -> the planned content fingerprint of the files whose plan recorded one: each is taken afresh
+        # once per reader (its kind: an ETag, or every byte's digest) beside the modification time, started with
+        # the folder's listing on a remote filesystem (``list_ahead``), so it adds no round trip in series
+        self._contents = contents or {}
+        self._fingerprints: dict[str, Future] = {}  # shared=True: location -> its fingerprint now
         self._footers: dict[str, Footer] = {}  # checked whole: footer and modification time
         self._opened: dict[str, Footer] = {}  # shared=True: footers checked, their time not yet (``confirm``)
         self._pre_buffer, self._shared = pre_buffer, shared
@@ -308,10 +305,15 @@ class CheckedFooters:
         """``shared=True``: start listing the folders of ``locations`` not listed yet on ``executor`` now, for the
         ``confirm`` of their files; call it before queuing reads of those files on the same executor (a listing
         queued behind the reads that wait for it could wait for a free thread forever)."""
+        locations = list(locations)
         for folder in dict.fromkeys(self._folder(loc) for loc in locations):
             with self._locks_lock:
                 if folder not in self._listings:
                     self._listings[folder] = executor.submit(self._list, folder)
+        for location in dict.fromkeys(loc for loc in locations if loc in self._contents):
+            with self._locks_lock:
+                if location not in self._fingerprints:
+                    self._fingerprints[location] = executor.submit(self._fresh_content, location)
 
     def _listed(self, folder: str) -> dict[str, int | None]:
         """The folder's listing: the one started ahead, or listed here now (once per reader); a failed listing is
@@ -385,13 +387,40 @@ class CheckedFooters:
         handle = self._filesystem.open_input_file(location)
         try:
             footer = read_footer(handle, READ_FOOTERS)
-            footer = replace(footer, mtime_ns=self._modification_time(location))
+            footer = replace(footer, mtime_ns=self._modification_time(location),
+                             content=self._content(location, handle))
             self._check(name, footer)
         except BaseException:
             handle.close()
             raise
         self._footers[name] = footer
         return pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=self._pre_buffer)
+
+    def _fresh_content(self, location: str) -> str:
+        from . import content
+        return content.fresh(self._filesystem, location, self._contents[location])
+
+    def _content(self, location: str, handle=None) -> str:
+        """The file's content fingerprint now, of the kind the plan recorded, or ``""`` where it recorded none; an
+        ETag from ``handle`` when it was just opened (the request that opened it returned it), else the one
+        started ahead (``list_ahead``, once per reader; a failed one is forgotten, so a retry asks again)."""
+        planned = self._contents.get(location, "")
+        if not planned:
+            return ""
+        from . import content
+        if handle is not None and planned.startswith(content.ETAG):
+            return content.of_handle(handle) or self._fresh_content(location)
+        with self._locks_lock:
+            future = self._fingerprints.get(location)
+        if future is None:
+            return self._fresh_content(location)
+        try:
+            return future.result()
+        except BaseException:
+            with self._locks_lock:
+                if self._fingerprints.get(location) is future:
+                    del self._fingerprints[location]
+            raise
 
     def confirm(self, name: str, location: str) -> None:
         """``shared=True``: check the modification time of ``name``, opened (``open``) by this reader, against the
@@ -400,13 +429,13 @@ class CheckedFooters:
         if name in self._footers:
             return
         footer = self._opened[name]
-        checked = replace(footer, mtime_ns=self._modification_time(location))
+        checked = replace(footer, mtime_ns=self._modification_time(location), content=self._content(location))
         try:
             self._check(name, checked)
         except StalePlanError:
             # a listing's time may be rounded otherwise than a file look-up's (what a table's plan recorded):
             # the look-up decides, so a refusal is a rewrite, never a rounding
-            checked = replace(footer, mtime_ns=modification_time(self._filesystem, location))
+            checked = replace(checked, mtime_ns=modification_time(self._filesystem, location))
             self._check(name, checked)
         self._footers[name] = checked
 

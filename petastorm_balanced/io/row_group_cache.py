@@ -50,10 +50,12 @@ class CacheSettings:
 
 
 def entry_key(location: str, digest: str, file_size: int, mtime_ns: int | None, row_group: int,
-              columns: Sequence[str]) -> str:
+              columns: Sequence[str], *, content: str = "") -> str:
     """The name of a row group's entry: the sha256 of everything its content depends on (the file's location and
-    G15 fingerprint, the row group, the columns in order, the entry format)."""
-    text = json.dumps([FORMAT, location, digest, file_size, mtime_ns, row_group, list(columns)])
+    G15 fingerprint: footer, size, time and, where the plan recorded one, the content fingerprint checked this
+    epoch; the row group, the columns in order, the entry format)."""
+    text = json.dumps([FORMAT, location, digest, file_size, mtime_ns, row_group, list(columns),
+                       *([content] if content else [])])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

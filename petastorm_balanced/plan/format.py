@@ -63,6 +63,8 @@ class ShardPlan(Protocol):
     def table(self) -> TableRef | None: ...
     @property
     def extends(self) -> tuple[str, ...]: ...
+    @property
+    def location(self) -> DatasetLocation: ...
     def pieces(self, *, batch_size: int | None = None) -> balance.Pieces: ...
 
 
@@ -107,8 +109,10 @@ def dataset_fingerprint(files) -> str:
 
 def content_fingerprint(files) -> str:
     """sha256 of ``json.dumps([[path, footer digest, mtime_ns], ...])`` over the files sorted by path (format
-    version 2): what makes an edited digest or time in ``plan.json`` an edited plan."""
-    text = ", ".join([f"[{_json_str(f.path)}, {_json_str(f.footer)}, {'null' if f.mtime_ns is None else f.mtime_ns}]"
+    version 2), a file with a content fingerprint (``FileInfo.content``) as ``[path, footer, mtime_ns, content]``:
+    what makes an edited digest, time or fingerprint in ``plan.json`` an edited plan."""
+    text = ", ".join([f"[{_json_str(f.path)}, {_json_str(f.footer)}, {'null' if f.mtime_ns is None else f.mtime_ns}"
+                      + (f", {_json_str(f.content)}]" if f.content else "]")
                       for f in sorted(files, key=lambda f: f.path)])  # json.dumps's bytes, built faster
     return hashlib.sha256(f"[{text}]".encode()).hexdigest()
 
@@ -214,7 +218,9 @@ def plan_document(plan: ShardPlan, digests: dict | None = None) -> dict:
         "package_version": __version__,
         "checksum": content_checksum(plan),
         "content_fingerprint": content_fingerprint(plan.catalog.files),
-        "dataset_files": [[f.path, f.size, list(f.row_group_rows), f.footer, f.mtime_ns] for f in plan.catalog.files],
+        "dataset_files": [[f.path, f.size, list(f.row_group_rows), f.footer, f.mtime_ns, *([f.content] if f.content
+                                                                                           else [])]
+                          for f in plan.catalog.files],
         "totals": totals(plan),
         "files": digests or {},
         **({"extends": list(plan.extends)} if plan.extends else {}),
@@ -290,9 +296,30 @@ def check_dataset(plan: ShardPlan, *, files=None) -> None:
                                  f"{list(current[path].row_group_rows)} rows) since planning; re-run planning")
         check_file(plan, planned[path], footer=current[path].footer if footers else "",
                    mtime_ns=current[path].mtime_ns)
+    check_contents(plan, [f for f in plan.catalog.files if f.content])
 
 
-def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: int | None = None) -> None:
+def check_contents(plan: ShardPlan, files) -> None:
+    """``StalePlanError`` for the first of ``files`` (planned, with a content fingerprint) whose fingerprint now
+    differs from the plan's: a request per file on an object store (its ETag), a read of every byte where the plan
+    recorded a digest (``io/content.py``)."""
+    if not files:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..io import content
+    filesystem, root = plan.location.filesystem, plan.location.root
+
+    def now(info: FileInfo) -> str:
+        return retry.call(lambda: content.fresh(filesystem, fsutil.join(root, info.path), info.content),
+                          url=f"{plan.dataset_url}/{info.path}")
+    with ThreadPoolExecutor(min(content.THREADS, len(files))) as pool:
+        for info, current in zip(files, pool.map(now, files), strict=True):
+            check_file(plan, info, content=current)
+
+
+def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns: int | None = None,
+               content: str = "") -> None:
     """``StalePlanError`` when a file's footer digest or modification time differs from the plan's (G15); a value
     either side does not know (``""``, ``None``) is not compared. A rewrite of the same size, the same row counts
     and even a byte-identical footer (the same rows in another order) changes the modification time; a copy that
@@ -304,6 +331,10 @@ def check_file(plan: ShardPlan, planned: FileInfo, *, footer: str = "", mtime_ns
         raise StalePlanError(f"{planned.path!r} in {plan.dataset_url} was modified since planning (modification "
                              f"time {planned.mtime_ns} -> {mtime_ns} ns; a copy that does not keep modification "
                              "times changes them too); re-run planning")
+    if content and planned.content and content != planned.content:
+        raise StalePlanError(f"{planned.path!r} in {plan.dataset_url} was rewritten since planning (its content "
+                             f"fingerprint {planned.content} -> {content}, though its size, footer and modification "
+                             "time may be unchanged); re-run planning")
 
 
 def check_predicate(plan: ShardPlan, predicate_info: PredicateInfo) -> None:

@@ -217,12 +217,14 @@ def check_paths(files, catalog: pa.Table, url: str) -> None:
 
 def _file_info(entry, version: int) -> FileInfo:
     """One ``dataset_files`` entry: ``[path, size, rows]`` in version 1, ``[path, size, rows, footer sha256,
-    mtime_ns or null]`` in version 2."""
+    mtime_ns or null]`` in version 2, followed by the content fingerprint where the plan recorded one."""
     if version == 1:
         path, size, rows = entry
         return FileInfo(path, int(size), tuple(rows))
-    path, size, rows, footer, mtime_ns = entry
-    if not isinstance(footer, str) or (mtime_ns is not None and type(mtime_ns) is not int):
-        raise PlanIntegrityError(f"dataset_files entry {entry!r} has a footer digest or modification time of the "
-                                 "wrong type; re-run planning")
-    return FileInfo(path, int(size), tuple(rows), footer, mtime_ns)
+    path, size, rows, footer, mtime_ns, *rest = entry
+    content = rest[0] if len(rest) == 1 else None if rest else ""
+    if not isinstance(footer, str) or (mtime_ns is not None and type(mtime_ns) is not int) or \
+            not isinstance(content, str) or (rest and not content):
+        raise PlanIntegrityError(f"dataset_files entry {entry!r} has a footer digest, modification time or content "
+                                 "fingerprint of the wrong type; re-run planning")
+    return FileInfo(path, int(size), tuple(rows), footer, mtime_ns, content)

@@ -17,6 +17,7 @@ from ..io import tables
 from ..io.tables import TableRef
 from ..plan.format import check_output, dataset_fingerprint
 from ..plan.model import ShardPlan
+from .contents import with_contents
 from .stored_order import warn_stored_order
 
 if TYPE_CHECKING:
@@ -117,15 +118,17 @@ def plan_shards(dataset_url: str | PathLike[str], world_size: int, *, where: str
 def _catalog(url, *, engine, where, predicate, spark, progress, table, snapshot, cost_spec, timings, only):
     """The catalog of the dataset, or with ``only`` (an update) of those files alone: rows filtered, deletes
     applied, costs added."""
-    if engine == "local":
-        from .engines.local import build_catalog as local_catalog
-        started = time.perf_counter()
-        catalog = local_catalog(url, predicate=predicate, progress=progress, table=table, only=only)
-        timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
-    else:
+    def build() -> Catalog:
+        if engine == "local":
+            from .engines.local import build_catalog as local_catalog
+            started = time.perf_counter()
+            built = local_catalog(url, predicate=predicate, progress=progress, table=table, only=only)
+            timings["predicate" if predicate is not None else "footers"] = time.perf_counter() - started
+            return built
         from .engines.spark import build_catalog as spark_catalog
-        catalog = spark_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table,
-                                only=only)
+        return spark_catalog(url, where=where, predicate=predicate, spark=spark, timings=timings, table=table,
+                             only=only)
+    catalog = with_contents(url, build, table=table, only=only)  # G15: ETags, or digests where asked for
     deleted = {} if snapshot is None else snapshot.deleted_rows()
     if deleted:
         catalog = without_rows(catalog, deleted)  # position deletes: both engines, one rule

@@ -10,8 +10,9 @@ planning from scratch writes, with the same checksum (G8 extended to updates).
 That holds only while nothing but additions happened, so everything else is refused with ``PlanUpdateError``
 naming the first difference, never merged:
 
-- a planned file removed (a Delta ``remove``: delete, update, overwrite, compaction), or changed in size or
-  modification time (a rewrite, G15), or an Iceberg delete that removed rows of a planned file;
+- a planned file removed (a Delta ``remove``: delete, update, overwrite, compaction), or changed in size,
+  modification time or content fingerprint (a rewrite, G15: an ETag, or a digest where the plan recorded one), or
+  an Iceberg delete that removed rows of a planned file;
 - a planning parameter other than the old plan's (dataset, table format, world size, batch size, policy, seed,
   ``where``/``predicate``, cost): an update keeps every parameter;
 - added files whose schema differs from the planned files', that bring a new hive partition column, or that change
@@ -94,10 +95,22 @@ def added_paths(old: ShardPlan, url: str, snapshot: TableSnapshot | None) -> tup
             raise PlanUpdateError(f"{planned.path!r} was rewritten since the plan to update was made (modification "
                                   f"time {planned.mtime_ns} -> {mtime} ns), and an update only adds files; "
                                   f"{FROM_SCRATCH}")
+    _check_contents(old, url, table)
     if snapshot is not None and old.table is not None and old.table.format == tables.ICEBERG:
         _check_no_new_deletes(old, snapshot)
     known = {f.path for f in old.catalog.files}
     return sorted(p for p in now if p not in known), sorted(now)
+
+
+def _check_contents(old: ShardPlan, url: str, table) -> None:
+    """``PlanUpdateError`` for a planned file whose content fingerprint (an ETag, or a digest where the plan
+    recorded one: ``io/content.py``) changed, though its size and modification time did not."""
+    from ..errors import StalePlanError
+    from ..plan.format import check_contents
+    try:
+        check_contents(old, [f for f in old.catalog.files if f.content])
+    except StalePlanError as exc:
+        raise PlanUpdateError(f"{exc}; an update only adds files: {FROM_SCRATCH}") from None
 
 
 def _check_no_new_deletes(old: ShardPlan, snapshot: TableSnapshot) -> None:

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 
 from ..core.cost.options import CostOptions
-from ..core.cost.spec import COST_COLUMN
 from ..errors import InvalidTypeError, InvalidValueError
 from ..io.partitions import partition_values
 from ..plan.model import ShardPlan
@@ -24,7 +23,6 @@ from .dataset_schema import stored_columns as columns_of_footers
 from .list_scan import scan_lists
 from .list_shapes import PYTHON_LISTS, ListOptions, list_column, needs_scan
 from .schema import BatchSchema, ColumnSchema, batch_schema, column_schema, unischema_column
-from .stream import PADDING
 
 
 @dataclass(frozen=True)
@@ -50,10 +48,13 @@ class Columns:
         return batch_schema([c for c in self.schemas if c.name not in set(drop)], extras)
 
 
-def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PYTHON_LISTS) -> Columns:
+def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PYTHON_LISTS,
+                    others: Sequence[ShardPlan] = ()) -> Columns:
     """The requested columns in dataset order (the Unischema's order, or partition folders then the footer's),
     with one delivered type and representation each, from every planned file's footer (read here, once); list
-    columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed)."""
+    columns of numbers as ``lists`` says (``list_shapes``: their lengths read here, once, where needed). With
+    ``others`` (the other sources of a mixture, whose rows share the same batches) the lengths are learned over
+    their rows too, so every source decides the same form: one tensor shape, one longest padded list."""
     paths = [f.path for f in plan.catalog.files]
     groups = plan.catalog.row_groups  # the files holding planned row groups (from the columns: no object per group)
     read = sorted(groups.paths[i] for i in np.unique(groups.path_index).tolist()) or paths[:1]
@@ -66,9 +67,6 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
             stored = stored_names(footers)  # a Delta table's added columns included
             names, fields = [n for n in partition_values(read[0]) if n not in stored] + list(stored), None
         names = select_columns(names, schema_fields)
-        if PADDING in names:
-            raise InvalidValueError(f"the dataset has a column named {PADDING!r}, which the loader uses for padding "
-                                    "flags")
         hive = partition_columns(paths, names, plan.table)
         stored_columns = columns_of_footers(footers, [n for n in names if n not in hive])
         plain = [n for n in names if n not in hive and not (fields and n in fields)]
@@ -79,6 +77,8 @@ def dataset_columns(plan: ShardPlan, schema_fields=None, lists: ListOptions = PY
         scanned = {n: stored_columns.schema.field(n).type for n in plain
                    if needs_scan(n, stored_columns.schema.field(n).type, lists)}
         stats = scan_lists(plan, scanned) if scanned else {}
+        for other in others if scanned else ():
+            stats = {n: found.merge(stats[n]) for n, found in scan_lists(other, scanned).items()}
     except (OSError, pa.ArrowException) as exc:
         raise fr.unreadable_dataset_error(plan, exc) from exc
     fields = {n: fields[n] for n in names} if fields else None
@@ -118,9 +118,6 @@ def _decoded_bytes(fields: dict | None) -> float:
 def with_cost_source(columns: Columns, plan: ShardPlan, cost: CostOptions | None) -> tuple[Columns, tuple]:
     """The columns to read when balancing by ``cost`` (its source column added if not requested), and the names
     to drop after computing the cost."""
-    if cost is not None and COST_COLUMN in columns.names:
-        raise InvalidValueError(f"the dataset has a column named {COST_COLUMN!r}, which a loader balancing cost adds; "
-                                "rename the column, or pass balance='rows'")
     if cost is None or cost.column in columns.names:
         return columns, ()
     source = dataset_columns(plan, [re.escape(cost.column)])

@@ -204,6 +204,20 @@ def _map_tensors(batch: dict, fn) -> dict:
     return out
 
 
+def delivered(batches: Iterable[dict], options: Feed, run: Any, *sources: object) -> Iterator[dict]:
+    """``batches`` fed (``feed``: one may be held ahead), each counted into ``run`` (``run.delivered()``) only
+    when it is handed on, so a batch held ahead is never consumed; ``sources`` are closed with it."""
+    fed = feed(batches, options)
+    try:
+        for batch in fed:
+            run.delivered()
+            yield batch
+    finally:
+        close_iterator(fed)
+        for source in sources:
+            close_iterator(source)
+
+
 def close_iterator(source: object) -> None:
     """Close a generator (or anything with ``close``); a plain iterator has nothing to close."""
     close = getattr(source, "close", None)

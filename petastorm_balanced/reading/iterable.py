@@ -17,6 +17,8 @@ plain ``DataLoader`` call ``ds.set_epoch(e)`` before every epoch, as with ``Dist
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import sys
 from collections.abc import Iterator, Sequence
 from multiprocessing.context import get_spawning_popen
@@ -34,7 +36,7 @@ from .backends import BACKENDS, resolve_backend
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .mixture import MixturePosition, MixtureSettings, check_single_plan, mixture_slot
+from .mixture import MixturePosition, MixtureRun, MixtureSettings, check_single_plan, mixture_slot
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position, Run
@@ -42,9 +44,9 @@ from .settings import Settings
 from .tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
 
 try:
-    import torch
+    torch: Any = importlib.import_module("torch")
 except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]  # no torch here: the classes refuse (require_torch)
+    torch = None  # no torch here: the classes refuse (require_torch)
 
 if TYPE_CHECKING:  # the classes as torch defines them (the runtime bases are object where torch is missing)
     from os import PathLike
@@ -60,7 +62,7 @@ else:
     _ConstantSampler = torch.utils.data.dataloader._InfiniteConstantSampler if torch is not None else object
 
 
-class BalancedIterableDataset(PlannedView, _Base):
+class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position | MixturePosition], _Base):
     """Batches of rank ``rank`` (default: ``World.detect()``), split over the DataLoader's workers.
 
     Pass it to ``DataLoader(ds, batch_size=None, num_workers=K)`` or use ``ds.dataloader(num_workers=K)``.
@@ -98,8 +100,8 @@ class BalancedIterableDataset(PlannedView, _Base):
             settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
                                        epoch_steps=epoch_steps, backend=backend,
                                        reader_options={"reader_pool_type": "dummy"})
-            self._settings, self.backend = settings, settings.backend  # type: ignore[assignment]
-            self._position = MixturePosition(settings, epoch)  # type: ignore[assignment]
+            self._settings, self.backend = settings, settings.backend
+            self._position = MixturePosition(settings, epoch)
         else:
             check_single_plan(weights, epoch_steps)
             plan = resolve_plan(plan)  # loaded once here: its table decides the backend
@@ -131,8 +133,15 @@ class BalancedIterableDataset(PlannedView, _Base):
         if wrapper is not None:
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        slot = mixture_slot if self._mixture else type(self)._slot
-        batches = slot(self, num_workers, worker, self._numpy_out, info is not None)
+        position = self._position
+        if isinstance(position, MixturePosition):
+            progress: list[int] | None = None if info is None else []
+            if progress is not None:
+                self._in_worker = progress
+            batches = mixture_slot(position, num_workers, worker, self._numpy_out, progress,
+                                   self._worker_resume is not None, self._recorder.begin)
+        else:
+            batches = self._slot(num_workers, worker, self._numpy_out, info is not None)
         return worker_stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
 
     def __getstate__(self):
@@ -145,22 +154,24 @@ class BalancedIterableDataset(PlannedView, _Base):
         return state
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
-        settings = self._settings
+        settings, position = self._settings, self._position
+        if not isinstance(settings, Settings) or not isinstance(position, Position):
+            raise TypeError("a mixture's batches come from mixture_slot")  # __iter__ sends mixtures there
         batch_size = settings.batch_size
         if batch_size is None:  # Settings leaves it None only for a token budget, which this dataset never asks for
             raise RuntimeError("BalancedIterableDataset has no batch size")
-        if self._position.resumed and self._worker_resume is None and self._num_workers != num_workers:
-            self._position.rebase(self._num_workers)  # saved with other slots (a plain DataLoader, or none)
+        if position.resumed and self._worker_resume is None and self._num_workers != num_workers:
+            position.rebase(self._num_workers)  # saved with other slots (a plain DataLoader, or none)
             self._num_workers = num_workers
-        stages = self._position.stages
+        stages = position.stages
         run: Run | None
         if in_worker:
             run = None
-            progress = self._in_worker = list(self._worker_resume or (*self._position.current(), 0))
+            progress = self._in_worker = list(self._worker_resume or (*position.current(), 0))
             self._worker_resume = None
             epoch, done, own = progress
         else:
-            run = self._position.begin()
+            run = position.begin()
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
             self._recorder.begin(epoch)
         slot = (worker + done) % num_workers
@@ -242,6 +253,30 @@ class BalancedIterableDataset(PlannedView, _Base):
         self._position.load_state_dict(state, {self.NUM_WORKERS: workers}, workers=workers)
         self._worker_resume = (*self._position.current(), own)
 
+    @contextlib.contextmanager
+    def starting(self, slots: int, numpy_out: bool) -> Iterator[None]:
+        """While a DataLoader starts ``slots`` workers on this dataset (``BalancedDataLoader``): a pending position
+        saved with other slots continues elastically, and the workers copy the dataset with ``numpy_out`` (their
+        batches go to the main process as numpy, made tensors there)."""
+        if self._position.resumed and self._num_workers != slots:
+            self._position.rebase(self._num_workers)  # the pending position, for slots of another layout
+        self._num_workers, self._numpy_out = slots, numpy_out
+        try:
+            yield
+        finally:
+            self._numpy_out = False
+
+    def begin(self) -> Run | MixtureRun:
+        """Take the position for an iteration counted in this process (the DataLoader's main process), and start
+        the epoch's figures (``stats()``)."""
+        run = self._position.begin()
+        self._recorder.begin(self.epoch)  # the run's epoch (a mixture's run keeps it in its point)
+        return run
+
+    @property
+    def batch_format(self) -> str:
+        return self._settings.options.batch_format
+
     def dataloader(self, num_workers: int = 0, **kwargs) -> BalancedDataLoader:
         """A ``BalancedDataLoader`` over this dataset: counts batches for ``state_dict``, one epoch per iter."""
         return BalancedDataLoader(self, num_workers=num_workers, **kwargs)
@@ -297,21 +332,12 @@ class BalancedDataLoader(_Loader):
     def _start(self):
         """Start the workers at the position now (the first ``next()``, after any ``set_epoch``)."""
         dataset = self.dataset
-        slots = max(1, self.num_workers)
-        if dataset._position.resumed and dataset._num_workers != slots:
-            dataset._position.rebase(dataset._num_workers)  # the pending position, for slots of another layout
-        dataset._num_workers = slots
-        dataset._numpy_out = self._tensors_here  # workers copy the dataset while the base iterator starts
-        if self.num_workers > 0:  # the workers' stage figures come back through it (reading/stats.py)
-            worker_stats.open_queue(dataset, self.multiprocessing_context)
-        try:
+        with dataset.starting(max(1, self.num_workers), self._tensors_here):  # workers copy it while they start
+            if self.num_workers > 0:  # the workers' stage figures come back through it (reading/stats.py)
+                worker_stats.open_queue(dataset, self.multiprocessing_context)
             batches = super().__iter__()
-        finally:
-            dataset._numpy_out = False
         # With workers the main process counts; without, the dataset iterates (and counts) here.
-        run = dataset._position.begin() if self.num_workers > 0 else None
-        if run is not None:
-            dataset._recorder.begin(dataset.epoch)  # the run's (a mixture's run keeps it in its point)
+        run = dataset.begin() if self.num_workers > 0 else None
         return batches, run
 
     def set_epoch(self, epoch: int) -> None:
@@ -369,7 +395,7 @@ class _Counted:
         if self._batches is None:
             batches, self._run = self._loader._start()
             if self._loader._tensors_here:  # the workers' numpy batches in the dataset's format
-                convert = to_torch if self._loader.dataset._settings.options.batch_format == TORCH else to_numpy
+                convert = to_torch if self._loader.dataset.batch_format == TORCH else to_numpy
                 batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
             if self._run is not None:  # with workers: the loop's waits are timed here (reading/stats.py)

@@ -36,8 +36,8 @@ def scan_lists(plan: ShardPlan, types: dict[str, pa.DataType], threads: int = SC
     groups: dict[str, set[int]] = {}
     for g in plan.catalog.row_groups:
         groups.setdefault(g.path, set()).add(g.row_group)
-    identity = (plan.dataset_url, tuple((p, files[p].size, files[p].mtime_ns, files[p].footer, tuple(sorted(groups[p])))
-                                        for p in sorted(groups)))
+    identity = (plan.dataset_url, tuple((p, files[p].size, files[p].mtime_ns, files[p].footer, files[p].content,
+                                         tuple(sorted(groups[p]))) for p in sorted(groups)))
     keys = {name: (identity, name, str(t)) for name, t in types.items()}
     todo = {name: t for name, t in types.items() if keys[name] not in _CACHE}
     if todo:
@@ -65,7 +65,7 @@ def _scan(location: DatasetLocation, groups: Sequence[tuple[str, set[int]]], typ
 
     with ThreadPoolExecutor(max(1, min(threads, len(groups)))) as pool:
         per_file = list(pool.map(one_file, groups))
-    depth = {n: len(numeric_list_levels(t)[0]) for n, t in types.items()}  # type: ignore[index]
+    depth = {n: len((numeric_list_levels(t) or ((),))[0]) for n, t in types.items()}  # only lists are scanned
     merged = {n: ListStats((None,) * depth[n]) for n in names}
     first: dict[str, int] = {}  # the outer length of the first non-null row, in plan order
     for chunks in per_file:

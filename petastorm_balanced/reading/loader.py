@@ -22,10 +22,10 @@ from ..world import World, resolve_world
 from . import packing, stream
 from .backends import BACKENDS, resolve_backend
 from .backends.reader_keeper import ReaderKeeper
-from .device import NO_FEED, Feed, check_feed, close_iterator, feed
+from .device import NO_FEED, Feed, check_feed, delivered
 from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
-from .planned_view import EpochSampler, PlannedView
+from .planned_view import PlannedView
 from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
 from .settings import Settings
@@ -38,7 +38,7 @@ LOADER_REFUSED = {
 }
 
 
-class BalancedLoader(PlannedView):
+class BalancedLoader(PlannedView[Settings, Position]):
     """Batches of one rank: ``for batch in loader`` is one epoch; the next ``iter()`` serves the next one.
 
     Only delivered batches and ``set_epoch`` move the position (``position.Position``): an ``iter()`` abandoned
@@ -94,20 +94,12 @@ class BalancedLoader(PlannedView):
         # generator frame of ours per batch)
         tensors = itertools.chain.from_iterable(self._cut(batch_run, settings.batch_size or len(
             batch_run[stream.PADDING]), settings.padding_mask) for batch_run in runs)
-        fed = feed(tensors, self._feed)  # one batch may be held ahead: it counts only once delivered here
-        delivered = run.delivered
-        try:
-            for batch in fed:
-                delivered()
-                yield batch
-        finally:
-            close_iterator(fed)
-            close_iterator(runs)
+        yield from delivered(tensors, self._feed, run, runs)  # a batch held ahead counts once handed on
 
-    @property
-    def sampler(self) -> EpochSampler:
-        """``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)`` (how Lightning tells the epoch)."""
-        return EpochSampler(self)
+    def steps_of(self, epoch: int, stages=()) -> int:
+        """Steps of ``epoch`` on this loader's world (after ``stages``: an elastic resume's earlier worlds), which an
+        adapter that counts consumed batches across epochs (``petastorm_balanced.tf``) needs."""
+        return int(self._settings.steps_of(epoch, stages))
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by

@@ -25,7 +25,7 @@ What a mixture does not take, refused when it is built: ``partition_epoch`` (use
 from __future__ import annotations
 
 import weakref
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..core import balance
+from ..core.cost.spec import COST_COLUMN
 from ..core.mixture import Mixture, Point, make_schedule, parse_weights
 from ..core.params import check_int
 from ..core.shuffle import budget_window
@@ -43,12 +44,12 @@ from . import mixture_elastic, stream
 from . import state as loader_state
 from .backends import resolve_backend
 from .columns import with_cost_source
-from .device import NO_FEED, Feed, close_iterator, feed
+from .device import NO_FEED, Feed, delivered
 from .fragments import as_list
 from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
 from .options import LoaderOptions
-from .planned_view import EpochSampler, PlannedView
+from .planned_view import PlannedView
 from .schema import batch_schema, extra_column
 from .settings import EXTRA_ROW_BYTES, resolve_cost
 from .state import (
@@ -64,6 +65,7 @@ from .state import (
     RESHUFFLE,
     SHUFFLE,
     SHUFFLE_WINDOW,
+    SOURCE_ORDER,
     SOURCES,
     WEIGHTS,
     WORLD_SIZE,
@@ -84,12 +86,14 @@ class MixtureSettings:
             raise InvalidValueError("plan=[...] (a mixture) needs weights=, one positive number per plan, such as "
                                     "weights=[0.7, 0.3]")
         self.plans = tuple(resolve_plan(p) for p in plans)
+        mixture_elastic.refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
         self.weights = parse_weights(weights, len(self.plans))
         self.rank, self.world_size = world.rank, world.size
         self.options = options
         _refuse(options)
         self.shuffle, self.shuffle_window, self.reshuffle = options.shuffle, options.shuffle_window, options.reshuffle
+        self.shuffle_budget = int(options.shuffle_budget)  # bytes, shared by the sources
         self.padding_mask = options.padding_mask
         self.batch_size = self._batch_size(options.batch_size)
         self.epoch_steps = None if epoch_steps is None else check_int("epoch_steps", epoch_steps, minimum=1)
@@ -101,7 +105,7 @@ class MixtureSettings:
             balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
             rows.append(plan.rows_per_rank(self.world_size, 1))
         self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
-        self.sources, schemas = mixture_columns(self.plans, options.schema_fields)
+        self.sources, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
         self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
         self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
         if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
@@ -109,7 +113,7 @@ class MixtureSettings:
             self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
-        self.schema = batch_schema(schemas, extras)
+        self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
 
     def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
@@ -141,7 +145,8 @@ class MixtureSettings:
         world = self.world_size if world_size is None else world_size
         assert self.shuffle_window is not None  # resolved in __init__
         return mixture_elastic.SourceLayout(self.plans[index], world, self.shuffle, self.shuffle_window,
-                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost")
+                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost",
+                                            index, len(self.plans))
 
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
@@ -229,10 +234,7 @@ class MixturePosition:
             if epoch == current and batch == 0:
                 pass
             elif epoch > current:
-                point = self.point()
-                while point.epoch < epoch:
-                    point = self.mixture.next_epoch(point)
-                self.anchor = point
+                self.anchor = self.mixture.next_epoch(self.point(), epoch - current)
             else:  # a fresh timeline from the first pass: no elastic rest applies
                 self.anchor = self.mixture.start(epoch)
                 self.heads = (None,) * len(self.heads)
@@ -246,7 +248,8 @@ class MixturePosition:
         return {EPOCH: epoch, BATCHES: batch, **self.settings.identity(), **(extra or {}),
                 WEIGHTS: [str(w) for w in self.settings.weights], EPOCH_STEPS: self.settings.epoch_steps,
                 PHASE: point.phase, SOURCES: [mixture_elastic.encode(c, h, r) for c, h, r in
-                                              zip(point.counters, self.heads, rows, strict=True)]}
+                                              zip(point.counters, self.heads, rows, strict=True)],
+                SOURCE_ORDER: mixture_elastic.ORDER_VERSION}
 
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
@@ -268,11 +271,12 @@ class MixturePosition:
                                     f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
                                     f"balance={saved_balance!r} to resume that position")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
+        updated = mixture_elastic.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], self.settings.plans)
         for key, value in expected.items():
             if state[key] == value:
                 continue
-            if key == WORLD_SIZE:
-                continue  # another world size: an elastic resume, below
+            if key == WORLD_SIZE or (key == PLAN_CHECKSUM and updated):
+                continue  # another world size: an elastic resume, below; updated plans: checked in updated_plans
             raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                     "position only resumes a loader with the same plans and settings")
         sources = state[SOURCES]
@@ -280,6 +284,7 @@ class MixturePosition:
         if not isinstance(sources, list) or len(sources) != len(rows):
             raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
                                     f"{len(rows)} sources")
+        mixture_elastic.check_order(state.get(SOURCE_ORDER, 1), sources)
         saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
         counters, heads = [], []
         for i, entry in enumerate(sources):
@@ -340,16 +345,13 @@ def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None
                 source.close()
 
 
-class MixtureLoader(PlannedView):
+class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
     """Batches of one rank over a mixture of plans; made by ``make_loader(plan=[...], weights=[...])``.
 
     The loader's interface is ``BalancedLoader``'s (``len``, ``set_epoch``, ``state_dict``, ``load_state_dict``,
     ``schema``, ``close``); ``loader.plan`` is the tuple of plans. Each source is read by its own reader (the
     backend's threads or pool), so the loader's memory is about one shuffle window and the prefetch per source.
     """
-
-    _settings: MixtureSettings  # type: ignore[assignment]
-    _position: MixturePosition  # type: ignore[assignment]
 
     def __init__(self, settings: MixtureSettings, epoch: int = 0, feeding: Feed = NO_FEED):
         self._cut = format_batches(settings.options.batch_format)  # imports torch for torch batches
@@ -387,18 +389,7 @@ class MixtureLoader(PlannedView):
             for numpy_run in runs:
                 yield from self._cut(numpy_run, settings.batch_size, settings.padding_mask)
 
-        fed = feed(tensors(), self._feed)
-        try:
-            for batch in fed:
-                run.delivered()
-                yield batch
-        finally:
-            close_iterator(fed)
-            close_iterator(runs)
-
-    @property
-    def sampler(self) -> EpochSampler:
-        return EpochSampler(self)
+        yield from delivered(tensors(), self._feed, run, runs)
 
     @property
     def weights(self) -> tuple[Fraction, ...]:
@@ -461,27 +452,32 @@ def worker_batches(settings: MixtureSettings, point: Point, count: int, num_work
             index += 1
 
 
-def mixture_slot(dataset, num_workers: int, worker: int, numpy_out: bool, in_worker: bool) -> Iterator[dict]:
-    """``BalancedIterableDataset.__iter__`` over a mixture: this worker's batches from the position (inside a
-    DataLoader worker: the position copied when the workers started; in this process: counted as delivered)."""
-    position: MixturePosition = dataset._position
-    if in_worker:
-        if dataset._worker_resume is not None:
+def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy_out: bool,
+                 progress: list[int] | None, worker_state: bool = False,
+                 begun: Callable[[int], None] | None = None) -> Iterator[dict]:
+    """``BalancedIterableDataset.__iter__`` over a mixture: this worker's batches from ``position``. Inside a
+    DataLoader worker (``progress``, a list the dataset keeps: filled with ``[epoch, batch, batches delivered]``
+    here) from the position copied when the workers started, a loaded worker state (``worker_state``) refused; in
+    this process (``progress`` None) counted as delivered, ``begun(epoch)`` called when it takes the position (the
+    dataset's figures, ``reading/stats.py``)."""
+    if progress is not None:
+        if worker_state:
             raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
                                     "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
         position.current()
         point, steps, run, heads = position.point(), position.steps(), None, position.heads
-        progress = dataset._in_worker = [point.epoch, point.batch, 0]
+        progress[:] = [point.epoch, point.batch, 0]
     else:
         run = position.begin()
         point, steps, heads = run.point, run.steps, run.heads
-        dataset._recorder.begin(point.epoch)
-    for batch in worker_batches(dataset._settings, point, steps - point.batch, num_workers, worker, numpy_out,
+        if begun is not None:
+            begun(point.epoch)
+    for batch in worker_batches(position.settings, point, steps - point.batch, num_workers, worker, numpy_out,
                                 heads):
-        if run is None:
-            progress[2] += 1
-        else:
+        if run is not None:
             run.delivered()
+        elif progress is not None:
+            progress[2] += 1
         yield batch
 
 

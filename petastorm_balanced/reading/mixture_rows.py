@@ -2,7 +2,8 @@
 
 Each source is read by the loaders' own per-slot machinery (``stream.slot_runs``) over that source's pass, with a
 batch size of one row: the pass's rows for this rank (``plan.assignment`` at ``batch_size=1``, balanced over the
-ranks as any plan), read in plan order and permuted in shuffle windows keyed by ``[seed, pass, rank]``. A
+ranks as any plan), read in plan order and permuted in shuffle windows keyed by ``[seed, plan epoch, rank]``
+(``SourceLayout.plan_epoch``: the pass and the source's place, so a plan given twice reads two orders). A
 ``SourceRows`` hands them out ``k`` rows at a time and opens the next pass when one ends, so its position is one
 counter (``divmod(counter, rows_per_pass)`` is the pass and row) and resuming at any row reads only that row's
 shuffle window again. ``mixed_run`` takes a run of batches' rows from every source at once and interleaves them
@@ -19,7 +20,7 @@ import pyarrow as pa
 
 from ..core.cost.options import CostOptions
 from ..core.cost.pieces import arrange_pieces, window_pieces
-from ..core.shuffle import slot_key, window_rows
+from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
 from ..plan.model import ShardPlan
 from . import stream
@@ -27,6 +28,7 @@ from .backends import BACKENDS
 from .columns import Columns, dataset_columns
 from .convert import concat_arrays
 from .device import close_iterator
+from .list_shapes import PYTHON_LISTS, ListOptions
 from .mixture_elastic import Head, SourceLayout
 from .schema import MASK_SUFFIX, ColumnSchema
 
@@ -57,11 +59,13 @@ class PieceCost(CostOptions):
         return arrange_pieces(costs, self.pieces(int(key[-1]), len(costs)), self.reduce, key), None
 
 
-def mixture_columns(plans: Sequence[ShardPlan], schema_fields) -> tuple[list[SourceColumns], list[ColumnSchema]]:
+def mixture_columns(plans: Sequence[ShardPlan], schema_fields,
+                    lists: ListOptions = PYTHON_LISTS) -> tuple[list[SourceColumns], list[ColumnSchema]]:
     """The columns every source delivers: those named by ``schema_fields`` (every source must have them), else
     those all sources share, in the first source's order; one delivered type each, or an error naming the source
     and the column. A column nullable in some sources only is delivered as nullable (all-True masks added where a
-    source has none)."""
+    source has none). List columns of numbers take ``lists`` (``list_format``, ``list_shapes``) as one plan does,
+    their lengths learned over every source's rows."""
     if schema_fields is None:
         each = [dataset_columns(plan) for plan in plans]
         shared = [n for n in each[0].names if all(n in c.names for c in each[1:])]
@@ -76,7 +80,7 @@ def mixture_columns(plans: Sequence[ShardPlan], schema_fields) -> tuple[list[Sou
     each = []
     for index, plan in enumerate(plans):
         try:
-            each.append(dataset_columns(plan, picked))
+            each.append(dataset_columns(plan, picked, lists, [*plans[:index], *plans[index + 1:]]))
         except InvalidValueError as exc:
             raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
     schemas: list[ColumnSchema] = []
@@ -113,8 +117,9 @@ class SourceRows:
     def __init__(self, plan: ShardPlan, columns: SourceColumns, *, rank: int, world_size: int, rows_per_pass: int,
                  counter: int, shuffle: bool, shuffle_window: int, reshuffle: str, backend: str,
                  reader_options: dict, keeper=None, head: Head | None = None,
-                 cuts: Callable[[int, int], np.ndarray] | None = None, origin: int | None = None):
-        self.plan, self.columns = plan, columns
+                 cuts: Callable[[int, int], np.ndarray] | None = None, origin: int | None = None,
+                 layout: SourceLayout):
+        self.plan, self.columns, self.layout = plan, columns, layout
         # a source balanced by cost: ``cuts(lo, hi)``, its batch boundaries on the timeline of ``origin``
         self.cuts, self.origin = cuts, origin
         self.head = head  # inside an elastic rest (``mixture_elastic.py``): where its counters begin
@@ -129,8 +134,7 @@ class SourceRows:
 
     def _open(self):
         cost = self.columns.cost
-        layout = SourceLayout(self.plan, self.world_size, self.shuffle, self.shuffle_window, self.reshuffle,
-                              "rows" if cost is None else "cost")
+        layout = self.layout
         head = self.head if self.head is not None and self.head.pass_index == self.pass_index else None
         stages = () if head is None else head.stages
         # inside an elastic rest, the row counts from the rest's first row (its counter ``head.begin``)
@@ -149,7 +153,7 @@ class SourceRows:
             cost = PieceCost(cost.cost, cost.column, cost.function, cost.reduce, pieces=pieces)
         return stream.slot_runs(fragments, chunks, batch_size=1, shuffle=self.shuffle,
                                 shuffle_window=self.shuffle_window,
-                                key=slot_key(self.plan.seed, self.pass_index, self.rank, 0, len(stages)),
+                                key=layout.key(self.pass_index, self.rank, len(stages)),
                                 batches_done=done, cost=cost, drop=self.columns.drop)
 
     def take(self, rows: int) -> dict:
@@ -243,7 +247,8 @@ def open_sources(settings, counters: Sequence[int], keepers=None, heads=None, ph
     return [SourceRows(plan, columns, rank=settings.rank, world_size=settings.world_size, rows_per_pass=rows,
                        counter=counter, shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                        reshuffle=settings.reshuffle, backend=settings.backend, reader_options=settings.reader_options,
-                       keeper=None if keepers is None else keepers[i], head=head, **timeline(i, counter))
+                       keeper=None if keepers is None else keepers[i], head=head, layout=settings.layout(i),
+                       **timeline(i, counter))
             for i, (plan, columns, rows, counter, head) in enumerate(zip(settings.plans, settings.sources,
                                                                          settings.mixture.rows_per_pass, counters,
                                                                          heads, strict=True))]

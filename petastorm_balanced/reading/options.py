@@ -11,6 +11,8 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from decimal import Decimal
+from numbers import Integral
 from typing import Any
 
 from ..core.params import check_int
@@ -120,15 +122,25 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+MAX_BYTES = 2**63 - 1  # a byte count is held in int64 and divided as a float downstream
+
+
 def parse_bytes(name: str, value) -> int:
-    """A byte count given as an int or a string with a unit (``"512MiB"``, ``"2GB"``)."""
+    """A byte count given as an int or a string with a unit (``"512MiB"``, ``"2GB"``), at most ``MAX_BYTES``.
+
+    The number is read as a decimal, not a float: a float of hundreds of digits is infinity, which no int holds."""
+    given = value
     if isinstance(value, str):
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
             raise InvalidValueError(f"{name}={value!r} is not a byte count: pass an int, or a number with one of the "
                                     "units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (for example '512MiB')")
-        value = int(float(match.group(1)) * _UNITS[unit])
+        value = int(Decimal(match.group(1)) * _UNITS[unit])
+    if isinstance(value, Integral) and not isinstance(value, bool) and int(value) > MAX_BYTES:
+        shown = repr(given) if len(repr(given)) <= 40 else repr(given)[:37] + "..."
+        raise InvalidValueError(f"{name}={shown} is more than {MAX_BYTES} bytes (8 EiB), more than any machine "
+                                "holds: pass a byte count such as '512MiB'")
     return check_int(name, value, minimum=1, hint=" (bytes, or a string such as '512MiB')")
 
 

@@ -2,15 +2,36 @@
 their settings and position; ``EpochSampler``: the ``loader.sampler`` frameworks tell the epoch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .stats import Recorder
 from .worker_stats import drain
 
 if TYPE_CHECKING:
-    from .position import Position
     from .schema import BatchSchema
-    from .settings import Settings
+
+
+class ViewSettings(Protocol):
+    """What a loader's settings say about it (one plan's ``Settings``, a mixture's ``MixtureSettings``)."""
+
+    plan: Any
+    rank: int
+    world_size: int
+    batch_size: Any  # rows per batch; None: a token budget
+    shuffle_window: Any
+    shuffle_budget: int
+    schema: BatchSchema
+
+
+class ViewPosition(Protocol):
+    """What a loader's position says (``Position``, ``MixturePosition``)."""
+
+    def current(self) -> tuple[int, int]: ...
+    def steps(self) -> int: ...
+
+
+S = TypeVar("S", bound=ViewSettings)
+P = TypeVar("P", bound=ViewPosition)
 
 
 class EpochSampler:
@@ -24,11 +45,11 @@ class EpochSampler:
         self._owner.set_epoch(epoch)
 
 
-class PlannedView:
+class PlannedView(Generic[S, P]):
     """What both loaders say about themselves, read from their settings and position."""
 
-    _settings: Settings  # set by the loader's __init__
-    _position: Position
+    _settings: S  # set by the loader's __init__
+    _position: P
 
     plan = property(lambda self: self._settings.plan)
     rank = property(lambda self: self._settings.rank)
@@ -47,6 +68,11 @@ class PlannedView:
         its footers' null counts: each key's tensor dtype and shape, or list of Python values, and how nulls are
         shown (docs/loader.md, "Batch schema")."""
         return self._settings.schema
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)`` (how Lightning tells the epoch)."""
+        return EpochSampler(self)
 
     @property
     def epoch(self) -> int:

@@ -16,19 +16,16 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
-from ..core.params import check_int
 from ..core.shuffle import window_permutation
 from ..errors import InvalidTypeError, InvalidValueError
 from ..io.row_group_cache import CacheSettings
-from ..plan.load import resolve_plan
 from ..plan.model import Fragment, ShardPlan
 from ..unischema import Unischema, UnischemaField
 from ..unischema.decode import rows as decoded_rows
-from ..world import resolve_world
 from .backends import petastorm_importable, resolve_backend
 from .backends.arrow import BundleReader, in_order
 from .columns import Columns, dataset_columns
-from .reader_arguments import arrow_cache, check_petastorm_kwargs, check_pool_options
+from .reader_arguments import arrow_cache, check_petastorm_kwargs, check_pool_options, planned_rows
 from .transform import as_spec, check_rows, transformed_unischema
 
 ARROW_READER_ARGUMENTS = ("schema_fields", "reader_pool_type", "workers_count", "results_queue_size",
@@ -187,17 +184,10 @@ def make_reader(rank: int | None = None, world: int | None = None, *, plan: Shar
         raise InvalidValueError(f"{refused[0]}={reader_kwargs[refused[0]]!r} is not accepted by make_reader with "
                                 "backend='arrow': it configures Petastorm's reader; use backend='petastorm' (the "
                                 "petastorm stack), or leave it out")
-    who = resolve_world(rank, world)
-    plan = resolve_plan(plan)
-    frags = plan.assignment(who.rank, epoch=epoch, world_size=who.size, batch_size=batch_size, reshuffle=reshuffle)
-    seed = reader_kwargs.get("seed")
-    if seed is not None:
-        check_int("seed", seed, minimum=0, hint=" (or None for the plan's seed)")
-    key = (plan.seed if seed is None else seed, epoch, who.rank) if reader_kwargs.get("shuffle_rows") else None
     schema_fields = reader_kwargs.get("schema_fields")
-    if schema_fields is not None and not isinstance(schema_fields, (list, tuple)):
-        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
-                               "(NGram is not supported by planned readers)")
+    plan, frags, key = planned_rows(rank, world, plan, epoch=epoch, batch_size=batch_size, reshuffle=reshuffle,
+                                    seed=reader_kwargs.get("seed"), shuffle_rows=reader_kwargs.get("shuffle_rows"),
+                                    schema_fields=schema_fields)
     if schema_fields is not None:
         # names, patterns, UnischemaFields (namedtuples: ours or Petastorm's)
         schema_fields = [re.escape(cast(Any, f).name) if isinstance(f, tuple) else f for f in schema_fields]

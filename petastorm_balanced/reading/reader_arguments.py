@@ -13,6 +13,9 @@ from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError
 from ..io import retry
 from ..io.row_group_cache import CacheSettings
+from ..plan.load import resolve_plan
+from ..plan.model import Fragment, ShardPlan
+from ..world import resolve_world
 from .options import parse_bytes
 
 # Petastorm arguments the plan owns, and what to do instead.
@@ -149,3 +152,19 @@ def reader_options(backend: str, workers_count, reader_pool_type, petastorm_kwar
         return {"workers_count": workers_count, "reader_pool_type": reader_pool_type,
                 "retry_policy": arrow_retry_policy(petastorm_kwargs), "cache": arrow_cache(petastorm_kwargs)}
     return {**petastorm_kwargs, "workers_count": workers_count, "reader_pool_type": reader_pool_type}
+
+
+def planned_rows(rank, world, plan, *, epoch: int, batch_size: int | None, reshuffle: str, seed: Any,
+                 shuffle_rows: Any, schema_fields: Any) -> tuple[ShardPlan, list[Fragment], tuple | None]:
+    """What both ``make_reader`` backends start from, checked once: the plan, rank ``rank``'s planned fragments of
+    ``epoch``, and the key that permutes rows inside each fragment with ``shuffle_rows`` (``[seed, or the plan's,
+    epoch, rank]``, as Petastorm seeds its own)."""
+    who = resolve_world(rank, world)
+    plan = resolve_plan(plan)
+    frags = plan.assignment(who.rank, epoch=epoch, world_size=who.size, batch_size=batch_size, reshuffle=reshuffle)
+    if seed is not None:
+        check_int("seed", seed, minimum=0, hint=" (or None for the plan's seed)")
+    if schema_fields is not None and not isinstance(schema_fields, (list, tuple)):
+        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
+                               "(NGram is not supported by planned readers)")
+    return plan, frags, (plan.seed if seed is None else seed, epoch, who.rank) if shuffle_rows else None

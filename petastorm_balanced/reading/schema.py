@@ -30,6 +30,7 @@ import pyarrow as pa
 from ..errors import InvalidValueError
 
 MASK_SUFFIX = "__valid"
+PADDING = "_padding"  # the padding flag every loader's rows carry; delivered only with padding_mask=True
 TENSOR, LIST = "tensor", "list"
 NULLS = ("never", "nan", "mask", "None")
 
@@ -256,8 +257,20 @@ def _widen(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     return {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}.get(width)
 
 
-def batch_schema(columns: Sequence[ColumnSchema], extras: Sequence[ColumnSchema] = ()) -> BatchSchema:
-    """The batch's keys in order: each column, its mask right after it, then the loader's extras."""
+def batch_schema(columns: Sequence[ColumnSchema], extras: Sequence[ColumnSchema] = (),
+                 internal: Sequence[str] = ()) -> BatchSchema:
+    """The batch's keys in order: each column, its mask right after it, then the loader's extras.
+
+    The one rule for names, for one plan and for mixtures alike: a dataset column never takes a name the loader
+    gives something else (``PADDING``, which every loader's rows carry, an extra such as ``_source`` or ``_cost``,
+    a name in ``internal`` that the rows carry undelivered, another column's mask or lengths): refused naming it,
+    because the loader's value would replace the dataset's without a word."""
+    taken = {PADDING: "the padding flags the loader carries", **{n: "a column the loader adds" for n in internal},
+             **{e.name: "a column the loader adds" for e in extras}}
+    for column in columns:
+        if column.name in taken:
+            raise InvalidValueError(f"the dataset has a column named {column.name!r}, which is also "
+                                    f"{taken[column.name]}; rename it, or pass schema_fields= without it")
     out: list[ColumnSchema] = []
     for column in columns:
         out.append(column)

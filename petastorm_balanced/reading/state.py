@@ -12,7 +12,8 @@ through ``json``), shaped like this (torchdata style: one entry per component)::
      "workers": {"num_workers": 2},                   # BalancedIterableDataset only (plus "worker",
                                                       # "worker_batches" in a state saved inside a worker)
      "mixture": {"weights": ["7/10", "3/10"], "epoch_steps": None, "phase": 3,
-                 "sources": [[0, 1204], [2, 77]]}}    # mixtures only; their "plan_checksum" is a list
+                 "sources": [[0, 1204], [2, 77]], "source_order": 2}}   # mixtures only; their "plan_checksum"
+                                                      # is a list
 
 The position stays at the top because training loops read it (``state["epoch"]``). Loading is strict: a key this
 module does not declare, or a component with a key missing, is a ``StateKeyError`` naming the key and the fix.
@@ -47,6 +48,7 @@ WORKER, WORKER_BATCHES = "worker", "worker_batches"  # a state saved inside a Da
 # a mixture's (reading/mixture.py): the weights as fractions, the epoch length, the schedule's phase, [pass, row]
 # of every source
 WEIGHTS, EPOCH_STEPS, PHASE, SOURCES = "weights", "epoch_steps", "phase", "sources"
+SOURCE_ORDER = "source_order"  # 2: each source's pass p reads plan epoch p x sources + place; absent: 1 (epoch p)
 
 POSITION = (EPOCH, BATCHES)  # at the top level
 # what a saved position of one plan's loader is only valid for (``Settings.identity``, checked on load)
@@ -57,7 +59,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "elastic": (STAGES,),
     "cost": (BALANCE, COST_REDUCE, MAX_BATCH_COST, COST_ARRANGEMENT),
     "workers": (NUM_WORKERS, WORKER, WORKER_BATCHES),
-    "mixture": (WEIGHTS, EPOCH_STEPS, PHASE, SOURCES),
+    "mixture": (WEIGHTS, EPOCH_STEPS, PHASE, SOURCES, SOURCE_ORDER),
     "pack": (PACK, SEQ_LEN, SEQUENCES, PACKING, LONG_DOCUMENTS),
 }
 COMPONENT_OF = {key: name for name, keys in COMPONENTS.items() for key in keys}

@@ -18,12 +18,10 @@ from ..errors import InvalidValueError
 from ..plan.model import Fragment
 from .batching import WindowBatcher, start_point
 from .packing_check import warn_left_out
-from .schema import MASK_SUFFIX
+from .schema import MASK_SUFFIX, PADDING
 from .spill import Placement
 from .spill_window import filling_for
 from .stats import current
-
-PADDING = "_padding"  # the padding flag column; delivered only with padding_mask=True
 
 # Reads fragments in order and yields (the fragments of the chunk, their rows as columns).
 Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
@@ -103,9 +101,9 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
                 for name in drop:
                     del columns[name]
                     columns.pop(name + MASK_SUFFIX, None)
-            if alias and alias[0]:
+            if alias and alias[0] and cost is not None:  # alias is decided only with a cost
                 for run in push(columns):
-                    run[COST_COLUMN] = run[cost.column]  # type: ignore[union-attr]
+                    run[COST_COLUMN] = run[cost.column]
                     yield run
             else:
                 yield from push(columns)

@@ -303,9 +303,9 @@ def transformed_unischema(schema: Any, spec: TransformSpec) -> Any:
     removed, edited = set(spec.removed_fields), {f[0] for f in spec.edit_fields}
     fields = [v for k, v in schema.fields.items() if k not in edited | removed]
     fields += [UnischemaField(name, dtype, shape, None, nullable) for name, dtype, shape, nullable in spec.edit_fields]
-    if spec.selected_fields is not None:
-        fields = sorted((f for f in fields if f.name in spec.selected_fields), key=lambda f:
-                        spec.selected_fields.index(f.name))  # type: ignore[union-attr]
+    selected = spec.selected_fields
+    if selected is not None:
+        fields = sorted((f for f in fields if f.name in selected), key=lambda f: selected.index(f.name))
     return Unischema(schema._name + "_transformed", fields)
 
 

@@ -3,10 +3,12 @@
 
 The rows of a window are part of the delivery order, of resume by arithmetic (G6) and of the elastic arithmetic
 (G10): they must come out the same on every rank, in every DataLoader worker and in every resumed run, with no
-communication. So they are computed here from the plan and the options alone: decoded bytes per row measured on a
-sample the plan decides (``row_sizes.py``), never from what one process happened to read. Where a window's rows
-then wait (memory up to the slot's measured budget, local disk beyond) is a ``spill.Placement``, decided per slot
-as the window fills; it moves bytes, never rows.
+communication. So they are computed here from the plan and the options alone (the footers' decoded bytes per row),
+never from what one process happened to read, and never from row groups another rank reads (G3: a rank reads only
+its own share, so a corrupt or slow file elsewhere cannot stop it). Footers undercount what a window holds (a
+dictionary-encoded column stores an index per row, not its strings), so where a window's rows then wait is decided
+by measuring: a ``spill.Placement`` counts the decoded bytes the slot's window actually holds as it fills, keeps
+them in memory up to the slot's budget and sends the rest to local disk. It moves bytes, never rows.
 
 Memory bound: a rank holds its ``shuffle_budget`` (each of K DataLoader workers a K-th of it) plus a constant
 (docs/shuffle.md gives the measured figure). The window's share of the budget is ``1 / WINDOW_COPIES``, the rest
@@ -17,15 +19,14 @@ from __future__ import annotations
 import tempfile
 
 from ..core.shuffle import WINDOW_COPIES, budget_window, spill_window
-from .row_sizes import measured_row_bytes
 from .spill import Placement, SpillFolder
 
 EXTRA_ROW_BYTES = 9.0  # the padding flag and the cost column the batcher carries beside the dataset's columns
 
 
 def row_bytes(plan, columns) -> float:
-    """Decoded bytes per row for sizing windows: the larger of the footers' estimate and the measured sample."""
-    return max(float(columns.row_bytes), measured_row_bytes(plan, columns)) + EXTRA_ROW_BYTES
+    """Decoded bytes per row for sizing windows: the footers' estimate (the memory bound is the placement's)."""
+    return float(columns.row_bytes) + EXTRA_ROW_BYTES
 
 
 def window_rows(plan, columns, options, batch_rows: int, rank_rows: int) -> tuple[int, float]:

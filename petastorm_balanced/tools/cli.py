@@ -99,22 +99,12 @@ def cmd_inspect(args) -> int:
     if args.plot:
         from .plot import plot_report
         report["plot"] = plot_report(report, args.plot)
-    quality = None
-    if args.shuffle_quality:
-        from .shuffle_quality import shuffle_quality
-        quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size, batch_size=batch_size,
-                                  epoch=epoch, shuffle_budget=args.shuffle_budget)
-        report["shuffle_quality"] = quality.as_dict()
     from ..planner.stored_order import find_stored_order
     order = find_stored_order(plan, args.world_size, batch_size)  # the planning warning's finding, stated here too
     if order is not None:
         report["stored_order"] = order.as_dict()
-    print(json.dumps(report, indent=2) if args.json else format_inspect(report))
-    if order is not None and order.clustered and not args.json:
-        print(order.describe())
-    if quality is not None and not args.json:
-        print(quality.format())
-    return OK
+    said = [order.describe()] if order is not None and order.clustered else []
+    return _show(args, report, format_inspect, plan, said, batch_size=batch_size, epoch=epoch)
 
 
 def _inspect_mixture(args) -> int:
@@ -128,10 +118,28 @@ def _inspect_mixture(args) -> int:
         raise InputError(f"--weights {args.weights!r} must be numbers separated by commas (0.7,0.3)") from None
     if args.state or args.plot:
         raise InputError("--state and --plot apply to one plan; leave them out for a mixture")
-    report = mixture_report([_load(u) for u in urls], [fsutil.normalize_url(u) for u in urls], weights,
-                            world_size=args.world_size, batch_size=args.batch_size, epoch=args.epoch,
-                            epoch_steps=args.epoch_steps)
-    print(json.dumps(report, indent=2) if args.json else format_mixture(report))
+    plans = [_load(u) for u in urls]
+    report = mixture_report(plans, [fsutil.normalize_url(u) for u in urls], weights, world_size=args.world_size,
+                            batch_size=args.batch_size, epoch=args.epoch, epoch_steps=args.epoch_steps,
+                            num_workers=args.workers)
+    return _show(args, report, format_mixture, plans, [], batch_size=report["batch_size"], epoch=args.epoch,
+                 weights=weights, epoch_steps=args.epoch_steps)
+
+
+def _show(args, report: dict, formatted, plan, said: list[str], **loader) -> int:
+    """Print an ``inspect`` report (one plan's or a mixture's) and the lines ``said`` after it, with
+    ``--shuffle-quality`` measured on the batches of the loader ``plan`` and ``loader`` describe."""
+    quality = None
+    if args.shuffle_quality:
+        from .shuffle_quality import shuffle_quality
+        quality = shuffle_quality(plan, args.shuffle_quality, world_size=args.world_size,
+                                  shuffle_budget=args.shuffle_budget, **loader)
+        report["shuffle_quality"] = quality.as_dict()
+    print(json.dumps(report, indent=2) if args.json else formatted(report))
+    for line in [] if args.json else said:
+        print(line)
+    if quality is not None and not args.json:
+        print(quality.format())
     return OK
 
 

@@ -14,7 +14,10 @@ from ..plan.model import ShardPlan
 
 def mixture_report(plans: list[ShardPlan], urls: list[str], weights, *, world_size: int | None = None,
                    batch_size: int | None = None, epoch: int = 0, epochs: int = 3,
-                   epoch_steps: int | None = None) -> dict:
+                   epoch_steps: int | None = None, num_workers: int = 1) -> dict:
+    """Each DataLoader worker of a mixture reads its rank's whole sequence of every source and keeps every
+    ``num_workers``-th batch (so its batches are ``make_loader``'s), so a rank reads ``num_workers`` times the
+    rows it delivers: ``read_per_rank`` says so."""
     world = world_size or plans[0].world_size
     if batch_size is None:
         sizes = {p.batch_size for p in plans}
@@ -34,6 +37,7 @@ def mixture_report(plans: list[ShardPlan], urls: list[str], weights, *, world_si
         taken = [b - a for a, b in zip(point.counters, end.counters, strict=True)]
         shown.append({"epoch": e, "steps": mixture.steps_of(point),
                       "sources": [{"start": list(divmod(c, n)), "rows_per_rank": t, "rows": t * world,
+                                   "read_per_rank": t * num_workers,
                                    "passes": round(t / n, 3)}
                                   for c, n, t in zip(point.counters, per_pass, taken, strict=True)]})
         point = mixture.next_epoch(point)
@@ -42,6 +46,7 @@ def mixture_report(plans: list[ShardPlan], urls: list[str], weights, *, world_si
                 "left_out_per_pass": plan.total_rows - n * world if plan.policy == "drop" else 0}
                for plan, url, w, n in zip(plans, urls, parsed, per_pass, strict=True)]
     return {"kind": "mixture", "world_size": world, "batch_size": batch_size, "epoch_steps": epoch_steps,
+            "workers": num_workers,
             "scarcest_source": mixture.scarcest, "schedule_period": mixture.schedule.period, "sources": sources,
             "epochs": shown}
 
@@ -60,4 +65,8 @@ def format_mixture(report: dict) -> str:
     for e in report["epochs"]:
         cells = [f"{s['rows']:>16} {s['passes']:>6} {str(s['start']):>12}" for s in e["sources"]]
         lines.append(f"  {e['epoch']:>5} {e['steps']:>7}  " + "  ".join(cells))
+    if report["workers"] > 1:
+        lines.append(f"  {report['workers']} DataLoader workers per rank: each reads every source's rows of its rank "
+                     f"and keeps every {report['workers']}-th batch, so a rank reads {report['workers']}x the rows "
+                     "it delivers (read_per_rank); fewer workers read less")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from ..core.quality import Quality
 from ..errors import InvalidValueError
 from ..plan.load import resolve_plan
 from ..reading.loader import make_loader
+from ..reading.mixture import MixtureSettings
 from ..reading.options import SHUFFLE_BUDGET, LoaderOptions
 from ..reading.settings import Settings
 from ..world import World
@@ -79,23 +80,35 @@ class ShuffleQuality:
 def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_size: int | None = None,
                     epoch: int = 0, schema_fields: Sequence[Any] | None = None,
                     shuffle_budget: int | str = SHUFFLE_BUDGET, shuffle_window: int | None = None,
-                    seed: int = 0) -> ShuffleQuality:
+                    seed: int = 0, weights: Sequence[float] | None = None,
+                    epoch_steps: int | None = None) -> ShuffleQuality:
     """Read ``column`` in the order the loader will deliver it (every rank of ``world_size``, ``epoch``) and measure
     how far its batches are from i.i.d. ``schema_fields``, ``shuffle_budget`` and ``shuffle_window`` are the
-    loader's (they decide the window); ``seed`` seeds the uniform baseline."""
-    plan = resolve_plan(plan)
-    world = world_size or plan.world_size
+    loader's (they decide the window); ``seed`` seeds the uniform baseline. ``plan`` may be a list of plans with
+    ``weights`` (and ``epoch_steps``): a mixture, measured on the mixture loader's own batches."""
+    mixture = isinstance(plan, (list, tuple))
+    plan = [resolve_plan(p) for p in plan] if mixture else resolve_plan(plan)
+    world = world_size or (plan[0] if mixture else plan).world_size
     options = LoaderOptions(batch_size=batch_size, schema_fields=schema_fields, shuffle_budget=shuffle_budget,
                             shuffle_window=shuffle_window)
-    settings = Settings(plan, World(0, world), options)
-    if column not in settings.columns.names:
-        raise InvalidValueError(f"column={column!r} is not among the loader's columns {list(settings.columns.names)}")
-    per_rank = _read(plan, world, column, settings, epoch, settings.shuffle_window)
+    if mixture:
+        settings: Any = MixtureSettings(plan, weights, World(0, world), options, epoch_steps=epoch_steps,
+                                        backend="arrow")
+        names = settings.names
+        clustered = {k: v for source in settings.sources for k, v in source.columns.clustered.items()}
+        rank_rows = max(settings.mixture.rows_per_pass)  # each source a slot of one row per batch per rank
+    else:
+        settings = Settings(plan, World(0, world), options)
+        names, clustered = settings.columns.names, dict(settings.columns.clustered)
+        rank_rows = plan.rows_per_rank(world, settings.batch_size)
+    if column not in names:
+        raise InvalidValueError(f"column={column!r} is not among the loader's columns {list(names)}")
+    mixing = dict(weights=weights, epoch_steps=epoch_steps)
+    per_rank = _read(plan, world, column, settings, epoch, settings.shuffle_window, mixing)
     reference = np.concatenate([b for batches in per_rank for b in batches])
     binned = _binner(reference)
-    rank_rows = plan.rows_per_rank(world, settings.batch_size)
     spill: tuple = (None,) * 4
-    if rank_rows > settings.shuffle_window:  # a spill folder's window would hold more: measure it too
+    if not mixture and rank_rows > settings.shuffle_window:  # a spill folder's window would hold more: measure it
         spilled = Settings(plan, World(0, world), replace(options, shuffle_spill_dir=tempfile.gettempdir()))
         if spilled.shuffle_window > settings.shuffle_window:
             rows = _read(plan, world, column, settings, epoch, spilled.shuffle_window)
@@ -103,16 +116,18 @@ def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_s
                      int(min(rank_rows, spilled.shuffle_window) * spilled.row_bytes))
     return ShuffleQuality(column, world, int(settings.batch_size or 1), epoch, settings.shuffle_window,
                           -(-rank_rows // settings.shuffle_window),
-                          *_qualities(per_rank, binned, reference, seed), dict(settings.columns.clustered), *spill)
+                          *_qualities(per_rank, binned, reference, seed), clustered, *spill)
 
 
-def _read(plan, world: int, column: str, settings: Settings, epoch: int, window: int) -> list:
+def _read(plan, world: int, column: str, settings: Any, epoch: int, window: int, mixing: dict | None = None) -> list:
     """Per rank, the values of ``column`` of each batch of ``epoch`` with windows of ``window`` rows (those the
-    memory budget cannot hold on local disk: the system temp folder, removed when read)."""
+    memory budget cannot hold on local disk: the system temp folder, removed when read); ``mixing``: a mixture's
+    ``weights`` and ``epoch_steps``."""
     per_rank = []
     for rank in range(world):
         with make_loader(rank, world, plan=plan, batch_size=settings.batch_size, epoch=epoch, schema_fields=[column],
-                         shuffle_window=window, shuffle_budget=settings.shuffle_budget, backend="arrow") as loader:
+                         shuffle_window=window, shuffle_budget=settings.shuffle_budget, backend="arrow",
+                         **(mixing or {})) as loader:
             per_rank.append([_values(batch[column]) for batch in loader])
     return per_rank
 

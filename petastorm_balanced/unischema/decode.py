@@ -83,12 +83,3 @@ def _python_values(column: pa.ChunkedArray) -> list:
     if column.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_boolean(kind)):
         return list(column.to_numpy())
     return column.to_pylist()
-
-
-def decoded_columns(table: pa.Table, fields: dict | None) -> dict[str, np.ndarray]:
-    """The codec columns of ``table`` decoded (``fields``: Unischema fields by name); scalar columns are left to
-    the caller's conversion."""
-    if not fields:
-        return {}
-    return {name: decode_column(table.column(name), fields[name]) for name in table.column_names
-            if name in fields and not is_scalar(fields[name])}

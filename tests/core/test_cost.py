@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from petastorm_balanced import load_plan, plan_shards
-from petastorm_balanced.core import balance, shuffle
+from petastorm_balanced.core import balance, shuffle, sorting
 from petastorm_balanced.core.cost.arrangement import arrange_max, arrange_sum
 from petastorm_balanced.core.cost.budget import arrange_budget, budget_batches
 from petastorm_balanced.core.cost.order import cost_order
@@ -91,7 +91,7 @@ def test_arrangements_stay_what_v1_delivered(data, k, batch, key, top):
     costs = np.array(data.draw(st.lists(st.integers(0, top), min_size=k * batch, max_size=k * batch)), dtype=np.int64)
     n = k * batch
     for vector_sort in (False, True):  # the radix passes and the one sort of unique keys, on any NumPy
-        with mock.patch.object(shuffle, "VECTOR_SORT", vector_sort):
+        with mock.patch.object(sorting, "VECTOR_SORT", vector_sort):
             assert np.array_equal(arrange_sum(costs, batch, key), v1_sum(costs, batch, key))
             assert np.array_equal(arrange_max(costs, batch, key), v1_max(costs, batch, key))
             assert np.array_equal(shuffle.window_permutation(n, key), v1_permutation(n, key))

@@ -48,3 +48,22 @@ def test_of_takes_the_options_among_the_arguments_and_checks_them():
     assert options.reshuffle == "epoch"  # not given: the default
     with pytest.raises(InvalidValueError, match="reshuffle='never'"):
         LoaderOptions.of({"reshuffle": "never"})
+
+
+@pytest.mark.parametrize("budget", ["9" * 400 + "TiB", "1" + "0" * 400, 10**400, 2**63])
+def test_a_byte_count_past_int64_is_refused_naming_it(budget):
+    """A budget of hundreds of digits is a ValueError naming shuffle_budget, not float overflow (infinity)."""
+    with pytest.raises(InvalidValueError, match=r"shuffle_budget=.* is more than 9223372036854775807 bytes"):
+        LoaderOptions.of({"shuffle_budget": budget})
+
+
+def test_byte_counts_are_read_exactly():
+    from petastorm_balanced.reading.options import MAX_BYTES, parse_bytes
+    assert parse_bytes("shuffle_budget", "1.5KiB") == 1536
+    assert parse_bytes("shuffle_budget", str(MAX_BYTES)) == MAX_BYTES  # a float would round it up past int64
+    assert parse_bytes("shuffle_budget", "0.00013GB") == 130000  # a float gives 129999
+
+
+def test_the_spill_budget_is_read_by_the_same_rule():
+    with pytest.raises(InvalidValueError, match=r"shuffle_spill_budget=.* is more than"):
+        LoaderOptions.of({"shuffle_spill_budget": "9" * 400 + "TiB"})

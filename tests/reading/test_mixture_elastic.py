@@ -76,7 +76,7 @@ def run_worlds(plans, worlds, cuts, kwargs):
     return segments
 
 
-def check_passes(plans, segments, schedule):
+def check_passes(plans, segments, schedule, sizes=SIZES):
     """Each batch holds the scheduled shares; per source and pass, no row twice across worlds, and a pass every
     rank of its last world finished left out fewer rows than that world's size."""
     seen: dict[tuple[int, int], list[int]] = {}
@@ -98,9 +98,9 @@ def check_passes(plans, segments, schedule):
                 finished[(s, p)] = seg["world"]
     for (s, p), ids in seen.items():
         assert len(set(ids)) == len(ids), f"source {s}: a row twice in pass {p}"
-        assert set(ids) <= set(range(SIZES[s]))
+        assert set(ids) <= set(range(sizes[s]))
         if (s, p) in finished:
-            assert SIZES[s] - len(ids) < finished[(s, p)], f"source {s} pass {p}: rows lost beyond drop's allowance"
+            assert sizes[s] - len(ids) < finished[(s, p)], f"source {s} pass {p}: rows lost beyond drop's allowance"
     return seen
 
 
@@ -170,3 +170,51 @@ def test_old_entries_load_and_malformed_stages_are_refused(plans):
         broken = nest({**values, "sources": [bad, *values["sources"][1:]]})
         with pytest.raises(ValueError, match=message):
             make(plans, 0, 2, **kwargs).load_state_dict(broken)
+
+
+@settings(max_examples=6, deadline=None)
+@given(worlds=st.lists(st.integers(1, 3), min_size=2, max_size=3), cuts=st.lists(st.integers(0, 60), min_size=2,
+       max_size=2), window=st.sampled_from([30, 10_000]), reshuffle=st.sampled_from(["epoch", "fixed"]))
+def test_the_same_plan_twice_reads_two_independent_orders_each_exact_across_resumes(plans, worlds, cuts, window,
+                                                                                      reshuffle):
+    twice = [plans[1], plans[1], plans[2]]
+    kwargs = dict(weights=[1, 1, 1], batch_size=12, shuffle_window=window, reshuffle=reshuffle)
+    segments = run_worlds(twice, worlds, cuts, kwargs)
+    check_passes(twice, segments, make(twice, 0, worlds[0], **kwargs)._settings.mixture.schedule,
+                 sizes=(SIZES[1], SIZES[1], SIZES[2]))  # each place on its own: no row twice in its pass
+    same = total = 0
+    for seg in segments:
+        for batches in seg["batches"]:
+            for batch in batches:
+                total += 1
+                same += [i for s, i in batch if s == 0] == [i for s, i in batch if s == 1]
+    assert same <= total // 20, f"{same} of {total} batches hold the same rows at both places"
+
+
+def test_the_same_plan_twice_without_shuffling_is_refused_naming_it(plans):
+    with pytest.raises(ValueError, match=r"plan\[2\] is plan\[0\] again .* shuffle=False"):
+        make([plans[0], plans[1], plans[0]], 0, 2, weights=[1, 1, 1], batch_size=12, shuffle=False)
+    make([plans[0], plans[1]], 0, 2, weights=[1, 1], batch_size=12, shuffle=False)  # distinct plans: fine
+
+
+def test_a_state_from_before_place_keyed_orders_loads_only_where_every_source_starts_a_pass(plans):
+    kwargs = dict(weights=[5, 3, 2], batch_size=10, shuffle_window=30)
+    loader = make(plans, 0, 2, **kwargs)
+    take(loader, 9)
+    values = flat(loader.state_dict())
+    assert values["source_order"] == 2
+    old = {k: v for k, v in values.items() if k != "source_order"}  # as saved before the key existed
+    with pytest.raises(ValueError, match=r"has no 'source_order'.*source 0 stands inside a pass"):
+        make(plans, 0, 2, **kwargs).load_state_dict(nest(old))
+    with pytest.raises(ValueError, match=r"'source_order'\]=7 is not an order"):
+        make(plans, 0, 2, **kwargs).load_state_dict(nest({**values, "source_order": 7}))
+    starts = {**old, "sources": [[1, 0], [0, 0], [2, 0]], "batches": 0}
+    fresh = make(plans, 0, 2, **kwargs)
+    fresh.load_state_dict(nest(starts))  # every source at a pass start: the orders of both releases begin there
+    assert flat(fresh.state_dict())["sources"] == [[1, 0], [0, 0], [2, 0]]
+    one = make(plans[:1], 0, 2, weights=[1], batch_size=10, shuffle_window=30)
+    take(one, 5)
+    single = {k: v for k, v in flat(one.state_dict()).items() if k != "source_order"}
+    again = make(plans[:1], 0, 2, weights=[1], batch_size=10, shuffle_window=30)
+    again.load_state_dict(nest(single))  # one source: pass p was plan epoch p before and after
+    assert take(again, 3) == take(one, 3)

@@ -2,6 +2,8 @@
 Parquet datasets: exact per-batch counts, the pass rule, equal steps on every rank, exact resume, a changed mixture,
 DataLoader workers, one schema, and the refusals."""
 import json
+import re
+import time
 from fractions import Fraction
 from itertools import islice
 
@@ -13,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from petastorm_balanced import datagen, plan_shards
-from petastorm_balanced.core.mixture import MAX_PERIOD, Mixture, make_schedule, parse_weights
+from petastorm_balanced.core.mixture import MAX_PERIOD, Mixture, Point, make_schedule, parse_weights
 
 torch = pytest.importorskip("torch")
 
@@ -58,6 +60,47 @@ def test_weights_are_read_as_small_fractions():
     assert MAX_PERIOD >= 1 << 20
 
 
+def _check_schedule(schedule, weights, batches):
+    """Every batch floor or ceil of its share, and the running count within one row of the weights as given."""
+    total = sum(weights)
+    shares = [Fraction(schedule.batch_size) * w / total for w in weights]
+    counts = schedule.counts(0, batches)
+    assert (counts.sum(axis=1) == schedule.batch_size).all()
+    for i, share in enumerate(shares):
+        assert set(counts[:, i].tolist()) <= {share.numerator // share.denominator,
+                                              -(-share.numerator // share.denominator)}
+        running = np.cumsum(counts[:, i])
+        ideal = [share * t for t in range(1, batches + 1)]
+        assert all(abs(int(r) - q) < 1 for r, q in zip(running.tolist(), ideal, strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(digits=st.lists(st.tuples(st.integers(1, 9), st.integers(-7, 2)), min_size=2, max_size=3),
+       batch_size=st.integers(1, 64))
+def test_any_positive_finite_weights_are_honoured_as_given_or_refused_naming_the_weight(digits, batch_size):
+    weights = [m * 10.0 ** e for m, e in digits]  # what users type: 4e-05, 0.7, 300.0
+    parsed = parse_weights(weights, len(weights))
+    assert sum(parsed) == 1
+    assert all(abs(float(p / parsed[0]) - w / weights[0]) <= 1e-12 * w / weights[0]
+               for p, w in zip(parsed, weights, strict=True)), "the shares are the weights given, not rounded ones"
+    try:
+        schedule = make_schedule(parsed, batch_size)
+    except ValueError as exc:
+        assert re.search(r"weights\[\d\] is .* repeats only every", str(exc)), exc
+        return
+    _check_schedule(schedule, [Fraction(str(w)) for w in weights], min(3 * schedule.period, 3000))
+
+
+def test_tiny_and_equal_tiny_weights_and_refusals_name_the_weight():
+    for weights in ([4e-5, 1], [1e-6, 1e-6], [1e-6, 3e-6], [1 / 3, 1 / 3, 1 / 3]):
+        parsed = parse_weights(weights, len(weights))
+        _check_schedule(make_schedule(parsed, 16), parsed, 2000)
+    assert parse_weights([4e-5, 1], 2) == (Fraction(1, 25001), Fraction(25000, 25001))
+    for bad in (0, -1.5, float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match=r"weights\[1\]=.* must be a positive finite number"):
+            parse_weights([1, bad], 2)
+
+
 @settings(max_examples=200, deadline=None)
 @given(weights=weights_st, batch_size=st.integers(1, 40), data=st.data())
 def test_default_epochs_follow_the_scarcest_source_and_start_agrees_with_walking(weights, batch_size, data):
@@ -78,6 +121,22 @@ def test_default_epochs_follow_the_scarcest_source_and_start_agrees_with_walking
         length = mixture.steps_of(point)
         middle = mixture.advance(point, length // 2)
         assert mixture.steps_of(middle) == length
+
+
+@settings(max_examples=200, deadline=None)
+@given(weights=weights_st, batch_size=st.integers(1, 40), data=st.data())
+def test_jumping_epochs_is_arithmetic_and_agrees_with_walking_from_any_point(weights, batch_size, data):
+    schedule = make_schedule(parse_weights(weights, len(weights)), batch_size)
+    rows = tuple(data.draw(st.integers(int(-(-s // 1)), 300)) for s in schedule.shares)
+    mixture = Mixture(schedule, rows, data.draw(st.none() | st.integers(1, 40)))
+    # any point: counters where a resume with other weights or at another world size may leave them
+    counters = tuple(data.draw(st.integers(0, 5 * r)) for r in rows)
+    point = Point(data.draw(st.integers(0, 9)), 0, data.draw(st.integers(0, schedule.period - 1)), counters)
+    point = mixture.advance(point, data.draw(st.integers(0, max(mixture.remaining(point) - 1, 0))))
+    walked = point
+    for epochs in range(1, 7):
+        walked = mixture.next_epoch(walked)
+        assert mixture.next_epoch(point, epochs) == walked
 
 
 # ---------------------------------------------------------------- real loaders
@@ -316,6 +375,33 @@ def test_inspect_shows_steps_rows_and_passes_of_each_source(plans, tmp_path, cap
     assert "--weights" in capsys.readouterr().err
 
 
+def test_inspect_measures_a_mixtures_shuffle_quality_and_says_what_workers_read(plans, tmp_path, capsys):
+    from petastorm_balanced.core.quality import Quality
+    from petastorm_balanced.tools.cli import main
+    from petastorm_balanced.tools.shuffle_quality import _binner
+    urls = [plan.save(str(tmp_path / f"plan{i}")) for i, plan in enumerate(plans)]
+    args = ["inspect", *urls, "--weights", "0.5,0.3,0.2", "--world-size", "2", "--shuffle-quality", "id"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    quality = report["shuffle_quality"]
+    assert (quality["world_size"], quality["batch_size"], quality["column"]) == (2, 16, "id")
+    # the mixture loader's own batches, measured the same way
+    per_rank = [[b["id"].numpy() for b in make_loader(r, 2, plan=plans, weights=[0.5, 0.3, 0.2], backend="arrow")]
+                for r in range(2)]
+    reference = np.concatenate([b for batches in per_rank for b in batches])
+    binned = _binner(reference)
+    step = Quality.of([binned(np.concatenate(s)) for s in zip(*per_rank, strict=True)], binned(reference), 0)
+    assert quality["global_batch"]["tv"] == pytest.approx(step.tv)
+    assert main(args) == 0
+    assert "shuffle quality of 'id'" in capsys.readouterr().out
+    assert main([*args[:-2], "--workers", "4", "--json"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert four["workers"] == 4
+    assert all(s["read_per_rank"] == 4 * s["rows_per_rank"] for e in four["epochs"] for s in e["sources"])
+    assert main([*args[:-2], "--workers", "4"]) == 0
+    assert "4 DataLoader workers per rank" in capsys.readouterr().out
+
+
 @settings(max_examples=10, deadline=None)
 @given(workers=st.integers(1, 4), start=st.integers(0, 30), count=st.integers(1, 25),
        weights=st.sampled_from([[5, 3, 2], [1, 2, 3], [0.45, 0.45, 0.1]]))
@@ -355,3 +441,37 @@ def test_a_pad_source_delivers_every_row_of_each_pass_and_flags_its_repeats(sour
         real = [i for i, p in first if not p]
         assert sorted(real) == list(range(SIZES[s])), f"source {s}: its pass delivers every row once"
         assert 0 < sum(p for _, p in first) < 3, "fewer than world_size rows repeated, flagged"
+
+
+def test_set_epoch_far_ahead_costs_what_a_near_one_does_and_gives_the_walked_batches(plans):
+    def moved(loader):  # mid-epoch, then other weights: a timeline that start(epoch) does not give
+        next(iter(loader))
+        state = loader.state_dict()
+        again = make_loader(0, 2, plan=plans, weights=[1, 1, 3], shuffle_window=64, backend="arrow",
+                            workers_count=1)
+        again.load_state_dict(state)
+        return again
+
+    jumped, walked = (moved(loaders(plans, 2)[0]) for _ in range(2))
+    jumped.set_epoch(4)
+    for epoch in range(1, 5):
+        walked.set_epoch(epoch)
+    assert jumped.state_dict() == walked.state_dict()
+    assert read_epoch(jumped, 3) == read_epoch(walked, 3)
+    near = moved(loaders(plans, 2)[0])
+    began = time.perf_counter()
+    near.set_epoch(1)
+    near_s = time.perf_counter() - began
+    for epoch in (10**5, 10**9):
+        far = moved(loaders(plans, 2)[0])
+        began = time.perf_counter()
+        far.set_epoch(epoch)
+        assert time.perf_counter() - began < 0.5 + 20 * near_s
+        assert flat(far.state_dict())["epoch"] == epoch
+        assert len(read_epoch(far, 2)) == 2
+
+
+def test_the_same_plan_twice_resumes_exactly(plans):
+    twice = [plans[0], plans[0]]
+    check_resume_contract(lambda: make_loader(0, 2, plan=twice, weights=[1, 1], batch_size=16, shuffle_window=64,
+                                              backend="arrow", workers_count=1), iter, epochs=2)

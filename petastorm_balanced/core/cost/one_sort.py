@@ -36,7 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import InvalidValueError
-from ..shuffle import VECTOR_SORT, raw_words
+from ..shuffle import raw_words
+from ..sorting import VECTOR_SORT
 
 STREAM = 7  # generator key tag (``arrangement.py`` uses 1-4, ``pieces.py`` 5-6)
 TIE_BITS = 16  # random bits that order equal costs (ties beyond: by position)
@@ -66,7 +67,7 @@ def sorted_rows(costs: np.ndarray, words: np.ndarray) -> tuple[np.ndarray, np.nd
     16 bits and the position), in the rows' order.
 
     The order is that of the unique 64-bit keys ``(cost, tie, position)``, however it is computed: one sort of the
-    packed keys where NumPy sorts 64-bit integers with vector code (``shuffle.vector_sort``: NumPy 2, or NumPy 1.26
+    packed keys where NumPy sorts 64-bit integers with vector code (``sorting.vector_sort``: NumPy 2, or NumPy 1.26
     on AVX-512), else 16-bit stable radix passes, least significant first (NumPy 1 radix-sorts 16-bit keys; its
     scalar 64-bit sort is about 2x slower for 10,000 rows).
     """

@@ -98,7 +98,9 @@ class BundleReader:
         self._io = remote_pool() if self.remote else None
         # every footer read, hashed and compared with the planned one (G15) before a row of its file is used, once
         # per reader (per epoch): the threads' later opens of the file reuse it
-        self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self.remote, shared=self.remote)
+        self._footers = CheckedFooters(filesystem, self._check, pre_buffer=self.remote, shared=self.remote,
+                                       contents={fsutil.join(self._root, f.path): f.content
+                                                 for f in plan.catalog.files if f.content})
         # row groups kept on the local disk (io/row_group_cache.py), keyed by the footer this reader just checked
         self._cache = local_disk_cache(cache) if cache is not None else None
         self._stats = stats.current()  # made inside the loader's next(): its recorder (reading/stats.py)
@@ -107,7 +109,8 @@ class BundleReader:
         """Nothing to stop: the remote read threads are the process's (``remote_pool``)."""
 
     def _check(self, path: str, footer) -> None:
-        check_file(self._plan, self._planned[path], footer=footer.digest, mtime_ns=footer.mtime_ns)
+        check_file(self._plan, self._planned[path], footer=footer.digest, mtime_ns=footer.mtime_ns,
+                   content=footer.content)
 
     def _cached(self, fragment: Fragment, columns: list[str], load: Callable[[], pa.Table]) -> pa.Table:
         """The row group's columns from the local-disk cache, or read (``load``) and stored there; the entry is
@@ -116,7 +119,7 @@ class BundleReader:
         if self._cache is None or footer is None:
             return load()
         key = entry_key(f"{self._plan.dataset_url}/{fragment.path}", footer.digest, footer.file_size,
-                        footer.mtime_ns, fragment.row_group, columns)
+                        footer.mtime_ns, fragment.row_group, columns, content=footer.content)
         return self._cache.read(key, load)
 
     def _files(self) -> fr.FileCache:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...errors import InvalidTypeError, InvalidValueError, MissingDependencyError, PlanError, StalePlanError
+from ...errors import InvalidValueError, MissingDependencyError, PlanError, StalePlanError
 
 try:
     from petastorm.arrow_reader_worker import ArrowReaderWorker
@@ -41,20 +41,17 @@ except ImportError as _missing:
                                  "BalancedIterableDataset; or install the petastorm stack: pip install "
                                  "'petastorm-balanced[petastorm]' (docs/stacks.md)") from None
 
-from ...core.params import check_int
 from ...core.shuffle import window_permutation
 from ...io import fs as fsutil
 from ...io.footer import CheckedFooters
 from ...plan.format import check_file
-from ...plan.load import resolve_plan
 from ...plan.model import Fragment, ShardPlan
 from ...unischema.pickling import harden_petastorm_unpickler
 from ...unischema.storage import load_unischema
-from ...world import resolve_world
 from .. import fragments as fr
 from .. import stats, stream
 from ..columns import Columns
-from ..reader_arguments import check_petastorm_kwargs, check_pool_options
+from ..reader_arguments import check_petastorm_kwargs, check_pool_options, planned_rows
 from ..transform import checked
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
 from .reader_keeper import ReaderKeeper
@@ -388,10 +385,11 @@ def check_footers(plan: ShardPlan, fragments: Sequence[Fragment]) -> None:
     planned = {f.path: f for f in plan.catalog.files}
 
     def check(name, footer):
-        check_file(plan, planned[name], footer=footer.digest, mtime_ns=footer.mtime_ns)
+        check_file(plan, planned[name], footer=footer.digest, mtime_ns=footer.mtime_ns, content=footer.content)
+    contents = {fsutil.join(root, f.path): f.content for f in plan.catalog.files if f.content}
     try:
-        CheckedFooters(filesystem, check).check_all((f.path, fsutil.join(root, f.path)) for f in fragments
-                                                    if f.path in planned)
+        CheckedFooters(filesystem, check, contents=contents).check_all(
+            (f.path, fsutil.join(root, f.path)) for f in fragments if f.path in planned)
     except (OSError, pa.ArrowException) as exc:  # gone, resized or unreadable: name the file
         raise fr.unreadable_dataset_error(plan, exc) from exc
 
@@ -419,18 +417,10 @@ def make_reader(rank=None, world=None, *, plan, epoch: int = 0, batch_size: int 
     ``[seed (default: the plan's), epoch, rank]``. Use it as a context manager, or call ``stop()`` and ``join()``.
     """
     check_petastorm_kwargs(petastorm_kwargs)
-    who = resolve_world(rank, world)
-    plan = resolve_plan(plan)
-    frags = plan.assignment(who.rank, epoch=epoch, world_size=who.size, batch_size=batch_size, reshuffle=reshuffle)
-    seed = petastorm_kwargs.pop("seed", None)
-    shuffle_rows = petastorm_kwargs.pop("shuffle_rows", False)
-    if seed is not None:
-        check_int("seed", seed, minimum=0, hint=" (or None for the plan's seed)")
-    key = (plan.seed if seed is None else seed, epoch, who.rank) if shuffle_rows else None
-    schema_fields = petastorm_kwargs.get("schema_fields")
-    if schema_fields is not None and not isinstance(schema_fields, (list, tuple)):
-        raise InvalidTypeError(f"schema_fields={schema_fields!r} must be a list of names, patterns or UnischemaFields "
-                               "(NGram is not supported by planned readers)")
+    plan, frags, key = planned_rows(rank, world, plan, epoch=epoch, batch_size=batch_size, reshuffle=reshuffle,
+                                    seed=petastorm_kwargs.pop("seed", None),
+                                    shuffle_rows=petastorm_kwargs.pop("shuffle_rows", False),
+                                    schema_fields=petastorm_kwargs.get("schema_fields"))
     task = ReadTask("rows" if plan.catalog.kind == "petastorm" else "batches",
                     partition_types=tuple(fr.partition_types([f.path for f in plan.catalog.files]).items()),
                     shuffle_key=key)
