@@ -225,14 +225,8 @@ class Filling:
     def add(self, part: ColumnArrays) -> None:
         rows = _num_rows(part)
         for names, matrix in self._groups:
-            columns = []
-            for name in names:
-                values = part[name]
-                if values.dtype != self._dtypes[name] or values.ndim != 1:
-                    raise RuntimeError(f"column {name!r} came as {values.dtype} of shape {values.shape} after "
-                                       f"{self._dtypes[name]}: the reader changed a column's type within a window")
-                columns.append(values.view(matrix.dtype))
-            for begin in range(0, rows, _BLOCK):
+            columns = grouped_views(part, names, self._dtypes, matrix.dtype)
+            for begin in range(0, rows, _BLOCK):  # a block of rows stays in cache
                 end = min(begin + _BLOCK, rows)
                 np.stack([c[begin:end] for c in columns], axis=1, out=matrix[self.rows + begin:self.rows + end])
         for name, parts in self._parts.items():
@@ -306,6 +300,19 @@ def split_batches(run: ColumnArrays, batch_size: int) -> Iterator[ColumnArrays]:
     """The batches of a run (views)."""
     for begin in range(0, _num_rows(run), batch_size):
         yield {name: values[begin:begin + batch_size] for name, values in run.items()}
+
+
+def grouped_views(part: ColumnArrays, names, dtypes, dtype) -> list[np.ndarray]:
+    """Columns ``names`` of ``part`` viewed as ``dtype`` words, to interleave into a row-major matrix; a column
+    whose type changed within a window is an error."""
+    columns = []
+    for name in names:
+        values = part[name]
+        if values.dtype != dtypes[name] or values.ndim != 1:
+            raise RuntimeError(f"column {name!r} came as {values.dtype} of shape {values.shape} after "
+                               f"{dtypes[name]}: the reader changed a column's type within a window")
+        columns.append(values.view(dtype))
+    return columns
 
 
 def _num_rows(columns: ColumnArrays) -> int:

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .batching import _GROUPED_KINDS, ROW_MAJOR_BYTES, ColumnArrays, Filling, Window, _concat, _num_rows
+from .batching import _GROUPED_KINDS, ROW_MAJOR_BYTES, ColumnArrays, Filling, Window, _concat, _num_rows, grouped_views
 from .spill import BlockColumn, DiskArray, Placement, SpilledColumn, nbytes, spillable
 
 _BLOCK = 4096  # rows interleaved at a time into a row-major matrix (as ``batching.Filling``)
@@ -78,13 +78,7 @@ class SpillFilling:
         rows = _num_rows(part)
         begin_row, end_row = self.rows, self.rows + rows
         for names, matrix in self._groups:
-            columns = []
-            for name in names:
-                values = part[name]
-                if values.dtype != self._dtypes[name] or values.ndim != 1:
-                    raise RuntimeError(f"column {name!r} came as {values.dtype} of shape {values.shape} after "
-                                       f"{self._dtypes[name]}: the reader changed a column's type within a window")
-                columns.append(values.view(matrix.dtype))
+            columns = grouped_views(part, names, self._dtypes, matrix.dtype)
             for begin in range(0, rows, _BLOCK):
                 end = min(begin + _BLOCK, rows)
                 if isinstance(matrix, DiskArray):
