@@ -18,11 +18,15 @@ settings.register_profile("dev", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Nothing goes to the home folder: matplotlib's font cache and Keras' config would (~/.cache/matplotlib,
-# ~/.config/matplotlib, ~/.keras). They go to a temporary folder, for the subprocesses too, removed at the end.
+# Nothing goes to the home folder: matplotlib's font cache, Keras' config and the notebook test's IPython profile
+# and Jupyter runtime files would (~/.cache/matplotlib, ~/.config/matplotlib, ~/.keras, ~/.ipython,
+# ~/.local/share/jupyter). They go to a temporary folder, for the subprocesses too, removed at the end.
 _HOME_CACHES = tempfile.mkdtemp(prefix="pb-tests-caches-")
 os.environ.setdefault("MPLCONFIGDIR", os.path.join(_HOME_CACHES, "matplotlib"))
 os.environ.setdefault("KERAS_HOME", os.path.join(_HOME_CACHES, "keras"))
+for _variable, _name in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+                         ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime")):
+    os.environ.setdefault(_variable, os.path.join(_HOME_CACHES, _name))
 atexit.register(shutil.rmtree, _HOME_CACHES, ignore_errors=True)
 
 
