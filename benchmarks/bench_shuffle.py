@@ -39,6 +39,22 @@ GOALS = {"rank": 1.15, "global": 1.10, "accuracy": 0.97, "throughput": 0.9}
 OLD_WINDOW = 10_000
 
 
+def permuted_batches(url, names):
+    """The baseline: every epoch's batches cut from one uniform permutation of all rows (features, label)."""
+    import pyarrow.dataset as ds
+    import torch
+    table = ds.dataset(url).to_table(columns=names + ["label"])
+    x = np.stack([table[n].to_numpy() for n in names], 1)
+    y = table["label"].to_numpy()
+
+    def permuted(epoch):
+        order = np.random.default_rng([7, epoch]).permutation(len(y))
+        for i in range(0, len(y) - BATCH + 1, BATCH):
+            idx = order[i:i + BATCH]
+            yield torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+    return permuted
+
+
 def write_sorted(path, rows=400_000, *, files=4, row_group=50_000, seed=0, sort=True):
     """``id``, ``label`` and ``x0..x31``, stored sorted by label (``sort=False``: rows in random order)."""
     import pyarrow as pa
@@ -132,7 +148,6 @@ def train(batches_of_epoch, epochs=2, seed=0):
 
 
 def accuracies(path):
-    import pyarrow.dataset as ds
     import torch
 
     from petastorm_balanced import make_loader
@@ -148,15 +163,7 @@ def accuracies(path):
                 yield torch.stack([b[n] for n in names], 1), b["label"]
         return train(epoch_batches)
 
-    table = ds.dataset(path).to_table(columns=names + ["label"])
-    x = np.stack([table[n].to_numpy() for n in names], 1)
-    y = table["label"].to_numpy()
-
-    def permuted(epoch):
-        order = np.random.default_rng([7, epoch]).permutation(len(y))
-        for i in range(0, len(y) - BATCH + 1, BATCH):
-            idx = order[i:i + BATCH]
-            yield torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+    permuted = permuted_batches(path, names)
     return {"global permutation": train(permuted), "make_loader default": through(),
             f"shuffle_window={OLD_WINDOW:,}": through(shuffle_window=OLD_WINDOW)}
 
@@ -344,17 +351,7 @@ def accuracy_ratios(plan, budget, kinds):
             for b in loader:
                 yield torch.stack([b[n] for n in names], 1), b["label"]
         return train(epoch_batches)
-    import pyarrow.dataset as ds
-    table = ds.dataset(plan.dataset_url).to_table(columns=names + ["label"])
-    x = np.stack([table[n].to_numpy() for n in names], 1)
-    y = table["label"].to_numpy()
-
-    def permuted(epoch):
-        order = np.random.default_rng([7, epoch]).permutation(len(y))
-        for i in range(0, len(y) - BATCH + 1, BATCH):
-            idx = order[i:i + BATCH]
-            yield torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
-    base = train(permuted)
+    base = train(permuted_batches(plan.dataset_url, names))
     return "model accuracy / a permutation's: " + ", ".join(
         f"{name} {through(**kwargs) / base:.2f}x" for name, kwargs in kinds.items())
 
