@@ -125,6 +125,59 @@ def test_pure_modules_do_no_io(name):
     assert not banned, f"{name} imports {sorted(banned)}"
 
 
+# Private names of other libraries the package relies on (Spark's JVM gateway, Petastorm's Unischema and codecs,
+# torch's constant sampler, the standard library's pure-Python picklers): the only ``obj._name`` reads allowed on
+# objects a module did not define itself.
+FOREIGN_PRIVATE = {"_jdf", "_jvm", "_jsparkSession", "_jsc", "_explain_string", "_get_namedtuple", "_name",
+                   "_spark_type", "_quality", "_InfiniteConstantSampler", "_getframe", "_exit", "_replace",
+                   "_Unpickler", "_Pickler", "_fields", "_reconstruct", "_reconstructor"}
+FOOTER_READERS = {"ParquetFile", "read_metadata", "read_schema"}  # pyarrow's ways to parse a Parquet footer
+
+
+def _attributes(path):
+    """The module's AST, and the names it defines itself (functions, classes, assigned names and attributes)."""
+    tree = parse(open(path).read())
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+    return tree, own
+
+
+def test_no_module_reads_private_attributes_defined_elsewhere():
+    """A class's private attributes are read in the module that defines them; other modules ask a public
+    accessor, so a class can change its insides without a reader elsewhere breaking silently."""
+    found = []
+    for module, path in modules().items():
+        tree, own = _attributes(path)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                    and node.attr not in own and node.attr not in FOREIGN_PRIVATE):
+                found.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_footers_are_parsed_only_in_io_footer():
+    """One place decides how a Parquet footer is read (``io/footer.open_file``, ``footer_at``); type annotations
+    naming ``pq.ParquetFile`` elsewhere are fine."""
+    found = []
+    for module, path in modules().items():
+        if module == "petastorm_balanced.io.footer":
+            continue
+        tree = parse(open(path).read())
+        annotations = [n.annotation for n in ast.walk(tree) if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation]
+        annotations += [n.returns for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.returns]
+        typed = {id(n) for a in annotations for n in ast.walk(a)}
+        found += [f"{module}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                  and node.attr in FOOTER_READERS and id(node) not in typed]
+    assert not found, found
+
+
 @pytest.mark.slow
 def test_every_module_imports_alone_in_a_fresh_interpreter():
     names = [m for m in modules() if not m.endswith("__main__") and (HAVE_PETASTORM or m not in NEEDS_PETASTORM)]

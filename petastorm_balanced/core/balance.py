@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidValueError
-from .params import check_int
+from .params import check_choice, check_int
 from .registry import Algorithm, Registry
 
 POLICIES = ("drop", "pad")
@@ -183,8 +183,7 @@ def assign(counts: np.ndarray, *, world_size: int, batch_size: int, policy: str,
     check_params(world_size=world_size, batch_size=batch_size, num_workers=num_workers, seed=seed, epoch=epoch,
                  partition_epoch=partition_epoch)
     check_policy(policy)
-    if reshuffle not in RESHUFFLES:
-        raise InvalidValueError(f"reshuffle={reshuffle!r} is not one of {RESHUFFLES}")
+    check_choice("reshuffle", reshuffle, RESHUFFLES)
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
     check_fills_a_step(total, world_size, batch_size)

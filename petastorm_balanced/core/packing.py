@@ -54,12 +54,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidValueError
+from .params import check_choice
 from .shuffle import raw_words, window_permutation
 
 PACKING_VERSION = 1  # of the rule that makes a window's steps; a saved position names it
 PACK_SLACK = 0.005  # room for windows with more tokens than the mean says: about 0.5% padding, rarely a left-out doc
 ESTIMATE_SLACK = 0.002  # room for the estimate of a row group split between slots (``window_steps``)
 LONG_DOCUMENTS = ("split", "drop")
+LONG_DOCUMENTS_MEANING = ("'split' cuts a document longer than seq_len into consecutive pieces, 'drop' leaves "
+                          "it out")
 # generator key tags (distinct from cost/arrangement.py's)
 _ORDER, _STEPS, _TIE = 11, 12, 13
 
@@ -86,10 +89,7 @@ class Packing:
     window_steps: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.long_documents not in LONG_DOCUMENTS:
-            raise InvalidValueError(f"long_documents={self.long_documents!r} is not one of {LONG_DOCUMENTS}: "
-                                    "'split' cuts a document longer than seq_len into consecutive pieces, 'drop' "
-                                    "leaves it out")
+        check_choice("long_documents", self.long_documents, LONG_DOCUMENTS, LONG_DOCUMENTS_MEANING)
 
     @property
     def step_tokens(self) -> int:

@@ -1,6 +1,7 @@
-"""The one parameter checker: every integer argument of the package is judged here, so the rules are the same
-everywhere. A value that is not an integer (``bool`` is not; numpy integers are) raises ``TypeError``; one out of
-range raises ``ValueError``; both messages name the parameter, the value and what is allowed.
+"""The one parameter checker: every integer argument and every named choice of the package is judged here, so
+the rules and the messages are the same everywhere. A value that is not an integer (``bool`` is not; numpy
+integers are) raises ``TypeError``; one out of range, or a choice not accepted, raises ``ValueError``; the messages
+name the parameter, the value and what is allowed.
 
 >>> check_int("batch_size", 0, minimum=1)
 Traceback (most recent call last):
@@ -9,6 +10,7 @@ petastorm_balanced.errors.InvalidValueError: batch_size=0 must be >= 1
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from numbers import Integral
 
 from ..errors import InvalidTypeError, InvalidValueError
@@ -24,4 +26,19 @@ def check_int(name: str, value, *, minimum: int | None = None, maximum: int | No
         raise InvalidValueError(f"{name}={value} must be >= {minimum}{hint}")
     if maximum is not None and value > maximum:
         raise InvalidValueError(f"{name}={value} must be <= {maximum}{hint}")
+    return value
+
+
+def check_choice(name: str, value, accepted: Sequence[str], meaning: str = "") -> str:
+    """``value`` if it is one of the strings ``accepted``; else ``InvalidValueError`` naming the parameter, the
+    value and every accepted value, then ``meaning`` (what each one does).
+
+    >>> check_choice("reshuffle", "never", ("epoch", "fixed"))
+    Traceback (most recent call last):
+    ...
+    petastorm_balanced.errors.InvalidValueError: reshuffle='never' is not one of ('epoch', 'fixed')
+    """
+    if not isinstance(value, str) or value not in accepted:
+        raise InvalidValueError(f"{name}={value!r} is not one of {tuple(accepted)}"
+                                + (f": {meaning}" if meaning else ""))
     return value

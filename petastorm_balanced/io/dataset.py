@@ -10,11 +10,11 @@ import os
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from ..errors import InvalidValueError
 from . import fs as fsutil
 from . import retry, tables
+from .footer import footer_at
 
 
 def is_data_name(name: str) -> bool:
@@ -145,8 +145,7 @@ def unreadable_file(url: str, paths) -> tuple[str, Exception] | None:
     filesystem, root = fsutil.resolve(url)
 
     def parse(location):
-        with filesystem.open_input_file(location) as handle:
-            pq.ParquetFile(handle).metadata  # noqa: B018 - parsing the footer is the check
+        footer_at(filesystem, location)  # parsing the footer is the check
     for path in paths:
         location = f"{root}/{path}"
         try:

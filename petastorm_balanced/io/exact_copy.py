@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from ..errors import InvalidValueError
 from . import fs as fsutil
 from .dataset import is_data_name
+from .footer import open_file
 
 _FIX = ("cast it in the source to a type Spark holds exactly (pyarrow: table.cast), or give the loader a "
         "shuffle_budget its rows fit instead of copying")
@@ -97,7 +98,7 @@ def restore_types(url: str, schema: pa.Schema, compression: str) -> int:
     rewritten = 0
     for path in names:
         with filesystem.open_input_file(path) as handle:
-            parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us")
+            parquet = open_file(handle, coerce_int96_timestamp_unit="us")
             if parquet.schema_arrow.remove_metadata().equals(schema.remove_metadata()):
                 continue
             temporary = f"{path}.{uuid.uuid4().hex}.tmp"

@@ -241,6 +241,19 @@ def read_footer(handle, parsed: ParsedFooters | None = None) -> Footer:
     return Footer(pq.read_metadata(pa.BufferReader(_MAGIC + stored)), digest, size)
 
 
+def open_file(source, metadata: pq.FileMetaData | None = None, **options) -> pq.ParquetFile:
+    """``source`` (an open file, a local path or a buffer) opened as Parquet, its footer parsed (``metadata``: one
+    parsed before). Every footer the package parses goes through this module, so how footers are read (buffering,
+    a cache, a pyarrow option) is decided in one place."""
+    return pq.ParquetFile(source, metadata=metadata, **options)
+
+
+def footer_at(filesystem, location: str) -> pq.FileMetaData:
+    """The parsed footer of the file at ``location`` on ``filesystem``, the file closed again."""
+    with filesystem.open_input_file(location) as handle:
+        return open_file(handle).metadata
+
+
 def modification_time(filesystem, location: str) -> int | None:
     """The file's modification time in nanoseconds as the filesystem lists it (what planning recorded), or None."""
     return filesystem.get_file_info(location).mtime_ns

@@ -31,6 +31,7 @@ from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from . import fs as fsutil
 from . import partitions, retry
+from .footer import footer_at
 from .partitions import parse, partition_values  # the reader's own rule (decoded, None for a null)
 
 DELTA, ICEBERG, PARQUET = "delta", "iceberg", "parquet"
@@ -466,12 +467,10 @@ def _check_field_ids(ref: TableRef, columns: dict[int, str], data_paths: list[st
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    import pyarrow.parquet as pq
 
     def schema_of(data_path: str):
         filesystem, path = fsutil.resolve(fsutil.normalize_url(data_path))
-        with filesystem.open_input_file(path) as handle:
-            return data_path, _parquet_columns(pq.read_schema(handle))
+        return data_path, _parquet_columns(footer_at(filesystem, path).schema.to_arrow_schema())
 
     by_name = {name: field_id for field_id, name in columns.items()}
     fix = ("petastorm-balanced reads columns by name, so that snapshot cannot be read exactly: rewrite the data "

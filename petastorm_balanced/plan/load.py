@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .._version import __version__
 from ..core import balance
@@ -25,6 +24,7 @@ from ..errors import (
     StalePlanError,
 )
 from ..io import fs as fsutil
+from ..io.footer import open_file
 from ..io.tables import TableRef
 from .format import (
     ASSIGNMENT,
@@ -136,7 +136,7 @@ def _plan_from(document, filesystem, root, url, version) -> ShardPlan:
         # process ("terminate called without an active exception", ~5% of runs). ParquetFile reads synchronously.
         # Paths as a dictionary: a million row groups share tens of thousands of paths, so no string per row group.
         as_dictionary = ["file"] if name == CATALOG else None
-        tables[name] = pq.ParquetFile(pa.BufferReader(data), read_dictionary=as_dictionary).read()
+        tables[name] = open_file(pa.BufferReader(data), read_dictionary=as_dictionary).read()
     params, dataset, predicate = document["parameters"], document["dataset"], document["predicate"]
     if not balance.BALANCERS.holds(params["algorithm"], params["algorithm_version"]):
         raise PlanVersionError(f"{url} was balanced by {params['algorithm']} v{params['algorithm_version']}; this "

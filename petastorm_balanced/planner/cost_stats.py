@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..core.catalog import Catalog, RowGroups
 from ..core.cost.spec import CostSpec, check_costs, evaluate, row_group_stats
 from ..errors import InvalidValueError
 from ..io import fs as fsutil
 from ..io.dataset import dataset_root
+from ..io.footer import open_file
 
 Stats = dict[tuple[str, int], tuple[int, int]]
 
@@ -50,7 +50,7 @@ def local_cost_stats(url: str, catalog: Catalog, spec: CostSpec, *, threads: int
     def read(path):
         out = {}
         with filesystem.open_input_file(fsutil.join(root, path)) as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = open_file(handle)
             if spec.column not in parquet.schema_arrow.names:
                 raise InvalidValueError(f"cost={spec.text!r}: {path!r} has no column {spec.column!r}; the dataset has "
                                         f"{parquet.schema_arrow.names}")

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import InvalidTypeError, InvalidValueError
+from ..io.footer import open_file
 from ..io.partitions import partition_types as infer_partition_types
 from ..io.partitions import typed_partition_values
 
@@ -52,7 +52,7 @@ def row_group_mask(handle, path: str, row_group: int, predicate, fields, *, unis
     partitions = typed_partition_values(path, partition_types if partition_types is not None else
                                         infer_partition_types([path]))
     stored = [f for f in fields if f not in partitions]
-    parquet = pq.ParquetFile(handle)
+    parquet = open_file(handle)
     rows = parquet.metadata.row_group(row_group).num_rows
     frame = pd.DataFrame(index=range(rows))
     if stored:

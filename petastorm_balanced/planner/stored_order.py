@@ -19,6 +19,7 @@ from ..core.quality import clustered_columns
 from ..core.shuffle import DEFAULT_BUDGET, budget_window
 from ..errors import ShuffleQualityWarning
 from ..io import fs as fsutil
+from ..io.footer import footer_at
 from ..io.stats import row_bytes, value_ranges
 from ..plan.model import ShardPlan
 
@@ -85,8 +86,7 @@ def _footers(plan: ShardPlan) -> list[pq.FileMetaData]:
     filesystem, root = plan.location.filesystem, plan.location.root
 
     def footer(path):
-        with filesystem.open_input_file(fsutil.join(root, path)) as handle:
-            return pq.ParquetFile(handle).metadata
+        return footer_at(filesystem, fsutil.join(root, path))
 
     with ThreadPoolExecutor(max(1, min(8, len(paths)))) as pool:
         return list(pool.map(footer, paths))

@@ -89,7 +89,7 @@ def read_fragment(parquet_file: pq.ParquetFile, fragment: Fragment, spec: ReadSp
     if indices is None and not fragment.selection:  # every row matches: the fragment is one run
         table = table.slice(fragment.start, fragment.num_rows)
     else:
-        table = _cut(table, fragment.row_indices() if indices is None else indices)
+        table = cut(table, fragment.row_indices() if indices is None else indices)
     target = spec.target
     whole = table.num_columns == len(spec.stored_columns)  # pyarrow skips a column the file lacks
     if whole and not spec.partition_types and (target is None or table.schema.equals(target)):
@@ -148,7 +148,7 @@ def _delivered(table: pa.Table) -> pa.Table:
     return table if schema.equals(table.schema) else table.cast(schema)
 
 
-def _cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
+def cut(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """Keep ``rows`` (positions, in order): a zero-copy slice when they are one ascending run."""
     if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
         return table.slice(int(rows[0]), len(rows))

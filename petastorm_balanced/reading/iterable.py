@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from multiprocessing.context import get_spawning_popen
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -28,18 +29,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
-from ..plan.load import resolve_plan
-from ..world import resolve_world
 from . import state as loader_state
 from . import stream, worker_stats
-from .backends import BACKENDS, resolve_backend
+from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
 from .fragments import as_list
-from .mixture import MixturePosition, MixtureRun, MixtureSettings, check_single_plan, mixture_slot
+from .mixture import MixturePosition, MixtureRun, MixtureSettings, mixture_slot
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position, Run
+from .request import resolve_request
 from .settings import Settings
 from .tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
 
@@ -95,18 +95,15 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
-        self._mixture = isinstance(plan, (list, tuple))  # plan=[...]: a mixture (reading/mixture.py)
-        if isinstance(plan, (list, tuple)):
-            settings = MixtureSettings(plan, weights, resolve_world(rank, world), options,
-                                       epoch_steps=epoch_steps, backend=backend,
-                                       reader_options={"reader_pool_type": "dummy"})
-            self._settings, self.backend = settings, settings.backend
+        request = resolve_request(plan, rank, world, options, epoch=epoch, weights=weights, epoch_steps=epoch_steps,
+                                  backend=backend)
+        self._mixture, self.backend = request.mixture, request.backend  # plan=[...]: a mixture (reading/mixture.py)
+        if request.mixture:
+            settings = MixtureSettings.of(replace(request, reader_options={"reader_pool_type": "dummy"}))
+            self._settings = settings
             self._position = MixturePosition(settings, epoch)
         else:
-            check_single_plan(weights, epoch_steps)
-            plan = resolve_plan(plan)  # loaded once here: its table decides the backend
-            self.backend = resolve_backend(backend, plan.table)
-            self._settings = Settings(plan, resolve_world(rank, world), options)
+            self._settings = Settings(request.plan, request.world, options)
             self._position = Position(self._settings, epoch)
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
@@ -139,10 +136,10 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
             if progress is not None:
                 self._in_worker = progress
             batches = mixture_slot(position, num_workers, worker, self._numpy_out, progress,
-                                   self._worker_resume is not None, self._recorder.begin)
+                                   self._worker_resume is not None, self.recorder.begin)
         else:
             batches = self._slot(num_workers, worker, self._numpy_out, info is not None)
-        return worker_stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
+        return worker_stats.in_worker(self, batches) if info is not None else self.recorder.measured(batches)
 
     def __getstate__(self):
         """Pickled for spawned DataLoader workers: remember a re-sharding wrapper on the stack now, since the
@@ -173,7 +170,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         else:
             run = position.begin()
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
-            self._recorder.begin(epoch)
+            self.recorder.begin(epoch)
         slot = (worker + done) % num_workers
         fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         # read in this process ("dummy" pool): the DataLoader's workers are the parallelism
@@ -270,7 +267,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         """Take the position for an iteration counted in this process (the DataLoader's main process), and start
         the epoch's figures (``stats()``)."""
         run = self._position.begin()
-        self._recorder.begin(self.epoch)  # the run's epoch (a mixture's run keeps it in its point)
+        self.recorder.begin(self.epoch)  # the run's epoch (a mixture's run keeps it in its point)
         return run
 
     @property
@@ -399,7 +396,7 @@ class _Counted:
                 batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below
             if self._run is not None:  # with workers: the loop's waits are timed here (reading/stats.py)
-                self._batches = self._loader.dataset._recorder.measured(self._batches)
+                self._batches = self._loader.dataset.recorder.measured(self._batches)
         batch = next(self._batches)
         if self._run is not None:
             self._run.delivered()

@@ -18,9 +18,9 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
+from ..io.footer import open_file
 from ..io.location import DatasetLocation
 from ..plan.model import ShardPlan
 from .list_shapes import ListStats, numeric_list_levels
@@ -57,7 +57,7 @@ def _scan(location: DatasetLocation, groups: Sequence[tuple[str, set[int]]], typ
         path, row_groups = item
         out: list[dict[str, tuple[ListStats, int | None, str]]] = []
         with filesystem.open_input_file(fsutil.join(root, path)) as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = open_file(handle)
             for i in sorted(row_groups):
                 table = parquet.read_row_group(i, columns=names, use_threads=False)
                 out.append({n: column_stats(table.column(n), types[n], f"{path!r} row group {i}") for n in names})

@@ -36,6 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..core.params import check_choice
 from ..errors import InvalidTypeError, InvalidValueError
 from .schema import MASK_SUFFIX, TENSOR, ColumnSchema, tensor_dtype
 
@@ -87,11 +88,9 @@ PYTHON_LISTS = ListOptions("python")
 
 
 def _form(value: Any) -> str:
-    if value not in LIST_FORMATS:
-        raise InvalidValueError(f"list_format={value!r} is not one of {LIST_FORMATS}: 'auto' (equal-length lists of "
-                                "numbers as tensors, others as Python lists), 'tensor' (refuse other lengths), "
-                                "'padded' (values padded to the longest list, plus <name>__lengths), 'python'")
-    return value
+    return check_choice("list_format", value, LIST_FORMATS, "'auto' (equal-length lists of numbers as tensors, "
+                        "others as Python lists), 'tensor' (refuse other lengths), 'padded' (values padded to the "
+                        "longest list, plus <name>__lengths), 'python'")
 
 
 def _name(parameter: str, name: Any) -> str:

@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from ..errors import InvalidValueError
-from ..plan.load import resolve_plan
 from ..plan.model import ShardPlan
-from ..world import World, resolve_world
+from ..world import World
 from . import packing, stream
-from .backends import BACKENDS, resolve_backend
+from .backends import BACKENDS
 from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, delivered
-from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
+from .mixture import MixtureLoader, MixtureSettings
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
-from .planned_view import PlannedView
+from .planned_view import PlannedLoader
 from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
+from .request import resolve_request
 from .settings import Settings
 from .tensors import TORCH, format_batches
 
@@ -38,7 +38,7 @@ LOADER_REFUSED = {
 }
 
 
-class BalancedLoader(PlannedView[Settings, Position]):
+class BalancedLoader(PlannedLoader[Settings, Position]):
     """Batches of one rank: ``for batch in loader`` is one epoch; the next ``iter()`` serves the next one.
 
     Only delivered batches and ``set_epoch`` move the position (``position.Position``): an ``iter()`` abandoned
@@ -64,22 +64,14 @@ class BalancedLoader(PlannedView[Settings, Position]):
         self.backend = backend
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
-        self._iterator: Generator[dict[str, Any], None, None] | None = None
         self._reader = ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._iterator is not None:
-            self._iterator.close()  # one pool at a time
-        # starts (and takes the position) at its first next(): a probe consumes nothing
-        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
-        return iterator
 
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
-        self._recorder.begin(epoch)
+        self.recorder.begin(epoch)
         chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader,
                                             transform=settings.transform)
         runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
@@ -101,33 +93,8 @@ class BalancedLoader(PlannedView[Settings, Position]):
         adapter that counts consumed batches across epochs (``petastorm_balanced.tf``) needs."""
         return int(self._settings.steps_of(epoch, stages))
 
-    def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by
-        ``load_state_dict`` is kept, so calling ``set_epoch`` at the top of every epoch is safe after resuming."""
-        self._position.set_epoch(epoch)
-
-    def state_dict(self) -> dict:
-        """The epoch and batch the next iteration serves (plus the settings they are valid for); the end of an
-        epoch is saved as the start of the next one."""
-        return self._position.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """The next ``iter()`` continues exactly where ``state`` was saved; a state saved at another world size
-        continues that epoch with the rows no rank had consumed, split evenly over this world (G10)."""
-        self._position.load_state_dict(state)
-
-    def close(self) -> None:
-        """Stop the reader's workers now (otherwise they wait for the next epoch, until the loader is collected)."""
-        if self._iterator is not None:
-            self._iterator.close()
-            self._iterator = None
+    def _close_readers(self) -> None:
         self._reader.close()
-
-    def __enter__(self) -> BalancedLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 Loader = BalancedLoader | MixtureLoader  # what make_loader returns: one plan's loader, or a mixture's
@@ -228,13 +195,11 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                                 "(jax.device_put, tf.data), or use batch_format='torch'")
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
-    if isinstance(plan, (list, tuple)):
-        return make_mixture_loader(resolve_world(rank, world), plan, weights, options, epoch=epoch,
-                                   epoch_steps=epoch_steps, backend=backend, workers_count=workers_count,
-                                   reader_pool_type=reader_pool_type, petastorm_kwargs=petastorm_kwargs, feeding=fed)
-    check_single_plan(weights, epoch_steps)
-    plan = resolve_plan(plan)  # loaded once here: its table decides the backend
-    chosen = resolve_backend(backend, plan.table, petastorm_only(petastorm_kwargs, reader_pool_type))
-    return BalancedLoader(plan, resolve_world(rank, world), options, backend=chosen, epoch=epoch,
-                          reader_options=reader_options(chosen, workers_count, reader_pool_type, petastorm_kwargs),
-                          feeding=fed)
+    request = resolve_request(plan, rank, world, options, epoch=epoch, weights=weights, epoch_steps=epoch_steps,
+                              backend=backend, petastorm_arguments=petastorm_only(petastorm_kwargs, reader_pool_type),
+                              reader_options=lambda chosen: reader_options(chosen, workers_count, reader_pool_type,
+                                                                           petastorm_kwargs))
+    if request.mixture:
+        return MixtureLoader(MixtureSettings.of(request), epoch, fed)
+    return BalancedLoader(request.plan, request.world, options, backend=request.backend, epoch=epoch,
+                          reader_options=dict(request.reader_options), feeding=fed)

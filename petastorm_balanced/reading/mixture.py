@@ -25,7 +25,7 @@ What a mixture does not take, refused when it is built: ``partition_epoch`` (use
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
@@ -38,18 +38,18 @@ from ..core.mixture import Mixture, Point, make_schedule, parse_weights
 from ..core.params import check_int
 from ..core.shuffle import budget_window
 from ..errors import InvalidTypeError, InvalidValueError
-from ..plan.load import resolve_plan
+from ..plan.model import ShardPlan
 from ..world import World
 from . import mixture_elastic, stream
 from . import state as loader_state
-from .backends import resolve_backend
 from .columns import with_cost_source
 from .device import NO_FEED, Feed, delivered
 from .fragments import as_list
 from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
 from .options import LoaderOptions
-from .planned_view import PlannedView
+from .planned_view import PlannedLoader
+from .request import LoaderRequest
 from .schema import batch_schema, extra_column
 from .settings import EXTRA_ROW_BYTES, resolve_cost
 from .state import (
@@ -78,14 +78,10 @@ RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
 class MixtureSettings:
     """Checked settings of a mixture loader: the plans, the schedule, the columns and how sources are read."""
 
-    def __init__(self, plans: Sequence[Any], weights, world: World, options: LoaderOptions, *,
-                 epoch_steps: int | None = None, backend: str = "auto", reader_options: dict | None = None):
-        if not isinstance(plans, (list, tuple)) or len(plans) < 1:
-            raise InvalidTypeError(f"plan={plans!r} must be a ShardPlan, a plan URL, or a list of them (a mixture)")
-        if weights is None:
-            raise InvalidValueError("plan=[...] (a mixture) needs weights=, one positive number per plan, such as "
-                                    "weights=[0.7, 0.3]")
-        self.plans = tuple(resolve_plan(p) for p in plans)
+    def __init__(self, plans: Sequence[ShardPlan], weights, world: World, options: LoaderOptions, *,
+                 epoch_steps: int | None = None, backend: str = "arrow", reader_options: Mapping | None = None):
+        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``MixtureSettings.of``)."""
+        self.plans = tuple(plans)
         mixture_elastic.refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
         self.weights = parse_weights(weights, len(self.plans))
@@ -97,8 +93,7 @@ class MixtureSettings:
         self.padding_mask = options.padding_mask
         self.batch_size = self._batch_size(options.batch_size)
         self.epoch_steps = None if epoch_steps is None else check_int("epoch_steps", epoch_steps, minimum=1)
-        tables = [p.table for p in self.plans if p.table is not None]
-        self.backend = resolve_backend(backend, tables[0] if tables else None)
+        self.backend = backend
         self.reader_options = dict(reader_options or {})
         rows = []
         for plan in self.plans:
@@ -115,6 +110,11 @@ class MixtureSettings:
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
+
+    @classmethod
+    def of(cls, request: LoaderRequest) -> MixtureSettings:
+        return cls(request.plans, request.weights, request.world, request.options, epoch_steps=request.epoch_steps,
+                   backend=request.backend, reader_options=request.reader_options)
 
     def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
         """A source balanced by cost (``balance="auto"`` and a plan with a cost, or ``"cost"``): its cost's
@@ -345,7 +345,7 @@ def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None
                 source.close()
 
 
-class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
+class MixtureLoader(PlannedLoader[MixtureSettings, MixturePosition]):
     """Batches of one rank over a mixture of plans; made by ``make_loader(plan=[...], weights=[...])``.
 
     The loader's interface is ``BalancedLoader``'s (``len``, ``set_epoch``, ``state_dict``, ``load_state_dict``,
@@ -359,7 +359,6 @@ class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
         self._position = MixturePosition(settings, epoch)
         self.backend = settings.backend
         self._feed = feeding
-        self._iterator: Generator[dict[str, Any], None, None] | None = None
         from .backends.reader_keeper import ReaderKeeper
         self._keepers = [ReaderKeeper() for _ in settings.plans]
         # the sources' streams live from epoch to epoch: an epoch that ends inside a source's shuffle window hands
@@ -367,17 +366,11 @@ class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
         self._sources: list = []
         self._finalizer = weakref.finalize(self, _close_all, self._keepers, self._sources)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._iterator is not None:
-            self._iterator.close()
-        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
-        return iterator
-
     def _run(self) -> Generator[dict[str, Any], None, None]:
         settings = self._settings
         run = self._position.begin()
         schedule, point = settings.mixture.schedule, run.point
-        self._recorder.begin(point.epoch)
+        self.recorder.begin(point.epoch)
         wanted = [(c, h, None if s.cost is None else schedule.origin(i, point.phase, c))
                   for i, (c, h, s) in enumerate(zip(point.counters, run.heads, settings.sources, strict=True))]
         if [(s.counter, s.head, s.origin) for s in self._sources] != wanted:
@@ -396,29 +389,8 @@ class MixtureLoader(PlannedView[MixtureSettings, MixturePosition]):
         """The weights as read: fractions summing to 1."""
         return self._settings.weights
 
-    def set_epoch(self, epoch: int) -> None:
-        self._position.set_epoch(epoch)
-
-    def state_dict(self) -> dict:
-        """The epoch and batch the next iteration serves, each source's ``[pass, row]`` and the schedule's phase
-        (``state["mixture"]``), and the settings they are valid for."""
-        return self._position.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue exactly where ``state`` was saved; with other weights, every source continues where it stood."""
-        self._position.load_state_dict(state)
-
-    def close(self) -> None:
-        if self._iterator is not None:
-            self._iterator.close()
-            self._iterator = None
+    def _close_readers(self) -> None:
         _close_all(self._keepers, self._sources)
-
-    def __enter__(self) -> MixtureLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _close_all(keepers, sources) -> None:
@@ -479,25 +451,3 @@ def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy
         elif progress is not None:
             progress[2] += 1
         yield batch
-
-
-def check_single_plan(weights, epoch_steps) -> None:
-    """``weights`` and ``epoch_steps`` belong to mixtures: refused with one plan, never ignored."""
-    if weights is not None or epoch_steps is not None:
-        raise InvalidValueError(f"weights={weights!r}, epoch_steps={epoch_steps!r} apply to a mixture: pass plan= as "
-                                "a list of plans (plan=[plan_a, plan_b]), or leave them out")
-
-
-def make_mixture_loader(world: World, plans, weights, options: LoaderOptions, *, epoch: int, epoch_steps,
-                        backend: str, workers_count: int, reader_pool_type: str, petastorm_kwargs: dict,
-                        feeding: Feed) -> MixtureLoader:
-    """``make_loader``'s mixture: the same reader options, checked the same way, for every source."""
-    from .reader_arguments import petastorm_only, reader_options
-    resolved = [resolve_plan(p) for p in plans] if isinstance(plans, (list, tuple)) else plans
-    tables = [p.table for p in resolved if p.table is not None]
-    chosen = resolve_backend(backend, tables[0] if tables else None, petastorm_only(petastorm_kwargs,
-                                                                                    reader_pool_type))
-    settings = MixtureSettings(resolved, weights, world, options, epoch_steps=epoch_steps, backend=chosen,
-                               reader_options=reader_options(chosen, workers_count, reader_pool_type,
-                                                             petastorm_kwargs))
-    return MixtureLoader(settings, epoch, feeding)

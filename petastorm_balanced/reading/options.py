@@ -13,13 +13,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from numbers import Integral
-from typing import Any
+from typing import Any, Literal
 
-from ..core.params import check_int
+from ..core.balance import RESHUFFLES
+from ..core.cost.arrangement import REDUCES, REDUCES_MEANING
+from ..core.cost.spec import BALANCE, BALANCE_MEANING
+from ..core.packing import LONG_DOCUMENTS, LONG_DOCUMENTS_MEANING
+from ..core.params import check_choice, check_int
 from ..core.shuffle import DEFAULT_BUDGET
 from ..errors import InvalidTypeError, InvalidValueError
 from .list_shapes import ListOptions
 from .tensors import TORCH, check_batch_format
+
+# The named choices, typed: each is checked against its accepted values once, in ``LoaderOptions``.
+Reshuffle = Literal["epoch", "fixed"]
+Balance = Literal["auto", "cost", "rows"]
+CostReduce = Literal["sum", "max"]
+BatchFormat = Literal["torch", "numpy"]
+LongDocuments = Literal["split", "drop"]
 
 SHUFFLE_BUDGET = DEFAULT_BUDGET  # default bytes of decoded rows one rank's shuffle may hold (``core/shuffle.py``)
 SPILL_BUDGET = 64 * 2**30  # default bytes of local disk one rank's shuffle windows may take (``reading/spill.py``)
@@ -37,7 +48,7 @@ class LoaderOptions:
 
     batch_size: int | None = None
     shuffle: bool = True
-    reshuffle: str = "epoch"
+    reshuffle: Reshuffle = "epoch"
     shuffle_window: int | None = None  # rows; None: as many as ``shuffle_budget`` holds
     shuffle_budget: int | str = SHUFFLE_BUDGET
     # local disk for windows larger than memory (``reading/spill.py``): None: windows sized by memory, what goes
@@ -48,21 +59,22 @@ class LoaderOptions:
     schema_fields: Sequence[Any] | None = None
     padding_mask: bool = False
     partition_epoch: int = 1
-    balance: str = "auto"
-    cost_reduce: str = "sum"
+    balance: Balance = "auto"
+    cost_reduce: CostReduce = "sum"
     max_batch_cost: int | None = None
     transform_spec: Any = None
     list_format: Any = "auto"
     list_shapes: Any = None
-    batch_format: str = TORCH  # "torch" or "numpy" (tensors.py)
+    batch_format: BatchFormat = TORCH  # tensors.py
     pack: str | None = None  # a list column to pack into sequences of seq_len tokens (reading/packing.py)
     seq_len: int | None = None
-    long_documents: str = "split"  # "split" | "drop": documents longer than seq_len (core/packing.py)
+    long_documents: LongDocuments = "split"  # documents longer than seq_len (core/packing.py)
 
     def __post_init__(self) -> None:
-        if self.reshuffle not in ("epoch", "fixed"):
-            raise InvalidValueError(f"reshuffle={self.reshuffle!r} is not one of 'epoch' (new assignment every epoch) "
-                                    "or 'fixed' (the epoch-0 assignment, for caching)")
+        check_choice("reshuffle", self.reshuffle, RESHUFFLES, "'epoch' (new assignment every epoch) or 'fixed' (the "
+                     "epoch-0 assignment, for caching)")
+        check_choice("balance", self.balance, BALANCE, BALANCE_MEANING)
+        check_choice("cost_reduce", self.cost_reduce, REDUCES, REDUCES_MEANING)
         if not isinstance(self.shuffle, bool):
             raise InvalidTypeError(f"shuffle={self.shuffle!r} must be True or False")
         if self.shuffle_window is not None:
@@ -113,9 +125,7 @@ def _check_pack(pack, seq_len, long_documents) -> None:
     if seq_len is None:
         raise InvalidValueError(f"pack={pack!r} needs seq_len= (tokens per packed sequence, e.g. seq_len=2048)")
     check_int("seq_len", seq_len, minimum=1, hint=" (tokens per packed sequence)")
-    if long_documents not in ("split", "drop"):
-        raise InvalidValueError(f"long_documents={long_documents!r} is not 'split' (documents longer than seq_len "
-                                "cut into consecutive pieces) or 'drop' (left out)")
+    check_choice("long_documents", long_documents, LONG_DOCUMENTS, LONG_DOCUMENTS_MEANING)
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

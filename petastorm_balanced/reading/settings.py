@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from ..core import balance as balance_module
 from ..core.cost import arrangement
-from ..core.cost.arrangement import REDUCES
+from ..core.cost.arrangement import REDUCES, REDUCES_MEANING
 from ..core.cost.options import CostOptions
 from ..core.cost.spec import COST_COLUMN, parse_cost
-from ..core.params import check_int
+from ..core.params import check_choice, check_int
 from ..core.shuffle import budget_window
 from ..errors import InvalidValueError, ShuffleQualityWarning
 from ..plan.model import ShardPlan
@@ -199,9 +199,7 @@ def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_
     """The loader's cost arrangement, or None for row balance; every bad combination is refused here, when the
     loader is built, naming the parameter."""
     chosen = plan.resolve_balance(balance)  # the one "auto" rule (the plan's); refuses "cost" without a cost
-    if cost_reduce not in REDUCES:
-        raise InvalidValueError(f"cost_reduce={cost_reduce!r} is not one of {REDUCES}: 'sum' for packed batches, 'max' "
-                                "for padded ones (batch_size x longest row)")
+    check_choice("cost_reduce", cost_reduce, REDUCES, REDUCES_MEANING)
     if max_batch_cost is not None:
         max_batch_cost = check_int("max_batch_cost", max_batch_cost, minimum=1, hint=" (the cost budget per batch)")
         if batch_size is not None:

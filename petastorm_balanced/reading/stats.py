@@ -95,8 +95,8 @@ class Recorder:
         self._lock = threading.Lock()
         self._cells: list[Cell] = []
         self._base: dict[int, Cell] = {}  # each live cell as it stood when the epoch began
-        self._closed = _View()  # the epochs before this one
-        self._remote = _View()  # sent by DataLoader workers, this epoch
+        self._closed = View()  # the epochs before this one
+        self._remote = View()  # sent by DataLoader workers, this epoch
         self._remote_ids: dict[str, set] = {}  # the workers' threads that sent each stage, this epoch
         self.epoch: int | None = None
         self.loop = [0.0, 0.0, 0, 0.0]  # wait_s, training_s, batches, first batch's wait (this epoch)
@@ -121,6 +121,11 @@ class Recorder:
     def add(self, stage: str, seconds: float) -> None:
         self.cell().add(stage, seconds)
 
+    def cells(self) -> list[Cell]:
+        """Every thread's cell, as registered now (a worker sends what each added since its last message)."""
+        with self._lock:
+            return list(self._cells)
+
     # -- epochs -------------------------------------------------------------------------------------------------
 
     def begin(self, epoch: int) -> None:
@@ -132,7 +137,7 @@ class Recorder:
         with self._lock:  # cells of finished threads are in the closed figures: dropped; live ones re-based
             self._cells = [c for c in self._cells if c.thread is None or c.thread.is_alive()]
             self._base = {id(c): c.copy() for c in self._cells}
-        self._remote, self._remote_ids = _View(), {}
+        self._remote, self._remote_ids = View(), {}
         self.loop = [0.0, 0.0, 0, 0.0]
         self.epoch = epoch
         self._fill = [0, perf_counter(), perf_counter()]  # rows read before the first batch, started, last logged
@@ -153,7 +158,7 @@ class Recorder:
     def merge(self, sent: dict) -> None:
         """Figures a DataLoader worker sent (``WorkerSink``): added to this epoch's; a stage's threads are those
         of every worker that sent it (a worker sends several times: counted once)."""
-        view = _View.of(sent)
+        view = View.of(sent)
         for stage, tags in sent.get("ids", {}).items():
             self._remote_ids.setdefault(stage, set()).update(tags)
         view.threads = {}
@@ -228,12 +233,11 @@ class Recorder:
 
     # -- views --------------------------------------------------------------------------------------------------
 
-    def view(self, *, epoch_only: bool) -> _View:
+    def view(self, *, epoch_only: bool) -> View:
         """This epoch's figures (``epoch_only``) or every epoch's."""
-        out = _View()
+        out = View()
         with self._lock:
-            cells = list(self._cells)
-            base = dict(self._base)
+            cells, base = list(self._cells), dict(self._base)
         for cell in cells:
             out.add_cell(cell, base.get(id(cell)))
         out.merge(self._remote, longest=False)
@@ -250,7 +254,7 @@ class Recorder:
         return {**epoch, "epoch": epoch, "total": total, "epoch_index": self.epoch, **(extra or {})}
 
 
-class _View:
+class View:
     """Figures summed over threads (and epochs): seconds and threads per stage, counts, the loop's times."""
 
     def __init__(self) -> None:
@@ -270,7 +274,7 @@ class _View:
         for name, n in list(cell.counts.items()):
             self.counts[name] = self.counts.get(name, 0) + n - (base.counts.get(name, 0) if base is not None else 0)
 
-    def merge(self, other: _View, *, longest: bool) -> None:
+    def merge(self, other: View, *, longest: bool) -> None:
         """Add ``other``; threads per stage: the larger of the two (``longest``: other epochs) or their sum."""
         for stage, seconds in other.seconds.items():
             self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
@@ -289,7 +293,7 @@ class _View:
         return {"seconds": self.seconds, "calls": self.calls, "threads": self.threads, "counts": self.counts}
 
     @classmethod
-    def of(cls, sent: dict) -> _View:
+    def of(cls, sent: dict) -> View:
         view = cls()
         view.seconds, view.calls = dict(sent["seconds"]), dict(sent["calls"])
         view.threads, view.counts = dict(sent["threads"]), dict(sent["counts"])

@@ -10,17 +10,19 @@ import functools
 import itertools
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import InvalidValueError, MissingDependencyError
+from ..core.params import check_choice
+from ..errors import MissingDependencyError
 from . import stream
 from .fragments import as_list, is_text
 from .stats import current
 
-TORCH, NUMPY = "torch", "numpy"
+TORCH: Final = "torch"
+NUMPY: Final = "numpy"
 BATCH_FORMATS = (TORCH, NUMPY)
 
 torch: Any = None  # the torch module once require_torch() imported it
@@ -40,10 +42,8 @@ def require_torch():
 
 
 def check_batch_format(batch_format) -> str:
-    if batch_format not in BATCH_FORMATS:
-        raise InvalidValueError(f"batch_format={batch_format!r} is not one of {BATCH_FORMATS}: 'torch' gives "
-                                "tensors, 'numpy' numpy arrays (no torch needed); text is a list of str in both")
-    return batch_format
+    return check_choice("batch_format", batch_format, BATCH_FORMATS, "'torch' gives tensors, 'numpy' numpy arrays "
+                        "(no torch needed); text is a list of str in both")
 
 
 def to_torch(batch: dict, padding_mask: bool) -> dict:

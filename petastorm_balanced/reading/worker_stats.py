@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterable
 from time import perf_counter
 from typing import Any
 
-from .stats import Cell, Recorder, _View
+from .stats import Cell, Recorder, View
 
 
 class WorkerSink:
@@ -31,9 +31,8 @@ class WorkerSink:
         if not force and now - self.sent_at < self.EVERY_S:
             return
         self.sent_at = now
-        delta = _View()
-        with recorder._lock:
-            cells = list(recorder._cells)
+        delta = View()
+        cells = recorder.cells()
         ids: dict[str, list[str]] = {}
         for cell in cells:
             before = dict(delta.threads)
@@ -86,5 +85,5 @@ def open_queue(owner: Any, context: Any) -> Any:
         import multiprocessing
         queue = owner.__dict__["_stats_queue"] = (context or multiprocessing).Queue()
     else:
-        drain(queue, owner._recorder)
+        drain(queue, owner.recorder)
     return queue

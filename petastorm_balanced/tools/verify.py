@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from ..core import balance
 from ..errors import InvalidValueError, PlanError
 from ..io import fs as fsutil
+from ..io.footer import footer_at, open_file
 from ..plan.format import split_row_groups
 from ..plan.model import ShardPlan
 from ..planner.scan import check_footers
@@ -129,8 +130,7 @@ class _RowReader:
         self._offsets: dict[tuple[str, int], int] = {}
         base = 0
         for f in sorted(plan.catalog.files, key=lambda f: f.path):
-            with self.filesystem.open_input_file(fsutil.join(self.root, f.path)) as handle:
-                meta = self._meta[f.path] = pq.ParquetFile(handle).metadata
+            meta = self._meta[f.path] = footer_at(self.filesystem, fsutil.join(self.root, f.path))
             for i in range(meta.num_row_groups):
                 self._offsets[(f.path, i)] = base
                 base += meta.row_group(i).num_rows
@@ -154,7 +154,7 @@ class _RowReader:
                             f"{frag.total_rows}")
         positions = frag.row_indices()
         with self.filesystem.open_input_file(fsutil.join(self.root, frag.path)) as handle:
-            parquet = pq.ParquetFile(handle, metadata=meta)
+            parquet = open_file(handle, metadata=meta)
             table = parquet.read_row_group(frag.row_group, columns=[parquet.schema_arrow.names[0]])
         if len(positions) and (positions.min() < 0 or positions.max() >= table.num_rows):
             raise PlanError(f"{where}: planned positions reach past its {table.num_rows} rows")
@@ -167,7 +167,7 @@ class _RowReader:
         parts = []
         for path in sorted(self._meta):
             with self.filesystem.open_input_file(f"{self.root}/{path}") as handle:
-                parquet = pq.ParquetFile(handle, metadata=self._meta[path])
+                parquet = open_file(handle, metadata=self._meta[path])
                 if name not in parquet.schema_arrow.names:
                     raise InvalidValueError(f"--id-column {name!r} is not a stored column of {path!r}; its columns are "
                                             f"{parquet.schema_arrow.names}")

@@ -8,10 +8,10 @@ and the test-data generator) takes the keys and the loader from here, so the all
 from __future__ import annotations
 
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from ..io import fs as fsutil
 from ..io import retry
+from ..io.footer import footer_at
 from .pickling import loads
 
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
@@ -49,6 +49,5 @@ def _unischema_bytes(url: str) -> bytes | None:
         return None
 
     def read():
-        with filesystem.open_input_file(meta_path) as handle:
-            return pq.read_metadata(handle).metadata or {}
+        return footer_at(filesystem, meta_path).metadata or {}
     return retry.call_naming(read, url=where, what="reading").get(UNISCHEMA_KEY)

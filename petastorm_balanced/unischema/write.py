@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import InvalidTypeError, InvalidValueError
+from ..io.footer import footer_at
 from . import pickling
 from .storage import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
 
@@ -99,13 +100,11 @@ def write_metadata(dataset_url: str, unischema_pickle: bytes) -> None:
     filesystem, root, files = list_data_files(dataset_url)
 
     def row_groups(info):
-        with filesystem.open_input_file(info.path) as handle:
-            return relative_path(info.path, root), pq.read_metadata(handle).num_row_groups
+        return relative_path(info.path, root), footer_at(filesystem, info.path).num_row_groups
 
     with ThreadPoolExecutor(8) as pool:
         counts = dict(pool.map(row_groups, files))
-    with filesystem.open_input_file(files[0].path) as handle:
-        base = pq.read_schema(handle)
+    base = footer_at(filesystem, files[0].path).schema.to_arrow_schema()
     metadata = dict(base.metadata or {})
     metadata[UNISCHEMA_KEY] = unischema_pickle
     metadata[ROW_GROUPS_PER_FILE_KEY] = json.dumps(counts).encode()

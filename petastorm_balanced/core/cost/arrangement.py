@@ -142,3 +142,4 @@ ARRANGEMENTS = {
 }
 ARRANGEMENT_VERSION = 2  # what new loaders arrange with (``one_sort.py``: one sort and one random stream a window)
 REDUCES = ARRANGEMENTS[ARRANGEMENT_VERSION].names
+REDUCES_MEANING = "'sum' for packed batches, 'max' for padded ones (batch_size x longest row)"

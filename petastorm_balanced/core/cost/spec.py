@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import InvalidValueError
+from ..params import check_choice
 
 #: Spark SQL functions of one column the loader evaluates the same way Spark does (characters for strings,
 #: bytes for binary, elements for arrays).
@@ -165,15 +166,14 @@ def row_group_stats(costs: np.ndarray):
     return int(costs.sum()), int(costs.max())
 
 BALANCE = ("auto", "cost", "rows")
+BALANCE_MEANING = ("'cost' balances each step's cost (needs a plan made with cost=), 'rows' only rows, 'auto' cost "
+                   "when the plan has one")
 
 
 def resolve_balance(balance_by: str, *, has_cost: bool) -> str:
     """``"cost"`` or ``"rows"``: the one ``"auto"`` rule (cost whenever the plan has a cost); ``"cost"`` on a plan
     without one is refused, naming the parameter."""
-    if balance_by not in BALANCE:
-        raise InvalidValueError(f"balance={balance_by!r} is not one of {BALANCE}: 'cost' balances each step's "
-                                "cost (needs a plan made with cost=), 'rows' only rows, 'auto' cost when the "
-                                "plan has one")
+    check_choice("balance", balance_by, BALANCE, BALANCE_MEANING)
     if balance_by == "auto":
         return "cost" if has_cost else "rows"
     if balance_by == "cost" and not has_cost:

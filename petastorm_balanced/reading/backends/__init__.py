@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...core.params import check_choice
 from ...core.registry import Algorithm, Registry
 from ...errors import InvalidValueError, MissingDependencyError
 
@@ -50,10 +51,9 @@ def resolve_backend(backend, table=None, petastorm_arguments: Sequence[str] = ()
     A Delta/Iceberg snapshot plan (``table``, ``plan.table``) is read by the Arrow backend: Petastorm's reader lists
     every Parquet file of the folder, files the table removed included, so it cannot serve one snapshot.
     """
-    if backend not in BACKEND_NAMES:
-        raise InvalidValueError(f"backend={backend!r} is not one of {BACKEND_NAMES}: 'arrow' reads with pyarrow "
-                                "alone (any stack), 'petastorm' with Petastorm's reader (pyarrow < 15), 'auto' picks "
-                                "Arrow unless a Petastorm-only reader argument is given")
+    check_choice("backend", backend, BACKEND_NAMES, "'arrow' reads with pyarrow alone (any stack), 'petastorm' "
+                 "with Petastorm's reader (pyarrow < 15), 'auto' picks Arrow unless a Petastorm-only reader argument "
+                 "is given")
     if table is not None and table.format != "parquet":
         if backend == "petastorm":
             raise InvalidValueError(f"backend='petastorm' cannot serve a plan of {table.describe()}: Petastorm's "

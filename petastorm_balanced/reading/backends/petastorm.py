@@ -43,7 +43,7 @@ except ImportError as _missing:
 
 from ...core.shuffle import window_permutation
 from ...io import fs as fsutil
-from ...io.footer import CheckedFooters
+from ...io.footer import CheckedFooters, open_file
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from ...unischema.pickling import harden_petastorm_unpickler
@@ -133,18 +133,17 @@ class _PlannedWorkerMixin:
             full = Fragment(fragment.path, fragment.row_group, False, 0, 0, fragment.total_rows,
                             fragment.total_rows)
             table = self._local_cache.get(key, lambda: fr.read_fragment(self._files().get(piece.path), full, spec))
-            return fr._cut(table, fragment.row_indices() if indices is None else indices)
+            return fr.cut(table, fragment.row_indices() if indices is None else indices)
         except (OSError, pa.ArrowException) as exc:  # name the file and row group (StalePlanError passes as is)
             raise fr.read_error(fragment, exc) from exc
 
     def _files(self) -> fr.FileCache:
         if getattr(self, "_file_cache", None) is None:
             filesystem = self.args[0]
-            if type(filesystem).__name__ == "LocalFileSystem":
-                opener = fr.pq.ParquetFile  # native local reads beat Python file objects
-            else:
-                def opener(path):
-                    return fr.pq.ParquetFile(filesystem.open(path, "rb"))
+            local = type(filesystem).__name__ == "LocalFileSystem"  # native local reads beat Python file objects
+
+            def opener(path):
+                return open_file(path if local else filesystem.open(path, "rb"))
             self._file_cache = fr.FileCache(opener)
         return self._file_cache
 
