@@ -21,7 +21,6 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from multiprocessing.context import get_spawning_popen
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ from .mixture import MixturePosition, MixtureRun, MixtureSettings, mixture_slot
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import EpochSampler, PlannedView
 from .position import Position, Run
-from .request import resolve_request
+from .request import mixture_settings, resolve_request
 from .settings import Settings
 from .tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
 
@@ -99,7 +98,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
                                   backend=backend)
         self._mixture, self.backend = request.mixture, request.backend  # plan=[...]: a mixture (reading/mixture.py)
         if request.mixture:
-            settings = MixtureSettings.of(replace(request, reader_options={"reader_pool_type": "dummy"}))
+            settings = mixture_settings(request, reader_pool_type="dummy")
             self._settings = settings
             self._position = MixturePosition(settings, epoch)
         else:

@@ -22,12 +22,12 @@ from . import packing, stream
 from .backends import BACKENDS
 from .backends.reader_keeper import ReaderKeeper
 from .device import NO_FEED, Feed, check_feed, delivered
-from .mixture import MixtureLoader, MixtureSettings
+from .mixture import MixtureLoader
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import PlannedLoader
 from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
-from .request import resolve_request
+from .request import mixture_settings, resolve_request
 from .settings import Settings
 from .tensors import TORCH, format_batches
 
@@ -200,6 +200,6 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                               reader_options=lambda chosen: reader_options(chosen, workers_count, reader_pool_type,
                                                                            petastorm_kwargs))
     if request.mixture:
-        return MixtureLoader(MixtureSettings.of(request), epoch, fed)
+        return MixtureLoader(mixture_settings(request), epoch, fed)
     return BalancedLoader(request.plan, request.world, options, backend=request.backend, epoch=epoch,
                           reader_options=dict(request.reader_options), feeding=fed)

@@ -49,7 +49,6 @@ from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
 from .options import LoaderOptions
 from .planned_view import PlannedLoader
-from .request import LoaderRequest
 from .schema import batch_schema, extra_column
 from .settings import EXTRA_ROW_BYTES, resolve_cost
 from .state import (
@@ -80,7 +79,7 @@ class MixtureSettings:
 
     def __init__(self, plans: Sequence[ShardPlan], weights, world: World, options: LoaderOptions, *,
                  epoch_steps: int | None = None, backend: str = "arrow", reader_options: Mapping | None = None):
-        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``MixtureSettings.of``)."""
+        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``request.mixture_settings``)."""
         self.plans = tuple(plans)
         mixture_elastic.refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
@@ -110,11 +109,6 @@ class MixtureSettings:
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
-
-    @classmethod
-    def of(cls, request: LoaderRequest) -> MixtureSettings:
-        return cls(request.plans, request.weights, request.world, request.options, epoch_steps=request.epoch_steps,
-                   backend=request.backend, reader_options=request.reader_options)
 
     def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
         """A source balanced by cost (``balance="auto"`` and a plan with a cost, or ``"cost"``): its cost's

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from numbers import Integral
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from ..core.balance import RESHUFFLES
 from ..core.cost.arrangement import REDUCES, REDUCES_MEANING
@@ -23,7 +23,10 @@ from ..core.params import check_choice, check_int
 from ..core.shuffle import DEFAULT_BUDGET
 from ..errors import InvalidTypeError, InvalidValueError
 from .list_shapes import ListOptions
-from .tensors import TORCH, check_batch_format
+
+TORCH: Final = "torch"
+NUMPY: Final = "numpy"
+BATCH_FORMATS = (TORCH, NUMPY)  # tensors.py makes each
 
 # The named choices, typed: each is checked against its accepted values once, in ``LoaderOptions``.
 Reshuffle = Literal["epoch", "fixed"]
@@ -92,7 +95,8 @@ class LoaderOptions:
             raise InvalidValueError(f"shuffle_spill_dir={spill!r} must be a folder on local disk (windows are read "
                                     "back memory-mapped), not a URL; pass a path such as '/local_disk0/tmp'")
         object.__setattr__(self, "padding_mask", bool(self.padding_mask))
-        check_batch_format(self.batch_format)
+        check_choice("batch_format", self.batch_format, BATCH_FORMATS, "'torch' gives tensors, 'numpy' numpy arrays "
+                     "(no torch needed); text is a list of str in both")
         _check_pack(self.pack, self.seq_len, self.long_documents)
         self.lists  # noqa: B018  (checked here, where the user gave them)
 

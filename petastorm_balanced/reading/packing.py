@@ -31,8 +31,7 @@ from ..core.params import check_int
 from ..errors import InvalidValueError
 from ..plan.model import ShardPlan
 from .options import LoaderOptions
-from .schema import TENSOR, BatchSchema, ColumnSchema, tensor_dtype
-from .stream import PADDING
+from .schema import PADDING, TENSOR, BatchSchema, ColumnSchema, tensor_dtype
 
 SEGMENTS, POSITIONS, CU_SEQLENS = "__segments", "__positions", "__cu_seqlens"
 _LIST_FUNCTIONS = ("size", "cardinality")

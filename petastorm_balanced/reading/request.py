@@ -18,6 +18,7 @@ from ..plan.load import resolve_plan
 from ..plan.model import ShardPlan
 from ..world import World, resolve_world
 from .backends import resolve_backend
+from .mixture import MixtureSettings
 from .options import LoaderOptions
 
 Backend = Literal["arrow", "petastorm"]  # a backend as resolved ("auto" is decided here)
@@ -66,6 +67,13 @@ def resolve_request(plan: Any, rank: int | None, world: int | None, options: Loa
     given = dict(reader_options(chosen)) if reader_options is not None else {}
     return LoaderRequest(plans, mixture, resolve_world(rank, world), options, cast(Backend, chosen), given, weights,
                          epoch_steps, epoch)
+
+
+def mixture_settings(request: LoaderRequest, **reader_options: Any) -> MixtureSettings:
+    """A mixture's settings from its request (``reader_options``: these reader arguments instead of the request's)."""
+    return MixtureSettings(request.plans, request.weights, request.world, request.options,
+                           epoch_steps=request.epoch_steps, backend=request.backend,
+                           reader_options=reader_options or request.reader_options)
 
 
 def check_single_plan(weights, epoch_steps) -> None:

@@ -10,20 +10,16 @@ import functools
 import itertools
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..core.params import check_choice
 from ..errors import MissingDependencyError
-from . import stream
 from .fragments import as_list, is_text
+from .options import NUMPY, TORCH
+from .schema import PADDING
 from .stats import current
-
-TORCH: Final = "torch"
-NUMPY: Final = "numpy"
-BATCH_FORMATS = (TORCH, NUMPY)
 
 torch: Any = None  # the torch module once require_torch() imported it
 
@@ -40,10 +36,6 @@ def require_torch():
         torch = module
     return torch
 
-
-def check_batch_format(batch_format) -> str:
-    return check_choice("batch_format", batch_format, BATCH_FORMATS, "'torch' gives tensors, 'numpy' numpy arrays "
-                        "(no torch needed); text is a list of str in both")
 
 
 def to_torch(batch: dict, padding_mask: bool) -> dict:
@@ -93,7 +85,7 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     cutters: list[Callable] = []
     part_of: dict[int, int] = {}  # id of a column's array -> its part: one array under two names is cut once
     for name, values in run.items():  # (``stream.slot_runs`` names a delivered cost column ``_cost`` too)
-        if name == stream.PADDING and not padding_mask:
+        if name == PADDING and not padding_mask:
             continue
         if id(values) not in part_of:
             part_of[id(values)] = len(cutters)
