@@ -49,7 +49,6 @@ from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
 from .options import LoaderOptions
 from .planned_view import PlannedLoader
-from .position import Tracked
 from .schema import batch_schema, extra_column
 from .settings import EXTRA_ROW_BYTES, resolve_cost
 from .state import (
@@ -172,7 +171,7 @@ def _refuse(options: LoaderOptions) -> None:
                                 "or give each source a shuffled copy (petastorm_balanced.spark.make_shuffled_copy)")
 
 
-class MixturePosition(Tracked):
+class MixturePosition:
     """Where the next batch comes from: a point of the mixture (``core/mixture.Point``) in the current epoch, and
     batches delivered since. The epoch rules are ``position.Position``'s: only delivered batches and ``set_epoch``
     move it; ``set_epoch(e)`` keeps a position just loaded for epoch ``e``."""
@@ -203,7 +202,11 @@ class MixturePosition(Tracked):
         self._owner = run
         return run
 
-    def _moved(self) -> None:
+    def delivered(self, run: MixtureRun) -> None:
+        if self._owner is not run:
+            return
+        self.resumed = False
+        self.batches += 1
         self._roll()
 
     def current(self) -> tuple[int, int]:

@@ -19,29 +19,7 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 
-class Tracked:
-    """The rule both positions keep (one plan's ``Position``, a mixture's ``MixturePosition``): only the iteration
-    that took the position last (``begin``) moves it, one delivered batch at a time, and a position loaded by
-    ``load_state_dict`` is ``resumed`` until that iteration's first batch."""
-
-    batches: int
-    resumed: bool
-    _owner: object | None
-
-    def delivered(self, run: object) -> None:
-        """``run`` handed out one more batch."""
-        if self._owner is not run:
-            return
-        self.resumed = False
-        self.batches += 1
-        self._moved()
-
-    def _moved(self) -> None:
-        """After a delivered batch: at the epoch's end, on to the next epoch's start."""
-        raise NotImplementedError
-
-
-class Position(Tracked):
+class Position:
     """Where the next batch comes from: the epoch, and batches of it already delivered.
 
     Shared by both loaders: ``state_dict`` and ``load_state_dict`` are strict (every key must be there, and the
@@ -95,7 +73,12 @@ class Position(Tracked):
         self._owner = run
         return run
 
-    def _moved(self) -> None:
+    def delivered(self, run: Run) -> None:
+        """``run`` handed out one more batch."""
+        if self._owner is not run:
+            return
+        self.resumed = False
+        self.batches += 1
         # where() only changes anything at the epoch's end: compare with the epoch's steps, counted once per epoch
         # (steps_of costs several us: once per batch it was about 6% of a numeric epoch, profiled)
         key = (self.epoch, self.stages)
