@@ -19,14 +19,8 @@ import numpy as np
 
 from .errors import InvalidValueError, MissingDependencyError
 from .plan.model import ShardPlan
-from .reading.loader import BalancedLoader, make_loader
+from .reading.loader import BalancedLoader, numpy_loader
 from .reading.schema import TENSOR
-
-OWNED = {
-    "batch_format": "JAX takes numpy batches (batch_format='numpy' is set here)",
-    "pin_memory": "JAX places arrays itself (sharding=)",
-    "device": "JAX places arrays itself (sharding=)",
-}
 
 
 def _jax() -> Any:
@@ -51,14 +45,8 @@ def make_jax_iterator(rank: int | None = None, world: int | None = None, *, plan
     to 32 bits, so they are refused with the fix.
     """
     jax = _jax()
-    for name, why in OWNED.items():
-        if name in make_loader_kwargs:
-            raise InvalidValueError(f"{name}={make_loader_kwargs[name]!r} is not accepted here: {why}")
-    if isinstance(plan, (list, tuple)):
-        raise InvalidValueError("plan=[...] (a mixture) is served to torch and numpy loops (make_loader); "
-                                "make_jax_iterator takes one plan")
-    loader = make_loader(rank, world, plan=plan, batch_size=batch_size, batch_format="numpy", **make_loader_kwargs)
-    assert isinstance(loader, BalancedLoader)
+    loader = numpy_loader("JAX", rank, world, plan, batch_size, make_loader_kwargs,
+                          "JAX places arrays itself (sharding=)", "make_jax_iterator takes one plan")
     wide = [c.name for c in loader.schema if c.kind == TENSOR and np.dtype(c.dtype).itemsize == 8]
     if wide and not jax.config.jax_enable_x64:
         raise InvalidValueError(f"columns {wide} are 64-bit, which JAX would silently narrow to 32 bits "

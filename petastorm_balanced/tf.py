@@ -32,15 +32,8 @@ import numpy as np
 
 from .errors import InvalidValueError, MissingDependencyError
 from .plan.model import ShardPlan
-from .reading.loader import BalancedLoader, make_loader
+from .reading.loader import BalancedLoader, numpy_loader
 from .reading.schema import TENSOR, BatchSchema
-
-# make_loader arguments this module decides
-OWNED = {
-    "batch_format": "TensorFlow takes numpy batches (batch_format='numpy' is set here)",
-    "pin_memory": "TensorFlow places tensors itself",
-    "device": "TensorFlow places tensors itself",
-}
 
 
 def _tf() -> Any:
@@ -136,14 +129,8 @@ def _options(tf) -> Any:
 
 
 def _loader(rank, world, plan, batch_size, kwargs: dict) -> BalancedLoader:
-    for name, why in OWNED.items():
-        if name in kwargs:
-            raise InvalidValueError(f"{name}={kwargs[name]!r} is not accepted here: {why}")
-    if isinstance(plan, (list, tuple)):
-        raise InvalidValueError("plan=[...] (a mixture) is served to torch and numpy loops (make_loader); TensorFlow "
-                                "datasets take one plan")
-    loader = make_loader(rank, world, plan=plan, batch_size=batch_size, batch_format="numpy", **kwargs)
-    assert isinstance(loader, BalancedLoader)
+    loader = numpy_loader("TensorFlow", rank, world, plan, batch_size, kwargs, "TensorFlow places tensors itself",
+                          "TensorFlow datasets take one plan")
     element_spec(loader.schema, loader.batch_size)  # refuse what TensorFlow cannot hold before training starts
     return loader
 

@@ -100,6 +100,22 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
 Loader = BalancedLoader | MixtureLoader  # what make_loader returns: one plan's loader, or a mixture's
 
 
+def numpy_loader(framework: str, rank, world, plan, batch_size, kwargs: dict, places: str,
+                 one_plan: str) -> BalancedLoader:
+    """One plan's numpy batches for a framework adapter (``petastorm_balanced.tf``, ``.jax``), which decides the
+    batch format and where arrays go (``places``): those arguments, and a mixture, are refused naming it."""
+    owned = {"batch_format": f"{framework} takes numpy batches (batch_format='numpy' is set here)",
+             "pin_memory": places, "device": places}
+    for name, why in owned.items():
+        if name in kwargs:
+            raise InvalidValueError(f"{name}={kwargs[name]!r} is not accepted here: {why}")
+    if isinstance(plan, (list, tuple)):
+        raise InvalidValueError(f"plan=[...] (a mixture) is served to torch and numpy loops (make_loader); {one_plan}")
+    loader = make_loader(rank, world, plan=plan, batch_size=batch_size, batch_format="numpy", **kwargs)
+    assert isinstance(loader, BalancedLoader)
+    return loader
+
+
 def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str | Sequence[Any],
                 batch_size: int | None = None, epoch: int = 0, shuffle: bool = True, reshuffle: str = "epoch",
                 workers_count: int = 4, reader_pool_type: str = "thread", schema_fields: Sequence[Any] | None = None,

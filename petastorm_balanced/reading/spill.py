@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -252,13 +251,3 @@ class SpilledColumn:
 def spillable(values) -> bool:
     """Arrow arrays go to IPC files (dictionary arrays stay in memory: an IPC file holds one dictionary)."""
     return isinstance(values, pa.Array) and not pa.types.is_dictionary(values.type)
-
-
-def disk_bytes(paths: Mapping[str, str]) -> int:
-    total = 0
-    for path in paths.values():
-        try:
-            total += os.path.getsize(path)
-        except OSError:
-            pass
-    return total

@@ -47,20 +47,6 @@ def decode_row(row: dict, unischema: Any) -> dict:
     return {name: decode_value(fields[name], value) for name, value in row.items() if name in fields}
 
 
-def decode_column(column: Any, unischema_field: Any) -> np.ndarray:
-    """A codec column's cells decoded one by one and stacked (rows on axis 0); ragged or null cells give an
-    object array of per-row values."""
-    values = column.to_pylist() if isinstance(column, (pa.Array, pa.ChunkedArray)) else list(column)
-    cells = [decode_value(unischema_field, v) for v in values]
-    if cells and all(c is not None for c in cells):
-        first = np.shape(cells[0])
-        if all(np.shape(c) == first for c in cells):
-            return np.stack(cells)
-    out = np.empty(len(cells), dtype=object)
-    out[:] = cells
-    return out
-
-
 def rows(table: pa.Table, unischema: Any) -> list:
     """A table's rows as Petastorm's ``make_reader`` decodes them: pandas' values (``to_pandas(
     integer_object_nulls=True)``, as Petastorm reads), then ``decode_row``."""
