@@ -94,7 +94,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         require_torch()
         # Token budgets (max_batch_cost) are make_loader's: DataLoader workers would need equal budget steps each.
         options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
-        request = resolve_request(plan, rank, world, options, epoch=epoch, weights=weights, epoch_steps=epoch_steps,
+        request = resolve_request(plan, rank, world, options, weights=weights, epoch_steps=epoch_steps,
                                   backend=backend)
         self._mixture, self.backend = request.mixture, request.backend  # plan=[...]: a mixture (reading/mixture.py)
         if request.mixture:

@@ -211,7 +211,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                                 "(jax.device_put, tf.data), or use batch_format='torch'")
     fed = check_feed(pin_memory, device)
     check_petastorm_kwargs(petastorm_kwargs, LOADER_REFUSED)
-    request = resolve_request(plan, rank, world, options, epoch=epoch, weights=weights, epoch_steps=epoch_steps,
+    request = resolve_request(plan, rank, world, options, weights=weights, epoch_steps=epoch_steps,
                               backend=backend, petastorm_arguments=petastorm_only(petastorm_kwargs, reader_pool_type),
                               reader_options=lambda chosen: reader_options(chosen, workers_count, reader_pool_type,
                                                                            petastorm_kwargs))

@@ -1,11 +1,9 @@
 """``LoaderRequest``: what a loader is built from, resolved once at the front door.
 
-``make_loader`` and ``BalancedIterableDataset`` take the user's words: a plan (an object or a URL) or a list of
-them with weights, a rank and world size (or nothing: detected), a backend's name, the options. ``resolve_request``
-turns them into objects once (plans loaded and checked, the world detected, the backend chosen from the first
-snapshot table, the reader's arguments checked for that backend) and everything below builds from the request,
-deciding nothing about the user's words again. One plan and a mixture come through the same door: ``plans`` holds
-one plan or several, ``mixture`` says which the user asked for.
+``make_loader`` and ``BalancedIterableDataset`` turn the user's words (a plan, a URL or a list of them with weights;
+rank and world, or nothing; a backend's name; the options) into objects here, once: plans loaded and checked, the
+world detected, the backend chosen (by the first snapshot table), the reader's arguments checked for it. Everything
+below builds from the request. One plan and a mixture come through this one door.
 """
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ Backend = Literal["arrow", "petastorm"]  # a backend as resolved ("auto" is deci
 @dataclass(frozen=True)
 class LoaderRequest:
     """A loader's inputs as objects: the plans (one, or a mixture's), the world, the checked options, the chosen
-    backend and its reader arguments, the mixture's weights and epoch length, the first epoch."""
+    backend and its reader arguments, the mixture's weights and epoch length."""
 
     plans: tuple[ShardPlan, ...]
     mixture: bool  # plan=[...] was given: a mixture, even of one plan
@@ -37,7 +35,6 @@ class LoaderRequest:
     reader_options: Mapping[str, Any] = field(default_factory=dict)
     weights: Sequence[Any] | None = None
     epoch_steps: int | None = None
-    epoch: int = 0
 
     @property
     def plan(self) -> ShardPlan:
@@ -45,7 +42,7 @@ class LoaderRequest:
         return self.plans[0]
 
 
-def resolve_request(plan: Any, rank: int | None, world: int | None, options: LoaderOptions, *, epoch: int = 0,
+def resolve_request(plan: Any, rank: int | None, world: int | None, options: LoaderOptions, *,
                     weights: Sequence[Any] | None = None, epoch_steps: int | None = None, backend: str = "auto",
                     petastorm_arguments: Sequence[str] = (),
                     reader_options: Callable[[str], Mapping[str, Any]] | None = None) -> LoaderRequest:
@@ -66,7 +63,7 @@ def resolve_request(plan: Any, rank: int | None, world: int | None, options: Loa
     chosen = resolve_backend(backend, tables[0] if tables else None, petastorm_arguments)  # a table decides it
     given = dict(reader_options(chosen)) if reader_options is not None else {}
     return LoaderRequest(plans, mixture, resolve_world(rank, world), options, cast(Backend, chosen), given, weights,
-                         epoch_steps, epoch)
+                         epoch_steps)
 
 
 def mixture_settings(request: LoaderRequest, **reader_options: Any) -> MixtureSettings:
