@@ -131,7 +131,7 @@ def test_pure_modules_do_no_io(name):
 FOREIGN_PRIVATE = {"_jdf", "_jvm", "_jsparkSession", "_jsc", "_explain_string", "_get_namedtuple", "_name",
                    "_spark_type", "_quality", "_InfiniteConstantSampler", "_getframe", "_exit", "_replace",
                    "_Unpickler", "_Pickler", "_fields", "_reconstruct", "_reconstructor"}
-FOOTER_READERS = {"ParquetFile", "read_metadata", "read_schema"}  # pyarrow's ways to parse a Parquet footer
+FOOTER_READERS = {"ParquetFile", "read_metadata", "read_schema", "read_table"}  # pyarrow's ways to parse a footer
 
 
 def _attributes(path):

@@ -31,7 +31,7 @@ from ..core.params import check_int
 from ..errors import InvalidTypeError, InvalidValueError, MissingDependencyError
 from . import fs as fsutil
 from . import partitions, retry
-from .footer import footer_at
+from .footer import footer_at, open_file
 from .partitions import parse, partition_values  # the reader's own rule (decoded, None for a null)
 
 DELTA, ICEBERG, PARQUET = "delta", "iceberg", "parquet"
@@ -505,7 +505,6 @@ def _position_deletes(ref: TableRef, data_path: str, delete_files) -> tuple[int,
     chose the delete files that apply to it); equality deletes and deletion vectors (Puffin) are refused."""
     import numpy as np
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
     positions = []
     for delete in delete_files:
         content = str(getattr(delete.content, "name", delete.content)).upper()
@@ -518,7 +517,7 @@ def _position_deletes(ref: TableRef, data_path: str, delete_files) -> tuple[int,
                                     "or write with write.delete.mode=copy-on-write, and plan the new snapshot")
         filesystem, path = fsutil.resolve(fsutil.normalize_url(delete.file_path))
         with filesystem.open_input_file(path) as handle:
-            table = pq.read_table(handle, columns=["file_path", "pos"])
+            table = open_file(handle).read(columns=["file_path", "pos"])
         positions.append(table.filter(pc.equal(table.column("file_path"), data_path)).column("pos").to_numpy())
     return tuple(np.unique(np.concatenate(positions)).tolist()) if positions else ()
 
