@@ -107,6 +107,33 @@ def test_core_imports_only_core_and_errors():
     assert not outside, outside
 
 
+def test_reading_stages_import_one_way():
+    """``reading/``'s folders are the pipeline's stages (docs/architecture.md): between two stages (a folder, or a
+    module of its own) imports run one way only, so the stages stack without a circle."""
+    known = modules()
+
+    def stage(module):
+        return module.split(".")[2]  # petastorm_balanced.reading.<folder or module>[...]
+
+    graph: dict[str, set[str]] = {}
+    for m, p in known.items():
+        if m.startswith("petastorm_balanced.reading."):
+            targets = (stage(t) for t in imports(m, p, known) if t.startswith("petastorm_balanced.reading."))
+            graph.setdefault(stage(m), set()).update(t for t in targets if t != stage(m))
+    both = sorted((a, b) for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, ()))
+    assert not both, f"stages importing each other: {both}"
+    done: set[str] = set()
+
+    def visit(node, path):
+        assert node not in path, f"stages in a circle: {path[path.index(node):] + [node]}"
+        if node not in done:
+            for nxt in sorted(graph.get(node, ())):
+                visit(nxt, path + [node])
+            done.add(node)
+    for node in sorted(graph):
+        visit(node, [])
+
+
 @pytest.mark.parametrize("a,b", APART)
 def test_siblings_stay_apart(a, b):
     known = modules()
