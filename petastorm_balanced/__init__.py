@@ -22,6 +22,7 @@ from .planner.plan_shards import plan_shards
 from .world import World
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs (never imported here at run time)
+    from .reading.device import prefetch_to_device
     from .reading.iterable import BalancedDataLoader, BalancedIterableDataset
     from .reading.loader import BalancedLoader, make_loader
     from .reading.packing import varlen_inputs
@@ -32,13 +33,14 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs (never imp
 # package (and the Spark executors that run it) never pays for torch.
 _LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "reading.iterable",
          "BalancedLoader": "reading.loader", "make_loader": "reading.loader",
-         "make_reader": "reading.reader", "TransformSpec": "reading.transform", "varlen_inputs": "reading.packing"}
+         "make_reader": "reading.reader", "TransformSpec": "reading.transform", "varlen_inputs": "reading.packing",
+         "prefetch_to_device": "reading.device"}
 # A literal list (sorted), so that linters and type checkers see the re-exports.
 __all__ = [
     "BalancedDataLoader", "BalancedIterableDataset", "BalancedLoader", "Fragment", "InvalidWhereError", "PlanError",
     "PlanIntegrityError", "PlanUpdateError", "PlanVersionError", "ShardPlan", "StalePlanError",
     "StorageUnavailableError", "TransformSpec", "UnsafeDatasetError", "World",
-    "load_plan", "make_loader", "make_reader", "plan_shards", "varlen_inputs",
+    "load_plan", "make_loader", "make_reader", "plan_shards", "prefetch_to_device", "varlen_inputs",
 ]
 
 
