@@ -140,7 +140,7 @@ class WindowBatcher:
             for end, rows in zip(ends[skip:], lengths[skip:], strict=True):
                 yield window.gather(order[end - rows:end])
         else:  # runs of whole batches, each gathered when asked for: batch j is rows order[j*B:(j+1)*B]
-            step = max(1, RUN_ROWS // self._batch) * self._batch if window.row_major else size
+            step = window.run_rows(self._batch, size)
             for begin in range(skip, size, step):
                 yield window.gather(order[begin:begin + step])
         release = getattr(window, "release", None)  # a window with files on disk deletes them once served
@@ -270,6 +270,10 @@ class Window(Mapping):
 
     def __len__(self) -> int:
         return len(self._names)
+
+    def run_rows(self, batch_size: int, size: int) -> int:
+        """Rows gathered at a time (whole batches): ``RUN_ROWS`` from a row-major window, else the whole window."""
+        return max(1, RUN_ROWS // batch_size) * batch_size if self.row_major else size
 
     def gather(self, order: np.ndarray) -> ColumnArrays:
         """The rows ``order`` (no row twice) as fresh writable columns, in the window's column order."""

@@ -135,16 +135,25 @@ class SpillFilling:
             else:
                 columns[name] = _concat(parts)
         return SpilledWindow(self._names, self._dtypes, groups, columns, self.row_major, self._placement,
-                             self.on_disk, self._files)
+                             self.on_disk, self._files, (self.held + self.on_disk) / max(1, self.rows))
 
 
 class SpilledWindow(Window):
     """``batching.Window`` over columns some of which are memory-mapped; ``release()`` gives its disk back."""
 
     def __init__(self, names, dtypes, groups, columns, row_major, placement: Placement, on_disk: int,
-                 files: list[str]):
+                 files: list[str], row_bytes: float):
         super().__init__(names, dtypes, groups, columns, row_major)
         self._placement, self._on_disk, self._files = placement, on_disk, files
+        self._row_bytes = row_bytes  # decoded bytes per row, as measured while the window filled
+
+    def run_rows(self, batch_size: int, size: int) -> int:
+        """Whole batches of at most the placement's memory (measured bytes), at least one batch, and never more
+        than ``batching.Window`` gathers: a run is gathered into anonymous memory (twice over for an Arrow column
+        taken chunk by chunk), so a window of rows far larger than its footers said is served in runs its budget
+        holds, not in one gather of the whole window."""
+        held = max(1, int(self._placement.memory // max(self._row_bytes, 1.0)) // batch_size) * batch_size
+        return min(super().run_rows(batch_size, size), held)
 
     def __getitem__(self, name: str):
         values = super().__getitem__(name)
