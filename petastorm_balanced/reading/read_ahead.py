@@ -46,7 +46,7 @@ class BundleSizes:
     @property
     def limit(self) -> int:
         """Bytes past which a reading thread cuts its bundle short."""
-        return LIMIT_FACTOR * self.target
+        return int(LIMIT_FACTOR * self.target)
 
     def measure(self, *, rows: int, nbytes: int) -> None:
         if rows > 0:
@@ -64,7 +64,8 @@ class BundleSizes:
         holds ``rows()`` rows; at least one fragment a group."""
         i = 0
         while i < len(fragments):
-            want, group, count = self.rows(), [], 0
+            want, count = self.rows(), 0
+            group: list[Fragment] = []
             while i < len(fragments) and (not group or count < want):
                 group.append(fragments[i])
                 count += fragments[i].num_rows
