@@ -53,6 +53,7 @@ class SpillFilling:
                 by_size.setdefault(values.dtype.itemsize, []).append(name)
         by_size = {itemsize: names for itemsize, names in by_size.items() if len(names) > 1}
         self._files: list[str] = []  # this window's spill files, deleted once it is served
+        self._blocks: dict = {}  # (dtype, columns) -> a block of rows interleaved before it is written
         self.held = 0  # bytes of this window in memory
         self.on_disk = 0  # bytes of this window in spill files
         self._groups: list = []
@@ -64,6 +65,12 @@ class SpillFilling:
         self._parts: dict[str, list] = {name: [] for name in self._names if name not in grouped | set(self._arrays)}
         self._spilled: dict[str, SpilledColumn] = {}
         self.row_major = large
+
+    def _block(self, dtype, columns: int) -> np.ndarray:
+        block = self._blocks.get((dtype, columns))
+        if block is None:
+            block = self._blocks[(dtype, columns)] = np.empty((_BLOCK, columns), dtype=dtype)
+        return block
 
     def _allocate(self, shape: tuple, dtype):
         array = self._placement.allocate(shape, dtype, self.held)
@@ -81,8 +88,9 @@ class SpillFilling:
             columns = grouped_views(part, names, self._dtypes, matrix.dtype)
             for begin in range(0, rows, _BLOCK):
                 end = min(begin + _BLOCK, rows)
-                if isinstance(matrix, DiskArray):
-                    matrix.write(begin_row + begin, np.stack([c[begin:end] for c in columns], axis=1))
+                if isinstance(matrix, DiskArray):  # interleaved in a block reused for every write
+                    block = self._block(matrix.dtype, len(names))[:end - begin]
+                    matrix.write(begin_row + begin, np.stack([c[begin:end] for c in columns], axis=1, out=block))
                 else:
                     np.stack([c[begin:end] for c in columns], axis=1, out=matrix[begin_row + begin:begin_row + end])
         for name, array in self._arrays.items():
