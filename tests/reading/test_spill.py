@@ -315,3 +315,32 @@ def test_a_column_in_chunks_takes_rows_in_any_order_as_one_array(sizes, seed, dr
     order = np.random.default_rng(seed).permutation(start)[:max(0, start - dropped)]
     expected = pa.concat_arrays(chunks).take(pa.array(order, type=pa.int64()))
     assert spill.BlockColumn(chunks).take(order).to_pylist() == expected.to_pylist()
+
+
+@pytest.mark.parametrize("memory", [64 * 2**10, 2**20])
+def test_a_spilled_window_is_served_in_runs_its_memory_share_holds(tmp_path, memory):
+    """Rows of 1-3 KB, a memory share far below the window: each run gathered from it holds whole batches of at
+    most the share's measured bytes (at least one batch), and the batches are those of the window in memory."""
+    from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
+    from petastorm_balanced.reading.spill_window import filling_for
+    rng = np.random.default_rng(0)
+    rows, batch, size = 6_016, 32, 4_800  # 188 batches
+    text = pa.array(["x" * int(n) for n in rng.integers(1_000, 3_000, rows)])
+    chunks = [{"id": np.arange(b, min(b + 1_000, rows)), "text": text.slice(b, 1_000)} for b in range(0, rows, 1_000)]
+
+    def runs(filling):
+        start = start_point(np.array([rows]), batch_size=batch, window_rows=size, batches_done=0, shuffle=True)
+        batcher = WindowBatcher(total_rows=rows, batch_size=batch, window_rows=size, start=start, key=(0, 1, 0, 0),
+                                filling=filling)
+        return [run for chunk in chunks for run in batcher.push(dict(chunk))]
+    placement = spill.Placement(memory, spill.SpillFolder(str(tmp_path)), 2**30)
+    spilled = runs(filling_for(placement))
+    row_bytes = 2_000 + 4 + 8  # the mean string, its offset and the id
+    assert all(len(r["id"]) % batch == 0 and len(r["id"]) * row_bytes <= max(memory * 1.2, batch * 3_012)
+               for r in spilled), str([len(r["id"]) for r in spilled])
+    in_memory = runs(None)
+    assert [b["id"].tolist() for r in spilled for b in split_batches(r, batch)] == \
+        [b["id"].tolist() for r in in_memory for b in split_batches(r, batch)]
+    assert [t for r in spilled for t in r["text"].to_pylist()] == [t for r in in_memory for t in r["text"].to_pylist()]
+    placement.close()
+    assert files_under(tmp_path) == []
