@@ -9,9 +9,9 @@ here needs to agree between ranks, because bundles never change a batch (the bat
 whatever their cut; ``tests/reading/test_backends.py`` compares bundle sizes).
 
 The bound, per bundle: a bundle is cut to about ``target`` measured bytes, and a reading thread stops a bundle
-once it holds ``LIMIT_FACTOR x target`` bytes (``limit``), leaving its other fragments to be read one at a time
-where the bundle is consumed; so a bundle holds at most ``LIMIT_FACTOR x target`` bytes plus one fragment, even
-where rows grow many times over between two bundles. The first bundles, read before anything was measured, take
+once it holds ``LIMIT_FACTOR x target`` bytes (``limit``), leaving its other fragments to be read where the bundle
+is consumed, in bundles cut from the bytes just measured, one at a time; so a bundle holds at most ``LIMIT_FACTOR x
+target`` bytes plus one fragment, even where rows grow many times over between two bundles. The first bundles, read before anything was measured, take
 at most ``first_rows`` rows (the footers' estimate, and never more than ``fragments.BUNDLE_ROWS``).
 
 >>> from types import SimpleNamespace as F

@@ -310,18 +310,28 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         # (read_ahead.py), so the prefetch stays a few MiB whatever a row weighs, and the footers' guess of a row's
         # bytes only caps the first bundles, read before anything was measured.
         large = threads > 1 and transform is None and not reader.remote
+        # (at most 16 x BUNDLE_ROWS rows, whatever their bytes: a bundle cut short leaves less to read alone)
         sizes = BundleSizes(target=fr.BUNDLE_BYTES, first_rows=min(fr.BUNDLE_ROWS, fr.bundle_rows(columns.row_bytes)),
-                            max_rows=None if large else fr.BUNDLE_ROWS)
+                            max_rows=16 * fr.BUNDLE_ROWS if large else fr.BUNDLE_ROWS)
 
         def read(begun: Started | list[Fragment]):
             return begun.bundle if isinstance(begun, Started) else begun, reader.read_chunks(begun, sizes)
+
+        def rest(bundle: list[Fragment], chunks_read: list) -> Generator:
+            """What a bundle cut short (rows far larger than measured) left: read here, in bundles cut from the
+            bytes just measured, one at a time (no more memory than one), before the bundles read ahead after it."""
+            done = sum(len(held) for held, _ in chunks_read)
+            if done == len(bundle):
+                return
+            for part in sizes.bundles(bundle[done:]):
+                part_read = reader.read_chunks(part, sizes)
+                yield from part_read
+                yield from rest(part, part_read)
         results = in_order(read, sizes.bundles(todo), workers_count=threads, ahead=ahead, start=reader.start)
         try:
             for bundle, chunks_read in results:
                 yield from chunks_read
-                done = sum(len(held) for held, _ in chunks_read)
-                for fragment in bundle[done:]:  # a bundle cut short (rows far larger than measured): one at a time
-                    yield from reader.read_chunks([fragment], sizes)
+                yield from rest(bundle, chunks_read)
         finally:
             results.close()  # cancels the reads not started, waits for those in flight
             reader.close()
