@@ -11,8 +11,8 @@ whatever their cut; ``tests/reading/test_backends.py`` compares bundle sizes).
 The bound, per bundle: a bundle is cut to about ``target`` measured bytes, and a reading thread stops a bundle
 once it holds ``LIMIT_FACTOR x target`` bytes (``limit``), leaving its other fragments to be read where the bundle
 is consumed, in bundles cut from the bytes just measured, one at a time; so a bundle holds at most ``LIMIT_FACTOR x
-target`` bytes plus one fragment, even where rows grow many times over between two bundles. The first bundles, read before anything was measured, take
-at most ``first_rows`` rows (the footers' estimate, and never more than ``fragments.BUNDLE_ROWS``).
+target`` bytes plus one fragment, even where rows grow many times over between two bundles. The first bundles, cut before anything was measured, take
+``first_rows`` rows (the loader's: one fragment each, since no estimate bounds what a footer misjudges).
 
 >>> from types import SimpleNamespace as F
 >>> sizes = BundleSizes(target=1000, first_rows=2)
@@ -60,13 +60,13 @@ class BundleSizes:
         return rows if self._max is None else min(rows, self._max)
 
     def bundles(self, fragments: Sequence[Fragment]) -> Iterator[list[Fragment]]:
-        """Consecutive fragments grouped, each group cut when it is taken (so from the latest measure), until it
-        holds ``rows()`` rows; at least one fragment a group."""
+        """Consecutive fragments grouped, each group cut when it is taken (so from the latest measure), as many as
+        ``rows()`` rows hold (a fragment larger than that alone): a group never passes its target by a fragment."""
         i = 0
         while i < len(fragments):
             want, count = self.rows(), 0
             group: list[Fragment] = []
-            while i < len(fragments) and (not group or count < want):
+            while i < len(fragments) and (not group or count + fragments[i].num_rows <= want):
                 group.append(fragments[i])
                 count += fragments[i].num_rows
                 i += 1
