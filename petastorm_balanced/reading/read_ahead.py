@@ -11,8 +11,9 @@ whatever their cut; ``tests/reading/test_backends.py`` compares bundle sizes).
 The bound, per bundle: a bundle is cut to about ``target`` measured bytes, and a reading thread stops a bundle
 once it holds ``LIMIT_FACTOR x target`` bytes (``limit``), leaving its other fragments to be read where the bundle
 is consumed, in bundles cut from the bytes just measured, one at a time; so a bundle holds at most ``LIMIT_FACTOR x
-target`` bytes plus one fragment, even where rows grow many times over between two bundles. The first bundles, cut before anything was measured, take
-``first_rows`` rows (the loader's: one fragment each, since no estimate bounds what a footer misjudges).
+target`` bytes plus one fragment, even where rows grow many times over between two bundles. The first bundles,
+cut before anything was measured, take ``first_rows`` rows (the loader's: one fragment each, since no estimate
+bounds what a footer misjudges).
 
 >>> from types import SimpleNamespace as F
 >>> sizes = BundleSizes(target=1000, first_rows=2)
