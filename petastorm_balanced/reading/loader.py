@@ -156,10 +156,10 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     order they are stored in; beyond that a batch mixes the row groups of its window (``petastorm-balanced inspect
     --shuffle-quality`` tells how close to i.i.d. that is). ``shuffle_window=N`` sets the rows instead. Memory per
     rank is about the budget plus ``workers_count + 4`` bundles (the Arrow backend's prefetch; a bundle is
-    consecutive fragments of at least 8,192 rows and, read by threads from a local disk, 4 MiB of decoded values,
-    so a row group larger than that is one bundle); the first batch comes when the first window is read, and a
-    resume reads at most one window again. The budget counts decoded bytes measured on sampled rows, and a window
-    that holds more than measured sends the rest to local disk, so memory stays within it (docs/shuffle.md).
+    consecutive fragments of about 4 MiB of the decoded bytes per row measured on this rank's reads so far, so a
+    row group larger than that is one bundle); the first batch comes when the first window is read, and a resume
+    reads at most one window again. The window's rows come from the footers' estimate, and a window that holds more
+    bytes than that sends the rest to local disk, so memory stays within the budget (docs/shuffle.md, "The bound").
 
     ``shuffle_spill_dir=DIR`` (a local folder, such as NVMe scratch): windows hold a rank's whole share (up to
     ``shuffle_spill_budget`` bytes of decoded rows, 64 GiB by default), what memory cannot hold written once to
