@@ -334,7 +334,22 @@ class BalancedDataLoader(_Loader):
         object.__setattr__(self, "sampler", _EpochSampler(dataset))  # DataLoader forbids setting it normally
 
     def __iter__(self):
+        if self._tensors_here and self.num_workers > 0 and not self._feed.active and not self.dataset._mixture:
+            # lists of batches handed out in C, timed and counted per list (Recorder.grouped, Position.handing)
+            return self.dataset._recorder.grouped(self._groups(), length=lambda: len(self))
         return _Counted(self)
+
+    def _groups(self):
+        """The workers' packets as lists of batches in the round robin's order, each counted as its batches leave
+        it (started at the first ``next()``, like ``_Counted``)."""
+        batches, run = self._start()
+        cut = format_batches(self.dataset.batch_format)
+        position = self.dataset._position
+        for group in worker_packets.interleaved_groups(batches, self.num_workers,
+                                                       lambda columns, size: cut(columns, size, True)):
+            handed = iter(group)
+            position.handing(run, handed, len(group))
+            yield handed
 
     def _start(self):
         """Start the workers at the position now (the first ``next()``, after any ``set_epoch``)."""

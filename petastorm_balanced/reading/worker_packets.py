@@ -17,6 +17,7 @@ an error, never a reordering.
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 PACKET_BYTES = 1 << 20  # about 1 MiB a message: ~0.1 ms of copying against ~0.2 ms of overhead per message
 Piece = tuple[dict, int]  # (columns holding whole batches, how many)
+GROUP = 32  # batches a list of interleaved_groups holds (about): as tensors.GROUP, few enough to die young
 
 
 def pieces(run: dict, batch_size: int, packet_bytes: int | None = None) -> Iterator[Piece]:
@@ -61,8 +63,18 @@ def packets(parts: Iterable[Piece], worker: int, packet_bytes: int | None = None
 def interleave(items: Iterable[tuple], workers: int, cut: Callable[[dict, int], Iterator[Any]]) -> Iterator[Any]:
     """The batches of ``workers`` workers' packets (``items``, in the DataLoader's order) round robin, worker 0
     first, a worker skipped once its last packet is spent; ``cut(columns, batch_size)`` makes a piece's batches."""
+    return itertools.chain.from_iterable(interleaved_groups(items, workers, cut))
+
+
+def interleaved_groups(items: Iterable[tuple], workers: int, cut: Callable[[dict, int], Iterator[Any]],
+                       group: int = GROUP) -> Iterator[list]:
+    """``interleave``'s batches as lists of about ``group`` batches (whole rounds over the workers where every
+    one has batches queued), so a loop can hand them out in C."""
     source = iter(items)
-    queued: list[deque] = [deque() for _ in range(workers)]  # per worker: iterators of its batches, in order
+    # per worker: its pieces in order, each (columns, batch size) until its batches are first asked for, then
+    # their iterator (cut then, so that ``loader.stats()`` times the cutting, not the wait for it)
+    queued: list[deque] = [deque() for _ in range(workers)]
+    available = [0] * workers  # batches queued per worker
     ended = [False] * workers
     numbers = [0] * workers
 
@@ -80,33 +92,42 @@ def interleave(items: Iterable[tuple], workers: int, cut: Callable[[dict, int], 
         ended[worker] = last
         for columns, batches in parts:
             rows = len(next(iter(columns.values())))
-            queued[worker].append(cut(columns, rows // batches))
+            queued[worker].append((columns, rows // batches))
+            available[worker] += batches
 
-    turn = list(range(workers))
+    def take(worker: int, count: int) -> list:
+        out: list = []
+        queue = queued[worker]
+        while len(out) < count:
+            if isinstance(queue[0], tuple):
+                queue[0] = cut(*queue[0])
+            out.extend(itertools.islice(queue[0], count - len(out)))
+            if len(out) < count:
+                queue.popleft()
+        available[worker] -= count
+        return out
+
+    turn = list(range(workers))  # the workers not done, in the round robin's order; ``at``: whose turn it is
     at = 0
     while turn:
-        worker = turn[at]
-        queue = queued[worker]
-        while True:
-            if queue:
-                batch = next(queue[0], None)
-                if batch is not None:
-                    break
-                queue.popleft()
-            elif ended[worker]:
-                batch = None
-                break
-            else:
+        for worker in turn:
+            while not available[worker] and not ended[worker]:
                 receive()
-        if batch is None:  # this worker is done: the others continue in turn
-            del turn[at]
-            if at == len(turn):
-                at = 0
+        rounds = min(available[w] for w in turn)
+        if rounds:  # whole rounds from the worker whose turn it is
+            rounds = min(rounds, max(1, group // len(turn)))
+            order = turn[at:] + turn[:at]
+            yield [batch for batches in zip(*[take(w, rounds) for w in order]) for batch in batches]
             continue
-        yield batch
-        at += 1
+        out = []  # a worker is done: one batch of each before it in turn, then it leaves the round robin
+        while available[turn[at]]:
+            out += take(turn[at], 1)
+            at = (at + 1) % len(turn)
+        del turn[at]
         if at == len(turn):
             at = 0
+        if out:
+            yield out
     for _ in source:  # the DataLoader's end (its workers' stop signals), so it shuts down as after a full epoch
         raise RuntimeError("a DataLoader worker sent a packet after its last one")
 

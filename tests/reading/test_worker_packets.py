@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from petastorm_balanced import BalancedIterableDataset
 from petastorm_balanced.reading import worker_packets
-from petastorm_balanced.reading.worker_packets import interleave, packets, pieces
+from petastorm_balanced.reading.worker_packets import interleave, interleaved_groups, packets, pieces
 from tests.support.resume_contract import check_resume_contract, fingerprint
 
 
@@ -51,6 +51,9 @@ def test_packets_come_back_in_the_round_robin_of_batches(data):
         sent.append(list(packets(parts, w, limit)))
         assert sent[-1][-1][2] and not any(p[2] for p in sent[-1][:-1]), "the last packet, and only it, says so"
     assert list(interleave(dataloader_order(sent), workers, cut)) == expected
+    group = data.draw(st.integers(1, 9), "group")
+    groups = list(interleaved_groups(dataloader_order(sent), workers, cut, group))
+    assert [b for g in groups for b in g] == expected and all(g for g in groups)
 
 
 def test_packets_of_one_worker_out_of_order_are_an_error():
