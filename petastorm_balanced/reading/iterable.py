@@ -134,6 +134,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         position = self._position
+        batches: Iterator[Any]
         if isinstance(position, MixturePosition):
             progress: list[int] | None = None if info is None else []
             if progress is not None:
@@ -143,7 +144,8 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         else:
             batches = self._slot(num_workers, worker, self._numpy_out, info is not None)
         if info is not None and self._numpy_out:  # runs of batches, one message each (reading/worker_packets.py)
-            batches = worker_packets.packets(((b, 1) for b in batches) if self._mixture else batches, worker)
+            parts: Iterator[Any] = ((b, 1) for b in batches) if self._mixture else batches  # (columns, batches)
+            batches = worker_packets.packets(parts, worker)
         return worker_stats.in_worker(self, batches) if info is not None else self._recorder.measured(batches)
 
     def __getstate__(self):
@@ -343,8 +345,10 @@ class BalancedDataLoader(_Loader):
         """The workers' packets as lists of batches in the round robin's order, each counted as its batches leave
         it (started at the first ``next()``, like ``_Counted``)."""
         batches, run = self._start()
+        if not isinstance(run, Run):
+            raise TypeError("a mixture's batches are counted one at a time (_Counted)")  # __iter__ sends them there
         cut = format_batches(self.dataset.batch_format)
-        position = self.dataset._position
+        position = run.position
         for group in worker_packets.interleaved_groups(batches, self.num_workers,
                                                        lambda columns, size: cut(columns, size, True)):
             handed = iter(group)

@@ -73,6 +73,7 @@ class BalancedLoader(PlannedView[Settings, Position]):
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
         # starts (and takes the position) at its first next(): a probe consumes nothing
+        iterator: Iterator[dict[str, Any]]
         if self._feed.active:  # one batch held ahead: counted as handed on, the loop timed per batch
             iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
         else:  # lists of batches handed out in C, timed and counted per list (reading/stats.py)

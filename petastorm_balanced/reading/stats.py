@@ -322,7 +322,7 @@ class _Chained(itertools.chain):
 
 def chained(groups: Iterable[Iterable[Any]], source: Any, length: Callable[[], int] | None = None) -> Iterator[Any]:
     """The items of ``groups`` chained in C; closing the result closes ``groups`` and ``source``."""
-    out = _Chained.from_iterable(groups)
+    out = cast(_Chained, _Chained.from_iterable(groups))
     out._closing, out._length = (groups, source), length
     return out
 

@@ -117,7 +117,7 @@ def interleaved_groups(items: Iterable[tuple], workers: int, cut: Callable[[dict
         if rounds:  # whole rounds from the worker whose turn it is
             rounds = min(rounds, max(1, group // len(turn)))
             order = turn[at:] + turn[:at]
-            yield [batch for batches in zip(*[take(w, rounds) for w in order]) for batch in batches]
+            yield [batch for batches in zip(*[take(w, rounds) for w in order], strict=True) for batch in batches]
             continue
         out = []  # a worker is done: one batch of each before it in turn, then it leaves the round robin
         while available[turn[at]]:

@@ -15,7 +15,7 @@ from tests.support.resume_contract import check_resume_contract, fingerprint
 def dataloader_order(per_worker: list[list]) -> list:
     """What the DataLoader delivers: one item of each worker in turn, skipping a worker that has no more."""
     out, at = [], [0] * len(per_worker)
-    while any(a < len(items) for a, items in zip(at, per_worker)):
+    while any(a < len(items) for a, items in zip(at, per_worker, strict=True)):
         for w, items in enumerate(per_worker):
             if at[w] < len(items):
                 out.append(items[at[w]])
@@ -86,7 +86,7 @@ def test_workers_packets_give_the_batches_of_one_message_per_batch(plans, monkey
         packed = list(make().dataloader(num_workers=workers, multiprocessing_context="fork"))
         assert [fingerprint(b) for b in packed] == [fingerprint(b) for b in plain]
         assert len(packed) == len(make()) >= 12
-        for mine, theirs in zip(packed, plain):
+        for mine, theirs in zip(packed, plain, strict=True):
             assert mine.keys() == theirs.keys()
             for name, values in mine.items():
                 if isinstance(values, list):
