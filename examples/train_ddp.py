@@ -25,7 +25,8 @@ consumed, split evenly over its ranks (``len(loader)`` is the steps left), then 
     torchrun --nproc_per_node=3 examples/train_ddp.py --plan P --batch-size 16 --checkpoint ck.pt --resume
 
 Shutdown is ordered (see ``docs/distributed.md``): stop the loader's reader threads, drop the DDP wrapper,
-barrier, then ``destroy_process_group``, so no rank tears its gloo connections down while a peer still talks.
+barrier, then ``destroy_process_group``, so no rank tears its gloo connections down while a peer still talks; the
+process then leaves with ``os._exit``, as a gloo thread may still be freeing tensors that need the interpreter.
 """
 from __future__ import annotations
 
@@ -237,4 +238,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Leave without finalizing the interpreter: a gloo worker thread may still be dropping the last collective's
+    # tensors, and one that asks for the GIL during finalization aborts a run that succeeded
+    # (docs/distributed.md, "Clean shutdown").
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -3,14 +3,12 @@ import os
 import socket
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE",
                  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "MASTER_ADDR",
                  "MASTER_PORT")
-NATIVE_ABORT = "terminate called without an active exception"
 
 
 def free_port() -> int:
@@ -31,13 +29,6 @@ def torchrun(nproc: int, script, *args, timeout: float = 300) -> subprocess.Comp
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(script), *map(str, args)]
     done = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0 and NATIVE_ABORT in done.stderr:
-        # Seen once in CI on the modern stack (a rank aborted by C++ std::terminate, cause not yet found): run the
-        # job once more, and say so, so the abort stays visible; an assertion or any other failure is not retried.
-        warnings.warn(f"a rank of {script} aborted ({NATIVE_ABORT!r}); ran it again:\n{done.stderr[-2000:]}",
-                      stacklevel=2)
-        cmd[cmd.index("--master_port") + 1] = str(free_port())
-        done = subprocess.run(cmd, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (f"{' '.join(cmd)} exited {done.returncode}:\n"
                                   f"{done.stdout[-4000:]}\n{done.stderr[-6000:]}")
     return done

@@ -2,6 +2,7 @@
 in lockstep (an all-reduce per batch, as DDP does), then ``gather`` names the slowest rank; rank 0 writes the
 report as JSON. Usage: ``torchrun --nproc_per_node=W stats_job.py PLAN_URL OUT.json``."""
 import json
+import os
 import sys
 
 import torch
@@ -26,4 +27,10 @@ def main(plan_url: str, out: str) -> None:
 
 
 if __name__ == "__main__":
+    # Leave without finalizing the interpreter: a gloo worker thread may still be dropping the last collective's
+    # tensors, and one that asks for the GIL during finalization aborts a run that succeeded
+    # (docs/distributed.md, "Clean shutdown").
     main(*sys.argv[1:3])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
