@@ -246,9 +246,10 @@ class Recorder:
             yield batches
 
     def _handed(self) -> None:
-        """The group handed out before is spent: its batches counted."""
-        if self._handing is not None:
-            self.loop[2] += self._handing[1]
+        """The group handed out before is done with (spent, or its iteration abandoned): its batches counted."""
+        handing = self._handing
+        if handing is not None:
+            self.loop[2] += handing[1] - length_hint(handing[0])
             self._handing = None
 
     def timed(self, items: Iterable[Any], stage: str) -> Iterator[Any]:

@@ -47,3 +47,14 @@ def test_position_and_stats_count_every_batch_inside_a_group(plan, shuffle, batc
     assert flat(loader.state_dict())["epoch"] == 1
     loader.set_epoch(0)
     assert [fingerprint(b) for b in loader] == reference and loader.stats()["total"]["batches"] == 2 * steps
+
+
+def test_an_abandoned_iteration_counts_only_the_batches_it_handed_out(plan):
+    loader = make_loader(0, 1, plan=plan, shuffle=False, workers_count=1)
+    steps = len(loader)
+    batches = iter(loader)
+    first = [fingerprint(next(batches)) for _ in range(5)]
+    rest = [fingerprint(b) for b in loader]  # the next iter() continues the epoch
+    assert len(rest) == steps - 5 and first + rest == [fingerprint(b) for b in make_loader(
+        0, 1, plan=plan, shuffle=False, workers_count=1)]
+    assert loader.stats()["batches"] == steps
