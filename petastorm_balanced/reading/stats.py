@@ -9,7 +9,9 @@ the stages nested in it (``timed`` subtracts what the inner stages of the same t
 one thread add up to its time.
 
 The loader wraps its batches in ``Recorder.measured``: ``wait_s`` is the time from the training loop asking for a
-batch to the batch returned, ``training_s`` the time between a batch handed out and the next one asked for. While a
+batch to the batch returned, ``training_s`` the time between a batch handed out and the next one asked for; or, with
+no batch held ahead for a device, in ``Recorder.grouped``: the same per list of batches made ahead (no Python per
+batch), the making of a list waited for, the batches counted as they leave the list. While a
 ``next()`` runs, the recorder is this thread's ``current()``, which is how the readers built inside it (backends,
 mixture sources) find it without being handed it through every signature.
 
