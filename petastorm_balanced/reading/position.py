@@ -7,6 +7,7 @@ the worlds that served the pass before (``elastic.Stage``, four ints each; the k
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from operator import length_hint
 from typing import TYPE_CHECKING
@@ -19,6 +20,10 @@ from . import state as loader_state
 
 if TYPE_CHECKING:
     from .settings import Settings
+
+# One lock for every position (a position is pickled for DataLoader workers; a lock of its own would not pickle),
+# taken only to settle batches handed out of a list (``Position.handing``); re-entrant: counting reads ``where``.
+_SETTLING = threading.RLock()
 
 
 class Position:
@@ -89,14 +94,17 @@ class Position:
         self._handing = (run, batches, size, 0)
 
     def _settle(self) -> None:
-        handing = self._handing
-        if handing is None:
+        if self._handing is None:
             return
-        run, batches, size, counted = handing
-        handed = size - length_hint(batches)
-        if handed > counted:
-            self._handing = (run, batches, size, handed) if handed < size else None
-            self._count(run, handed - counted)
+        with _SETTLING:  # a state_dict() in another thread must not count the same batches twice
+            handing = self._handing
+            if handing is None:
+                return
+            run, batches, size, counted = handing
+            handed = size - length_hint(batches)
+            if handed > counted:
+                self._handing = (run, batches, size, handed) if handed < size else None
+                self._count(run, handed - counted)
 
     def _count(self, run: Run, count: int) -> None:
         if self._owner is not run:
