@@ -22,14 +22,14 @@ from ..world import World, resolve_world
 from . import packing, stream
 from .backends import BACKENDS, resolve_backend
 from .backends.reader_keeper import ReaderKeeper
-from .device import NO_FEED, Feed, check_feed, delivered
+from .device import NO_FEED, Feed, check_feed, close_iterator, delivered
 from .mixture import MixtureLoader, check_single_plan, make_mixture_loader
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import PlannedView
 from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
 from .settings import Settings
-from .tensors import TORCH, format_batches
+from .tensors import TORCH, format_batches, format_groups
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
 LOADER_REFUSED = {
@@ -59,12 +59,13 @@ class BalancedLoader(PlannedView[Settings, Position]):
                  reader_options: dict | None = None, feeding: Feed = NO_FEED):
         """``plan`` and ``backend`` as ``make_loader`` resolved them (a ShardPlan; ``"arrow"`` or ``"petastorm"``)."""
         self._cut = format_batches(options.batch_format)  # refuses "torch" without torch, before any reading
+        self._groups = format_groups(options.batch_format)
         self._settings = Settings(plan, world, options)
         self._position = Position(self._settings, epoch)
         self.backend = backend
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
-        self._iterator: Generator[dict[str, Any], None, None] | None = None
+        self._iterator: Any = None  # the iteration in progress (a generator, or the chain of Recorder.grouped)
         self._reader = ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
 
@@ -72,10 +73,14 @@ class BalancedLoader(PlannedView[Settings, Position]):
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
         # starts (and takes the position) at its first next(): a probe consumes nothing
-        iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
+        iterator: Iterator[dict[str, Any]]
+        if self._feed.active:  # one batch held ahead: counted as handed on, the loop timed per batch
+            iterator = self._iterator = self._recorder.measured(self._run())  # loader.stats(): the loop's waits
+        else:  # lists of batches handed out in C, timed and counted per list (reading/stats.py)
+            iterator = self._iterator = self._recorder.grouped(self._run(grouped=True))
         return iterator
 
-    def _run(self) -> Generator[dict[str, Any], None, None]:
+    def _run(self, grouped: bool = False) -> Generator[Any, None, None]:
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
@@ -90,6 +95,17 @@ class BalancedLoader(PlannedView[Settings, Position]):
         if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/packing.py)
             runs = packing.packed_runs(runs, settings.packing, settings.schema)
 
+        if grouped:
+            try:
+                for batch_run in runs:
+                    for group in self._groups(batch_run, settings.batch_size or len(batch_run[stream.PADDING]),
+                                              settings.padding_mask):
+                        batches = iter(group)
+                        self._position.handing(run, batches, len(group))  # counted as they leave `batches`
+                        yield batches
+            finally:
+                close_iterator(runs)
+            return
         # a token budget's batches come one per run (packed: the sequences); the runs' batches chained in C (no
         # generator frame of ours per batch)
         tensors = itertools.chain.from_iterable(self._cut(batch_run, settings.batch_size or len(
