@@ -118,15 +118,23 @@ def loader_epochs(plan, columns, *, shuffle: bool, workers: int, batch: int, bac
     return epoch
 
 
-def dataloader_epochs(plan, columns, *, shuffle: bool, num_workers: int, batch: int):
+def dataloader_epochs(plan, columns, *, shuffle: bool, num_workers: int, batch: int, packet_bytes=None):
+    """``packet_bytes=1``: the workers send one batch per message (``worker_packets.PACKET_BYTES``, which forked
+    workers inherit), the baseline of ``--dataloader-baseline``."""
     from petastorm_balanced import BalancedIterableDataset
+    from petastorm_balanced.reading import worker_packets
     dataset = BalancedIterableDataset(plan, 0, 1, batch_size=batch, shuffle=shuffle, schema_fields=columns,
                                       backend="arrow")
-    loader = dataset.dataloader(num_workers=num_workers)
+    loader = dataset.dataloader(num_workers=num_workers, multiprocessing_context="fork")
 
     def epoch() -> int:  # every batch holds batch rows (G1); len() of a tensor costs more than reading its rows
-        loader.set_epoch(0)
-        return sum(1 for _ in loader) * batch
+        default = worker_packets.PACKET_BYTES
+        worker_packets.PACKET_BYTES = packet_bytes or default
+        try:
+            loader.set_epoch(0)
+            return sum(1 for _ in loader) * batch
+        finally:
+            worker_packets.PACKET_BYTES = default
     return epoch
 
 
@@ -145,6 +153,9 @@ def layout(url: str, columns, args) -> dict:
         for k in args.dataloader_workers:
             contenders[f"dl{k}{suffix}"] = dataloader_epochs(plan, columns, shuffle=shuffle, num_workers=k,
                                                              batch=args.batch)
+            if args.dataloader_baseline:
+                contenders[f"dl{k}_per_batch{suffix}"] = dataloader_epochs(
+                    plan, columns, shuffle=shuffle, num_workers=k, batch=args.batch, packet_bytes=1)
     cpu: dict = {}
     bench_read.measure(args.repeats, contenders, cpu, cpu_clock=cpu_with_children)
     out = {"rows": plan.total_rows, "row_groups": len(plan.catalog.row_groups),
@@ -167,6 +178,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="make_loader's reading threads")
     parser.add_argument("--dataloader-workers", nargs="*", type=int, default=[1, 2])
+    parser.add_argument("--dataloader-baseline", action="store_true",
+                        help="also the DataLoader workers sending one batch per message (dl*_per_batch)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="arrow")

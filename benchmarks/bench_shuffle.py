@@ -269,12 +269,14 @@ def spill_child(path, budget, spill_dir):
                          shuffle_spill_dir=spill_dir or False)
     base, peak, disk, stop = anon_bytes(), [0], [0], threading.Event()
 
-    def sample():
+    def sample():  # (this thread's CPU counts to the epoch's: the folder is walked every 10th sample only, since a
+        count = 0  # walk every 2 ms cost the spill runs about 2% more CPU than the memory runs)
         while not stop.is_set():
             peak[0] = max(peak[0], anon_bytes())
-            if spill_dir:
+            if spill_dir and count % 10 == 0:  # a window's files stay until it is served: none is missed
                 disk[0] = max(disk[0], sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(spill_dir)
                                            for n in names if os.path.exists(os.path.join(d, n))))
+            count += 1
             time.sleep(0.002)
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()

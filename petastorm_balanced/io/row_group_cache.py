@@ -109,8 +109,9 @@ class LocalDiskCache:
             with pa.OSFile(temp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
             size = os.path.getsize(temp)
-            if size > self.size_limit * _FREE_TO:
-                _remove(temp)  # larger than the cache may hold: never cached
+            if size > self.size_limit * _FREE_TO:  # larger than the cache may hold: never cached, and an entry
+                _remove(temp)  # stored under the key before is gone too, so a get never answers with older bytes
+                _remove(path)
                 return
             os.replace(temp, path)
         except (OSError, pa.ArrowException):

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import InvalidTypeError, InvalidValueError
 from . import state as loader_state
-from . import stream, worker_stats
+from . import stream, worker_packets, worker_stats
 from .backends import BACKENDS
 from .batching import split_batches
 from .device import check_feed, feed
@@ -130,6 +130,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         position = self._position
+        batches: Iterator[Any]
         if isinstance(position, MixturePosition):
             progress: list[int] | None = None if info is None else []
             if progress is not None:
@@ -138,6 +139,9 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
                                    self._worker_resume is not None, self.recorder.begin)
         else:
             batches = self._slot(num_workers, worker, self._numpy_out, info is not None)
+        if info is not None and self._numpy_out:  # runs of batches, one message each (reading/worker_packets.py)
+            parts: Iterator[Any] = ((b, 1) for b in batches) if self._mixture else batches  # (columns, batches)
+            batches = worker_packets.packets(parts, worker)
         return worker_stats.in_worker(self, batches) if info is not None else self.recorder.measured(batches)
 
     def __getstate__(self):
@@ -186,6 +190,11 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
                 # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
                 keep = {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
                         for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
+                if run is None:  # a worker: pieces of whole batches, packed by __iter__
+                    for piece in worker_packets.pieces(keep, batch_size):
+                        progress[2] += piece[1]
+                        yield piece
+                    continue
                 batches = split_batches(keep, batch_size)
             else:
                 batches = format_batches(settings.options.batch_format)(batch_run, batch_size, settings.padding_mask)
@@ -323,7 +332,24 @@ class BalancedDataLoader(_Loader):
         object.__setattr__(self, "sampler", _EpochSampler(dataset))  # DataLoader forbids setting it normally
 
     def __iter__(self):
+        if self._tensors_here and self.num_workers > 0 and not self._feed.active and not self.dataset._mixture:
+            # lists of batches handed out in C, timed and counted per list (Recorder.grouped, Position.handing)
+            return self.dataset.recorder.grouped(self._groups(), length=lambda: len(self))
         return _Counted(self)
+
+    def _groups(self):
+        """The workers' packets as lists of batches in the round robin's order, each counted as its batches leave
+        it (started at the first ``next()``, like ``_Counted``)."""
+        batches, run = self._start()
+        if not isinstance(run, Run):
+            raise TypeError("a mixture's batches are counted one at a time (_Counted)")  # __iter__ sends them there
+        cut = format_batches(self.dataset.batch_format)
+        position = run.position
+        for group in worker_packets.interleaved_groups(batches, self.num_workers,
+                                                       lambda columns, size: cut(columns, size, True)):
+            handed = iter(group)
+            position.handing(run, handed, len(group))
+            yield handed
 
     def _start(self):
         """Start the workers at the position now (the first ``next()``, after any ``set_epoch``)."""
@@ -390,7 +416,11 @@ class _Counted:
     def __next__(self):
         if self._batches is None:
             batches, self._run = self._loader._start()
-            if self._loader._tensors_here:  # the workers' numpy batches in the dataset's format
+            if self._loader._tensors_here and self._run is not None:  # the workers' packets, cut in their order
+                cut = format_batches(self._loader.dataset.batch_format)
+                batches = worker_packets.interleave(batches, self._loader.num_workers,
+                                                    lambda columns, size: cut(columns, size, True))
+            elif self._loader._tensors_here:  # the dataset's numpy batches (no workers) in its format
                 convert = to_torch if self._loader.dataset.batch_format == TORCH else to_numpy
                 batches = (convert(batch, True) for batch in batches)
             self._batches = feed(batches, self._loader._feed)  # device.py: one batch ahead, counted below

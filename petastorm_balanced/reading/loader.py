@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from ..errors import InvalidValueError
@@ -21,7 +21,7 @@ from ..world import World
 from . import packing, stream
 from .backends import BACKENDS
 from .backends.reader_keeper import ReaderKeeper
-from .device import NO_FEED, Feed, check_feed, delivered
+from .device import NO_FEED, Feed, check_feed, close_iterator, delivered
 from .mixture import MixtureLoader
 from .options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from .planned_view import PlannedLoader
@@ -29,7 +29,7 @@ from .position import Position
 from .reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
 from .request import mixture_settings, resolve_request
 from .settings import Settings
-from .tensors import TORCH, format_batches
+from .tensors import TORCH, format_batches, format_groups
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
 LOADER_REFUSED = {
@@ -59,6 +59,7 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
                  reader_options: dict | None = None, feeding: Feed = NO_FEED):
         """``plan`` and ``backend`` as ``make_loader`` resolved them (a ShardPlan; ``"arrow"`` or ``"petastorm"``)."""
         self._cut = format_batches(options.batch_format)  # refuses "torch" without torch, before any reading
+        self._groups = format_groups(options.batch_format)
         self._settings = Settings(plan, world, options)
         self._position = Position(self._settings, epoch)
         self.backend = backend
@@ -67,7 +68,18 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
         self._reader = ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
         self._finalizer = weakref.finalize(self, self._reader.close)
 
-    def _run(self) -> Generator[dict[str, Any], None, None]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._iterator is not None:
+            self._iterator.close()  # one pool at a time
+        # starts (and takes the position) at its first next(): a probe consumes nothing
+        iterator: Iterator[dict[str, Any]]
+        if self._feed.active:  # one batch held ahead: counted as handed on, the loop timed per batch
+            iterator = self._iterator = self.recorder.measured(self._run())  # loader.stats(): the loop's waits
+        else:  # lists of batches handed out in C, timed and counted per list (reading/stats.py)
+            iterator = self._iterator = self.recorder.grouped(self._run(grouped=True))
+        return iterator
+
+    def _run(self, grouped: bool = False) -> Generator[Any, None, None]:
         settings = self._settings
         run = self._position.begin()
         epoch = run.epoch
@@ -82,6 +94,17 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
         if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/packing.py)
             runs = packing.packed_runs(runs, settings.packing, settings.schema)
 
+        if grouped:
+            try:
+                for batch_run in runs:
+                    for group in self._groups(batch_run, settings.batch_size or len(batch_run[stream.PADDING]),
+                                              settings.padding_mask):
+                        batches = iter(group)
+                        self._position.handing(run, batches, len(group))  # counted as they leave `batches`
+                        yield batches
+            finally:
+                close_iterator(runs)
+            return
         # a token budget's batches come one per run (packed: the sequences); the runs' batches chained in C (no
         # generator frame of ours per batch)
         tensors = itertools.chain.from_iterable(self._cut(batch_run, settings.batch_size or len(
@@ -139,10 +162,10 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     order they are stored in; beyond that a batch mixes the row groups of its window (``petastorm-balanced inspect
     --shuffle-quality`` tells how close to i.i.d. that is). ``shuffle_window=N`` sets the rows instead. Memory per
     rank is about the budget plus ``workers_count + 4`` bundles (the Arrow backend's prefetch; a bundle is
-    consecutive fragments of at least 8,192 rows and, read by threads from a local disk, 4 MiB of decoded values,
-    so a row group larger than that is one bundle); the first batch comes when the first window is read, and a
-    resume reads at most one window again. The budget counts decoded bytes measured on sampled rows, and a window
-    that holds more than measured sends the rest to local disk, so memory stays within it (docs/shuffle.md).
+    consecutive fragments of about 4 MiB of the decoded bytes per row measured on this rank's reads so far, so a
+    row group larger than that is one bundle); the first batch comes when the first window is read, and a resume
+    reads at most one window again. The window's rows come from the footers' estimate, and a window that holds more
+    bytes than that sends the rest to local disk, so memory stays within the budget (docs/shuffle.md, "The bound").
 
     ``shuffle_spill_dir=DIR`` (a local folder, such as NVMe scratch): windows hold a rank's whole share (up to
     ``shuffle_spill_budget`` bytes of decoded rows, 64 GiB by default), what memory cannot hold written once to

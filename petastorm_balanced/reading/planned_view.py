@@ -113,9 +113,9 @@ class PlannedLoader(PlannedView[S, P]):
     """What one plan's loader and a mixture's do the same way; each gives its ``_run`` (one iteration's batches,
     taking the position at its first ``next()``) and ``_close_readers``."""
 
-    _iterator: Generator[dict[str, Any], None, None] | None = None
+    _iterator: Any = None  # the iteration in progress (a generator, or a chain of lists: Recorder.grouped)
 
-    def _run(self) -> Generator[dict[str, Any], None, None]:
+    def _run(self) -> Generator[Any, None, None]:
         raise NotImplementedError
 
     def _close_readers(self) -> None:

@@ -7,6 +7,9 @@ the worlds that served the pass before (``elastic.Stage``, four ints each; the k
 """
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from operator import length_hint
 from typing import TYPE_CHECKING
 
 from ..core.elastic import Stage
@@ -17,6 +20,10 @@ from . import state as loader_state
 
 if TYPE_CHECKING:
     from .settings import Settings
+
+# One lock for every position (a position is pickled for DataLoader workers; a lock of its own would not pickle),
+# taken only to settle batches handed out of a list (``Position.handing``); re-entrant: counting reads ``where``.
+_SETTLING = threading.RLock()
 
 
 class Position:
@@ -57,12 +64,14 @@ class Position:
         self._owner: Run | None = None  # the iteration allowed to move the position
         self._steps_key: tuple | None = None  # (epoch, stages) whose steps _steps holds (``delivered``)
         self._steps = 0
+        self._handing: tuple | None = None  # (run, batches, size, counted): see ``handing``
 
     def begin(self) -> Run:
         """An iteration starting at the position now (call it when its first batch is about to be read).
 
         A loaded position at the very end of its epoch (an elastic resume that left fewer rows than one step of the
         new world) is served as that epoch's empty rest, so ``for e in ...: set_epoch(e)`` loops stay in step."""
+        self._settle()
         if self.resumed and self.batches >= self.settings.steps_of(self.epoch, self.stages):
             run = Run(self, self.epoch, self.batches, self.stages)
             self.epoch, self.batches, self.stages = self.where()
@@ -75,10 +84,33 @@ class Position:
 
     def delivered(self, run: Run) -> None:
         """``run`` handed out one more batch."""
+        self._settle()
+        self._count(run, 1)
+
+    def handing(self, run: Run, batches: Iterator, size: int) -> None:
+        """``run`` hands out ``size`` batches from ``batches`` (a list's iterator, consumed in C with no Python per
+        batch): each counts as delivered once it left ``batches``, settled whenever the position is read."""
+        self._settle()
+        self._handing = (run, batches, size, 0)
+
+    def _settle(self) -> None:
+        if self._handing is None:
+            return
+        with _SETTLING:  # a state_dict() in another thread must not count the same batches twice
+            handing = self._handing
+            if handing is None:
+                return
+            run, batches, size, counted = handing
+            handed = size - length_hint(batches)
+            if handed > counted:
+                self._handing = (run, batches, size, handed) if handed < size else None
+                self._count(run, handed - counted)
+
+    def _count(self, run: Run, count: int) -> None:
         if self._owner is not run:
             return
         self.resumed = False
-        self.batches += 1
+        self.batches += count
         # where() only changes anything at the epoch's end: compare with the epoch's steps, counted once per epoch
         # (steps_of costs several us: once per batch it was about 6% of a numeric epoch, profiled)
         key = (self.epoch, self.stages)
@@ -90,6 +122,7 @@ class Position:
     def where(self) -> tuple[int, int, tuple[Stage, ...]]:
         """(epoch, batches, stages) of the next batch: at the end of an epoch (or of what an elastic resume left
         of it, which may be nothing), the next epoch's start."""
+        self._settle()
         if self.batches >= self.settings.steps_of(self.epoch, self.stages):
             return (self.epoch + 1, 0, layout.carry(self.stages, self.epoch, self.epoch + 1,
                                                               self.settings.partition_epoch))
@@ -105,11 +138,13 @@ class Position:
 
     def rebase(self, workers: int) -> None:
         """The position, saved with ``workers`` slots per rank, for this loader's other slot layout."""
+        self._settle()
         self.epoch, self.batches, self.stages = layout.restage(
             self.epoch, self.batches, self.stages, self.settings.world_size, workers, self.settings.partition_epoch)
 
     def set_epoch(self, epoch: int) -> None:
         epoch = check_int("epoch", epoch, minimum=0)
+        self._settle()
         if not (self.resumed and epoch == self.epoch):  # the loaded epoch itself keeps a loaded position
             before, _, stages = self.where()
             self.stages = layout.carry(stages, before, epoch, self.settings.partition_epoch, strict=True)
@@ -156,6 +191,7 @@ class Position:
                                     "are made per window from each rank's documents, so a mid-epoch position does not "
                                     f"carry to world size {self.settings.world_size}; resume at the same world size, "
                                     "or from an epoch's start (state['batches'] == 0)")
+        self._settle()
         self.epoch, self.batches, self.stages = layout.loaded(self.settings.layout, state, workers)
         self._owner, self.resumed = None, True
 

@@ -62,7 +62,7 @@ class Settings:
         if shuffle_window is None and options.shuffle:  # as many rows as the budget holds (G16)
             shuffle_window, self.row_bytes = window_budget.window_rows(plan, self.columns, options, rows_batch,
                                                                        rank_rows)
-            # the measured bytes size the reader's bundles too (fragments.bundle_rows); they never change a batch
+            # the estimate caps the reader's first bundles (read_ahead.py measures the rest); never a batch
             self.columns = replace(self.columns, row_bytes=self.row_bytes - EXTRA_ROW_BYTES)
         elif shuffle_window is None:  # unshuffled windows only group batches: the footers' estimate is enough
             shuffle_window = budget_window(self.shuffle_budget, self.row_bytes, rows_batch)

@@ -53,6 +53,7 @@ class SpillFilling:
                 by_size.setdefault(values.dtype.itemsize, []).append(name)
         by_size = {itemsize: names for itemsize, names in by_size.items() if len(names) > 1}
         self._files: list[str] = []  # this window's spill files, deleted once it is served
+        self._blocks: dict = {}  # (dtype, columns) -> a block of rows interleaved before it is written
         self.held = 0  # bytes of this window in memory
         self.on_disk = 0  # bytes of this window in spill files
         self._groups: list = []
@@ -64,6 +65,12 @@ class SpillFilling:
         self._parts: dict[str, list] = {name: [] for name in self._names if name not in grouped | set(self._arrays)}
         self._spilled: dict[str, SpilledColumn] = {}
         self.row_major = large
+
+    def _block(self, dtype, columns: int) -> np.ndarray:
+        block = self._blocks.get((dtype, columns))
+        if block is None:
+            block = self._blocks[(dtype, columns)] = np.empty((_BLOCK, columns), dtype=dtype)
+        return block
 
     def _allocate(self, shape: tuple, dtype):
         array = self._placement.allocate(shape, dtype, self.held)
@@ -81,8 +88,9 @@ class SpillFilling:
             columns = grouped_views(part, names, self._dtypes, matrix.dtype)
             for begin in range(0, rows, _BLOCK):
                 end = min(begin + _BLOCK, rows)
-                if isinstance(matrix, DiskArray):
-                    matrix.write(begin_row + begin, np.stack([c[begin:end] for c in columns], axis=1))
+                if isinstance(matrix, DiskArray):  # interleaved in a block reused for every write
+                    block = self._block(matrix.dtype, len(names))[:end - begin]
+                    matrix.write(begin_row + begin, np.stack([c[begin:end] for c in columns], axis=1, out=block))
                 else:
                     np.stack([c[begin:end] for c in columns], axis=1, out=matrix[begin_row + begin:begin_row + end])
         for name, array in self._arrays.items():
@@ -135,16 +143,25 @@ class SpillFilling:
             else:
                 columns[name] = _concat(parts)
         return SpilledWindow(self._names, self._dtypes, groups, columns, self.row_major, self._placement,
-                             self.on_disk, self._files)
+                             self.on_disk, self._files, (self.held + self.on_disk) / max(1, self.rows))
 
 
 class SpilledWindow(Window):
     """``batching.Window`` over columns some of which are memory-mapped; ``release()`` gives its disk back."""
 
     def __init__(self, names, dtypes, groups, columns, row_major, placement: Placement, on_disk: int,
-                 files: list[str]):
+                 files: list[str], row_bytes: float):
         super().__init__(names, dtypes, groups, columns, row_major)
         self._placement, self._on_disk, self._files = placement, on_disk, files
+        self._row_bytes = row_bytes  # decoded bytes per row, as measured while the window filled
+
+    def run_rows(self, batch_size: int, size: int) -> int:
+        """Whole batches of at most the placement's memory (measured bytes), at least one batch, and never more
+        than ``batching.Window`` gathers: a run is gathered into anonymous memory (twice over for an Arrow column
+        taken chunk by chunk), so a window of rows far larger than its footers said is served in runs its budget
+        holds, not in one gather of the whole window."""
+        held = max(1, int(self._placement.memory // max(self._row_bytes, 1.0)) // batch_size) * batch_size
+        return min(super().run_rows(batch_size, size), held)
 
     def __getitem__(self, name: str):
         values = super().__getitem__(name)

@@ -9,7 +9,9 @@ the stages nested in it (``timed`` subtracts what the inner stages of the same t
 one thread add up to its time.
 
 The loader wraps its batches in ``Recorder.measured``: ``wait_s`` is the time from the training loop asking for a
-batch to the batch returned, ``training_s`` the time between a batch handed out and the next one asked for. While a
+batch to the batch returned, ``training_s`` the time between a batch handed out and the next one asked for; or, with
+no batch held ahead for a device, in ``Recorder.grouped``: the same per list of batches made ahead (no Python per
+batch), the making of a list waited for, the batches counted as they leave the list. While a
 ``next()`` runs, the recorder is this thread's ``current()``, which is how the readers built inside it (backends,
 mixture sources) find it without being handed it through every signature.
 
@@ -18,10 +20,12 @@ seconds per thread that did it (reading threads work side by side, the consuming
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from operator import length_hint
 from time import perf_counter
 from typing import Any, cast
 
@@ -100,6 +104,7 @@ class Recorder:
         self._remote_ids: dict[str, set] = {}  # the workers' threads that sent each stage, this epoch
         self.epoch: int | None = None
         self.loop = [0.0, 0.0, 0, 0.0]  # wait_s, training_s, batches, first batch's wait (this epoch)
+        self._handing: tuple | None = None  # (batches, size) of the group ``grouped`` hands out now
         self._fill = [0, perf_counter(), perf_counter()]  # rows read before the first batch, started, last logged
 
     def __getstate__(self) -> dict:
@@ -139,6 +144,7 @@ class Recorder:
             self._base = {id(c): c.copy() for c in self._cells}
         self._remote, self._remote_ids = View(), {}
         self.loop = [0.0, 0.0, 0, 0.0]
+        self._handing = None
         self.epoch = epoch
         self._fill = [0, perf_counter(), perf_counter()]  # rows read before the first batch, started, last logged
 
@@ -207,6 +213,52 @@ class Recorder:
             if close is not None:
                 close()
 
+    def grouped(self, groups: Iterator[Iterator[Any]], length: Callable[[], int] | None = None) -> Iterator[Any]:
+        """The batches of ``groups`` (iterators of a list's batches, such as ``iter(list)``), chained in C: the loop
+        is timed per group, not per batch (``measured`` costs about 0.4 us a batch, a tenth of a numeric epoch's
+        hand loop). A group's batches are made before it is handed out, so the time between two groups is the
+        loop's own (``training_s``) and a group's making is waited for (``wait_s``); the batches count as they
+        leave the group's iterator (``view`` reads how many did). Closing the result closes ``groups``; ``len()``
+        of it is ``length()``."""
+        if not ENABLED:
+            return chained(groups, groups, length)
+        return chained(self._groups(groups), groups, length)
+
+    def _groups(self, groups: Iterator[Iterator[Any]]) -> Generator[Iterator[Any], None, None]:
+        local, clock, pull = _LOCAL, perf_counter, groups.__next__
+        handed = 0.0
+        while True:
+            asked = clock()
+            previous = getattr(local, "recorder", None)
+            local.recorder = self
+            try:
+                batches = pull()
+            except StopIteration:
+                self._handed()
+                if handed:
+                    self.loop[1] += asked - handed
+                return
+            finally:
+                local.recorder = previous
+            now = clock()
+            self._handed()
+            times = self.loop  # read each time: ``begin`` (inside the first pull) replaces it
+            if handed:
+                times[1] += asked - handed
+            else:
+                times[3] = now - asked
+            times[0] += now - asked
+            self._handing = (batches, length_hint(batches))
+            handed = now
+            yield batches
+
+    def _handed(self) -> None:
+        """The group handed out before is done with (spent, or its iteration abandoned): its batches counted."""
+        handing = self._handing
+        if handing is not None:
+            self.loop[2] += handing[1] - length_hint(handing[0])
+            self._handing = None
+
     def timed(self, items: Iterable[Any], stage: str) -> Iterator[Any]:
         """``items``, the time of each ``next()`` counted to ``stage`` (less what stages nested in it recorded)."""
         if not ENABLED:
@@ -242,6 +294,9 @@ class Recorder:
             out.add_cell(cell, base.get(id(cell)))
         out.merge(self._remote, longest=False)
         out.loop = list(self.loop)
+        handing = self._handing
+        if handing is not None:  # the group being handed out: its batches that left its iterator
+            out.loop[2] += handing[1] - length_hint(handing[0])
         if not epoch_only:
             out.merge(self._closed, longest=True)
         return out
@@ -252,6 +307,31 @@ class Recorder:
         epoch = self.view(epoch_only=True).summary()
         total = self.view(epoch_only=False).summary()
         return {**epoch, "epoch": epoch, "total": total, "epoch_index": self.epoch, **(extra or {})}
+
+
+class _Chained(itertools.chain):
+    """``chain.from_iterable`` (batches handed out in C) that also closes its source (``chained``)."""
+
+    _closing: tuple = ()
+    _length: Callable[[], int] | None = None
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("this iterator has no len()")
+        return self._length()
+
+    def close(self) -> None:
+        for part in self._closing:
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+
+
+def chained(groups: Iterable[Iterable[Any]], source: Any, length: Callable[[], int] | None = None) -> Iterator[Any]:
+    """The items of ``groups`` chained in C; closing the result closes ``groups`` and ``source``."""
+    out = cast(_Chained, _Chained.from_iterable(groups))
+    out._closing, out._length = (groups, source), length
+    return out
 
 
 class View:

@@ -61,6 +61,14 @@ def format_batches(batch_format: str):
     return numpy_batches
 
 
+def format_groups(batch_format: str):
+    """``(run, batch_size, padding_mask) -> iterator of lists of batches`` (``GROUP`` a list) in ``batch_format``:
+    ``format_batches`` before chaining, for a loop that hands each list out in C (``Recorder.grouped``)."""
+    if batch_format == TORCH:
+        require_torch()
+    return functools.partial(batch_groups, batch_format=batch_format)
+
+
 GROUP = 32  # batches cut at a time: their parts stay few (fewer than a young GC generation holds), see below
 
 
@@ -74,6 +82,14 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     garbage collector promoted and then scanned again and again (a third of an epoch, measured); ``GROUP``
     batches' parts die young. The batches of a run share its memory.
     """
+    # chained in C: past a group's first batch, a batch costs only its dict (no generator frame of ours per batch)
+    return itertools.chain.from_iterable(batch_groups(run, batch_size, padding_mask, batch_format, lazy=True))
+
+
+def batch_groups(run: dict, batch_size: int, padding_mask: bool, batch_format: str = TORCH, lazy: bool = False):
+    """``torch_batches``' batches as lists of ``GROUP`` batches (the last one shorter), made as each is asked for
+    (``lazy``: iterators instead of lists, each batch made as it is asked for). A run with a column of lists that
+    are Python lists comes in lists of one batch: those lists die young only if made one batch at a time."""
     if batch_format == TORCH:
         require_torch()
     recorder = current()  # loader.stats(): cutting counts to "convert", timed per GROUP batches (not per batch)
@@ -95,17 +111,20 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
     count = _rows(run) // batch_size
     make = batch_dicts(tuple(names), tuple(parts))
 
-    def groups():  # one iterator of batch dicts per GROUP batches; cutting timed per group (not per batch)
+    size = 1 if not lazy and any(cut.__name__ == "cut_lists" for cut in cutters) else GROUP
+
+    def groups():  # one list of batch dicts per GROUP batches; cutting timed per group (not per batch)
         begin, inner_at = start, inner
-        for first in range(0, count, GROUP):
-            group = [cut(first, min(GROUP, count - first)) for cut in cutters]
+        for first in range(0, count, size):
+            group = make(*[cut(first, min(size, count - first)) for cut in cutters])
+            if not lazy:
+                group = list(group)
             if cell is not None:
                 cell.since("convert", begin, inner_at)
-            yield make(*group)
+            yield group
             if cell is not None:
                 begin, inner_at = perf_counter(), cell.inner
-    # chained in C: past a group's first batch, a batch costs only its dict (no generator frame of ours per batch)
-    return itertools.chain.from_iterable(groups())
+    return groups()
 
 
 @functools.lru_cache(maxsize=64)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from petastorm_balanced.io.row_group_cache import LocalDiskCache, entry_key
@@ -152,6 +152,7 @@ def test_a_temporary_file_of_a_killed_writer_is_never_read_and_cleaned_up(tmp_pa
 
 
 @settings(max_examples=60, deadline=None)
+@example(operations=[("put", 0, 1000), ("put", 0, 2703), ("get", 0, 1000)], entries_in_limit=1)  # too large a put
 @given(st.lists(st.tuples(st.sampled_from(["put", "get"]), st.integers(0, 11), st.integers(1000, 3000)),
                 min_size=1, max_size=40),
        st.integers(1, 4))

@@ -68,20 +68,22 @@ def test_row_major_windows_give_the_same_batches(plans, case, backend):
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("case", ["plain-drop", "plain-in-set", "hive"])
 def test_bundle_sizes_give_the_same_batches(plans, case, shuffle):
-    """The Arrow backend's threads read bundles of ``fragments.BUNDLE_BYTES`` (a whole small dataset in one) or, with
-    it off and ``BUNDLE_ROWS=1``, one fragment per bundle: the batches are the same, every column, every rank."""
+    """The Arrow backend's threads read bundles of ``fragments.BUNDLE_BYTES`` measured bytes (a whole small dataset
+    in one, once measured) or, with it off and ``BUNDLE_ROWS=1``, one fragment per bundle: the batches are the same,
+    every column, every rank."""
     from unittest import mock
 
-    from petastorm_balanced.reading import fragments
+    from petastorm_balanced.reading import fragments, read_ahead
     plan = plans[case][0]
     options = dict(shuffle=shuffle, shuffle_window=3 * BATCH, padding_mask=True, backend="arrow", workers_count=2)
-    real, counts = fragments.bundle, []
+    real, counts = read_ahead.BundleSizes.bundles, []
 
-    def counted(todo, rows):
-        out = real(todo, rows)
-        counts.append(len(out))
-        return out
-    with mock.patch.object(fragments, "bundle", counted):
+    def counted(self, todo):
+        counts.append(0)
+        for bundle in real(self, todo):
+            counts[-1] += 1
+            yield bundle
+    with mock.patch.object(read_ahead.BundleSizes, "bundles", counted):
         for rank in range(plan.world_size):
             reference = epoch_batches(plan, rank, plan.world_size, 1, **options)
             large = counts[-1]

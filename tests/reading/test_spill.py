@@ -142,9 +142,10 @@ def test_spill_settings_are_checked_and_a_mixture_refuses_a_spill_folder(sorted_
 # --- the budget tells the truth: rows larger than their footers say -------------------------------------------
 
 STRING = 4096
-# Peak anonymous memory above the loader's own at rest: the budget plus this constant per reading thread (a row
-# group read, decoded and queued; its allocator's arena) and a fixed part (docs/shuffle.md, "Memory").
-PER_THREAD, FIXED = 48 * 2**20, 16 * 2**20
+# Peak anonymous memory above the loader's own at rest (docs/shuffle.md, "The bound"): the budget, plus per bundle
+# the read-ahead may hold (2 x workers_count + 4 of them: queued, and being read and converted) 1.5 x 4 MiB of
+# measured bytes and one row group (4 MB decoded here), plus a fixed part (the allocator's pools among them)
+PER_BUNDLE, FIXED = 10 * 2**20, 32 * 2**20
 
 
 def dictionary_strings(path, rows=24_000):
@@ -174,9 +175,8 @@ def late_long_strings(path, files=32, rows=1_000):
 
 
 def one_unsampled_file(path, files=112, long_file=19, long_groups=16):
-    """One file of 4 KB strings among 112 of short ones: after the first 16 (whose footers are read), and its 16
-    row groups between two of the 8 row groups the window's sample decodes (at 18 and 36 of the 128): its rows
-    weigh what nothing measured said."""
+    """One file of 4 KB strings among 112 of short ones, after the first 16 (whose footers the estimate reads): its
+    rows weigh what nothing read before them said."""
     path.mkdir()
     rng = np.random.default_rng(0)
     for f in range(files):
@@ -193,16 +193,10 @@ def one_unsampled_file(path, files=112, long_file=19, long_groups=16):
     return str(path)
 
 
-FOOTER_SIZED_GAP = pytest.mark.xfail(strict=True, reason=(
-    "known gap: windows and read-ahead bundles are sized from the footers (a rank reads only its own row groups, "
-    "G3, so no sample of other ranks' rows may size them), and a footer counts a dictionary-encoded column's "
-    "indices, not its strings, and only the first 16 footers are read for the estimate; the placement bounds the "
-    "window's bytes, not the reader's read-ahead"))
-
-
-@pytest.mark.parametrize("make", [pytest.param(dictionary_strings, marks=FOOTER_SIZED_GAP),
-                                  pytest.param(late_long_strings, marks=FOOTER_SIZED_GAP)])
+@pytest.mark.parametrize("make", [dictionary_strings, late_long_strings, one_unsampled_file])
 def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
+    """Rows far larger than the footers say: the read-ahead's bundles and the window's runs are sized from the bytes
+    measured on this slot's reads, the window's bytes beyond its share wait on disk."""
     data = make(tmp_path / "ds")
     url = str(tmp_path / "plan")
     plan_shards(data, 1, batch_size=BATCH, engine="local", output_url=url)
@@ -214,7 +208,7 @@ def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(temp)}, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     assert measured["rows"] > 0
-    assert measured["peak_anon"] <= budget + workers * PER_THREAD + FIXED, measured
+    assert measured["peak_anon"] <= budget + (2 * workers + 4) * PER_BUNDLE + FIXED, measured
     assert files_under(temp) == []
 
 
@@ -281,7 +275,7 @@ def test_elastic_resume_and_cost_balance_are_unchanged_by_a_spill_folder(sorted_
 
 
 def test_rows_larger_than_measured_go_to_the_temp_folder_and_change_no_batch(tmp_path, monkeypatch):
-    """What the sample misses: the window counts the bytes it holds as it fills and sends the rest to the system
+    """What the footers miss: the window counts the bytes it holds as it fills and sends the rest to the system
     temp folder (by default), so its memory stays within its share of the budget; the batches are unchanged."""
     import tempfile
     data = one_unsampled_file(tmp_path / "ds", long_groups=4)
@@ -321,3 +315,32 @@ def test_a_column_in_chunks_takes_rows_in_any_order_as_one_array(sizes, seed, dr
     order = np.random.default_rng(seed).permutation(start)[:max(0, start - dropped)]
     expected = pa.concat_arrays(chunks).take(pa.array(order, type=pa.int64()))
     assert spill.BlockColumn(chunks).take(order).to_pylist() == expected.to_pylist()
+
+
+@pytest.mark.parametrize("memory", [64 * 2**10, 2**20])
+def test_a_spilled_window_is_served_in_runs_its_memory_share_holds(tmp_path, memory):
+    """Rows of 1-3 KB, a memory share far below the window: each run gathered from it holds whole batches of at
+    most the share's measured bytes (at least one batch), and the batches are those of the window in memory."""
+    from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
+    from petastorm_balanced.reading.spill_window import filling_for
+    rng = np.random.default_rng(0)
+    rows, batch, size = 6_016, 32, 4_800  # 188 batches
+    text = pa.array(["x" * int(n) for n in rng.integers(1_000, 3_000, rows)])
+    chunks = [{"id": np.arange(b, min(b + 1_000, rows)), "text": text.slice(b, 1_000)} for b in range(0, rows, 1_000)]
+
+    def runs(filling):
+        start = start_point(np.array([rows]), batch_size=batch, window_rows=size, batches_done=0, shuffle=True)
+        batcher = WindowBatcher(total_rows=rows, batch_size=batch, window_rows=size, start=start, key=(0, 1, 0, 0),
+                                filling=filling)
+        return [run for chunk in chunks for run in batcher.push(dict(chunk))]
+    placement = spill.Placement(memory, spill.SpillFolder(str(tmp_path)), 2**30)
+    spilled = runs(filling_for(placement))
+    row_bytes = 2_000 + 4 + 8  # the mean string, its offset and the id
+    assert all(len(r["id"]) % batch == 0 and len(r["id"]) * row_bytes <= max(memory * 1.2, batch * 3_012)
+               for r in spilled), str([len(r["id"]) for r in spilled])
+    in_memory = runs(None)
+    assert [b["id"].tolist() for r in spilled for b in split_batches(r, batch)] == \
+        [b["id"].tolist() for r in in_memory for b in split_batches(r, batch)]
+    assert [t for r in spilled for t in r["text"].to_pylist()] == [t for r in in_memory for t in r["text"].to_pylist()]
+    placement.close()
+    assert files_under(tmp_path) == []

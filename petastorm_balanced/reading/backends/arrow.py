@@ -5,10 +5,11 @@ reading never needed Petastorm's machinery to decide *what* to read (the plan do
 ordered prefetch of row groups, which a thread pool gives, because pyarrow decodes Parquet in C++ with the GIL
 released.
 
-What makes it give the very same batches as the Petastorm backend: both cut the fragments into the same bundles
-(``fragments.bundle``), read each fragment with ``fragments.read_fragment`` (only the requested columns, row count
-checked against the plan, cut to the planned rows) and convert with ``fragments.to_columns``; the batches are then
-made by the shared ``stream.slot_runs``. Only the scheduling differs.
+What makes it give the very same batches as the Petastorm backend: both read each fragment with
+``fragments.read_fragment`` (only the requested columns, row count checked against the plan, cut to the planned
+rows) and convert with ``fragments.to_columns``; the batches are then made by the shared ``stream.slot_runs``,
+which takes the chunks in order whatever their cut. Only the scheduling differs, and how fragments are grouped
+into bundles (here from the bytes measured on the reads, ``read_ahead.py``).
 
 Prefetch: at most ``max_ahead + 1`` bundles are submitted beyond the one being consumed, and results are taken in
 submission order with ``Future.result()`` (blocking, no polling), so memory stays bounded by ``max_ahead + 2``
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from time import perf_counter
@@ -37,6 +38,7 @@ from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from .. import fragments as fr
 from .. import stats
+from ..read_ahead import BundleSizes
 
 # Requests in flight per process on a remote filesystem: the fragments of the bundles read ahead are read side by
 # side in this many threads (and pyarrow's I/O pool and the S3 client's connections match), since each read waits a
@@ -167,19 +169,35 @@ class BundleReader:
         cell.since("decode", start, inner)
         return out
 
-    def read_chunks(self, bundle: list[Fragment] | Started) -> list[tuple[list[Fragment], dict]]:
+    def read_chunks(self, bundle: list[Fragment] | Started, sizes: BundleSizes | None = None
+                    ) -> list[tuple[list[Fragment], dict]]:
         """The bundle's rows as chunks of columns (decoded, transformed), each with the fragments it holds;
         ``bundle`` may be what ``start`` returned. A fragment of ``fragments.BUNDLE_ROWS`` rows or more is converted
         alone (joining large row groups into one array would copy every value once more, for no fewer conversions),
-        the smaller ones between them together (one conversion for many small row groups)."""
+        the smaller ones between them together (one conversion for many small row groups).
+
+        ``sizes`` (``read_ahead.BundleSizes``) is told the decoded bytes read, and the reading stops at the first
+        fragment that takes them past ``sizes.limit``: the chunks then hold the bundle's first fragments only, and
+        the caller reads the others."""
         fragments = bundle.bundle if isinstance(bundle, Started) else bundle
         cell = self._stats.cell() if self._stats is not None else None  # timed as ``read`` times (reading/stats.py)
         start, inner = perf_counter(), cell.inner if cell is not None else 0.0
-        tables = self.tables(bundle)
+        tables = self.tables(bundle, limit=None if sizes is None else sizes.limit)
+        fragments = fragments[:len(tables)]
+        if sizes is not None or cell is not None:
+            rows = sum(t.num_rows for t in tables)
+            held = sum(t.get_total_buffer_size() for t in tables)  # not nbytes: that walks the offsets
+            if sizes is not None:
+                sizes.measure(rows=rows, nbytes=held)
+                # the memory of the bundles this thread read before, freed by the batcher since, back to the
+                # system: Arrow's allocator (mimalloc on recent pyarrow) otherwise keeps it per thread, and with
+                # rows of kilobytes that came to twice what Arrow held (+119 against +65 MiB, 2 threads, 8 MiB
+                # budget); about 1 us a call, no measurable cost an epoch
+                pa.default_memory_pool().release_unused()
         if cell is not None:
             cell.since("read", start, inner)
-            cell.count("rows", sum(t.num_rows for t in tables))
-            cell.count("bytes", sum(t.get_total_buffer_size() for t in tables))
+            cell.count("rows", rows)
+            cell.count("bytes", held)
             start, inner = perf_counter(), cell.inner
         if self._transform is not None:
             transformed = [(fragments, self._transform.apply(fr.concat_tables(tables), fragments))]
@@ -211,17 +229,18 @@ class BundleReader:
         """The bundle's rows as one Arrow table, not decoded (``indices``: one fragment's rows, in that order)."""
         return fr.concat_tables(self.tables(bundle, indices))
 
-    def tables(self, bundle: list[Fragment] | Started, indices=None) -> list[pa.Table]:
-        """The bundle's rows as one Arrow table per fragment, not decoded."""
+    def tables(self, bundle: list[Fragment] | Started, indices=None, limit: int | None = None) -> list[pa.Table]:
+        """The bundle's rows as one Arrow table per fragment, not decoded; with ``limit``, only its first fragments:
+        up to the first whose table takes the bytes held past ``limit`` (the others' reads are cancelled)."""
         started = bundle if isinstance(bundle, Started) else None
         if started is None or not started.futures:
             fragments = started.bundle if started is not None else bundle
             assert isinstance(fragments, list)
             if self._io is None or len(fragments) < 2:
-                return [self._fragment(f, indices) for f in fragments]
+                return _until(limit, (self._fragment(f, indices) for f in fragments))
             started = Started(fragments, [self._io.submit(self._fragment, f, indices) for f in fragments])
         try:
-            return [future.result() for future in started.futures]
+            return _until(limit, (future.result() for future in started.futures))
         finally:
             started.cancel()
 
@@ -285,26 +304,48 @@ def arrow_chunks(plan: ShardPlan, columns, *, workers_count: int = 4, reader_poo
         spec = columns.spec if threads < 2 else replace(columns.spec, use_threads=False)  # our threads decode
         reader = BundleReader(plan, spec, columns.fields, columns.schemas, transform, retry_policy=retry_policy,
                               cache=cache)
-        # larger bundles where threads hand them over (fragments.BUNDLE_BYTES); a transform sees BUNDLE_ROWS-row
-        # bundles, and a remote bundle's fragments are requested side by side (kept as they are)
+        # larger bundles where threads hand them over (fragments.BUNDLE_BYTES); a transform sees at most
+        # BUNDLE_ROWS-row bundles, and a remote bundle's fragments are requested side by side (kept as they are).
+        # Either way a bundle holds about BUNDLE_BYTES of the decoded bytes measured on this slot's reads so far
+        # (read_ahead.py), so the prefetch stays a few MiB whatever a row weighs; the bundles read before anything
+        # was measured are one fragment each on a local disk (the footers' guess of a row's bytes is no bound: it
+        # misses dictionary strings), and the footers' guess on remote storage, where one read-ahead should hold a
+        # small dataset's requests (a round trip in series per read-ahead); a thread's cut bounds their bytes either
+        # way. At most 16 x BUNDLE_ROWS rows, whatever their bytes: a bundle cut short leaves less to read alone.
         large = threads > 1 and transform is None and not reader.remote
-        # (rows over 512 bytes: fewer rows a bundle either way, so the prefetch stays a few MiB: ``bundle_rows``)
-        bundles = fr.bundle(todo, fr.bundle_rows(columns.row_bytes) if large
-                            else min(fr.BUNDLE_ROWS, fr.bundle_rows(columns.row_bytes)))
-        results = in_order(reader.read_chunks, bundles, workers_count=threads, ahead=ahead, start=reader.start)
+        first = min(fr.BUNDLE_ROWS, fr.bundle_rows(columns.row_bytes)) if reader.remote else 1
+        sizes = BundleSizes(target=fr.BUNDLE_BYTES, first_rows=first, max_rows=16 * fr.BUNDLE_ROWS if large
+                            else fr.BUNDLE_ROWS)
+
+        def read(begun: Started | list[Fragment]):
+            return begun.bundle if isinstance(begun, Started) else begun, reader.read_chunks(begun, sizes)
+
+        def rest(bundle: list[Fragment], chunks_read: list) -> Generator:
+            """What a bundle cut short (rows far larger than measured) left: read here, in bundles cut from the
+            bytes just measured, one at a time (no more memory than one), before the bundles read ahead after it."""
+            done = sum(len(held) for held, _ in chunks_read)
+            if done == len(bundle):
+                return
+            for part in sizes.bundles(bundle[done:]):
+                part_read = reader.read_chunks(part, sizes)
+                yield from part_read
+                yield from rest(part, part_read)
+        results = in_order(read, sizes.bundles(todo), workers_count=threads, ahead=ahead, start=reader.start)
         try:
-            for chunks_read in results:
+            for bundle, chunks_read in results:
                 yield from chunks_read
+                yield from rest(bundle, chunks_read)
         finally:
             results.close()  # cancels the reads not started, waits for those in flight
             reader.close()
     return chunks
 
 
-def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: int,
+def in_order(function: Callable, items: Iterable, *, workers_count: int, ahead: int,
              start: Callable[[Any], Started] | None = None) -> Generator:
     """``function(item)`` for every item, in order, computed by ``workers_count`` threads (0: inline) at most
-    ``ahead`` items beyond the one being consumed; closing the generator cancels what was not started.
+    ``ahead`` items beyond the one being consumed; closing the generator cancels what was not started. ``items`` is
+    iterated lazily, an item as it enters those ``ahead`` (``read_ahead.BundleSizes`` cuts a bundle then).
 
     ``start(item)``, called in the consuming thread as an item enters those ``ahead`` (``BundleReader.start``),
     begins its I/O, and ``function`` gets what it returned: inline too, the requests of the items ahead are in
@@ -329,7 +370,8 @@ def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: 
                 if isinstance(item, Started):
                     item.cancel()
         return
-    pool = ThreadPoolExecutor(max(1, min(workers_count, len(items))), thread_name_prefix="pb-arrow")
+    threads = min(workers_count, len(items)) if isinstance(items, Sized) else workers_count
+    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="pb-arrow")
     pending: deque = deque()  # (future of function, what start returned)
     try:
         upcoming = iter(items)
@@ -354,3 +396,14 @@ def in_order(function: Callable, items: Sequence, *, workers_count: int, ahead: 
         # bookkeeping (a generator dropped unclosed), where joining deadlocks every later Thread.start. A read in
         # flight (at most one item per thread) finishes in the background and its result is dropped.
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _until(limit: int | None, tables: Iterable[pa.Table]) -> list[pa.Table]:
+    """The tables, or with ``limit`` those up to the first that takes their bytes past it (at least one)."""
+    out, held = [], 0
+    for table in tables:
+        out.append(table)
+        held += table.get_total_buffer_size()
+        if limit is not None and held > limit:
+            break
+    return out
