@@ -74,7 +74,7 @@ def first_batch(plan, world, new_world, fraction, repeats, window):
 
 def arithmetic(plan, world, new_world, fraction, repeats, window):
     from petastorm_balanced.core.elastic import Stage
-    from petastorm_balanced.reading.layout import Layout
+    from petastorm_balanced.reading.source.layout import Layout
     layout = Layout(plan, new_world, batch_size=plan.batch_size, shuffle=True, shuffle_window=window,
                     reshuffle="epoch")
     stages = (Stage(world, 1, 0, int(plan.steps_per_epoch(world) * fraction)),)

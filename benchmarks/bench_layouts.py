@@ -122,7 +122,7 @@ def dataloader_epochs(plan, columns, *, shuffle: bool, num_workers: int, batch: 
     """``packet_bytes=1``: the workers send one batch per message (``worker_packets.PACKET_BYTES``, which forked
     workers inherit), the baseline of ``--dataloader-baseline``."""
     from petastorm_balanced import BalancedIterableDataset
-    from petastorm_balanced.reading import worker_packets
+    from petastorm_balanced.reading.formats import worker_packets
     dataset = BalancedIterableDataset(plan, 0, 1, batch_size=batch, shuffle=shuffle, schema_fields=columns,
                                       backend="arrow")
     loader = dataset.dataloader(num_workers=num_workers, multiprocessing_context="fork")

@@ -334,7 +334,7 @@ def decode_work(plain_url, petastorm_url, args):
 
     from petastorm_balanced import make_loader, plan_shards
     from petastorm_balanced.predicates import in_lambda
-    from petastorm_balanced.reading import fragments
+    from petastorm_balanced.reading.rows import fragments
     english = in_lambda(["lang"], lambda lang: lang == "en")
     out = {}
     converted = []

@@ -56,7 +56,7 @@ if os.environ.get("PB_BENCH_PACKAGE_ROOT"):  # another checkout's package, for b
 
 from petastorm_balanced import make_loader, plan_shards  # noqa: E402
 from petastorm_balanced.io import fs as fsutil  # noqa: E402
-from petastorm_balanced.reading.fragments import as_list, is_text  # noqa: E402
+from petastorm_balanced.reading.rows.fragments import as_list, is_text  # noqa: E402
 
 try:  # run against an older checkout too (PYTHONPATH=that checkout), for before/after figures
     from petastorm_balanced import StorageUnavailableError

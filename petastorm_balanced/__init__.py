@@ -22,19 +22,19 @@ from .planner.plan_shards import plan_shards
 from .world import World
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs (never imported here at run time)
-    from .reading.device import prefetch_to_device
-    from .reading.iterable import BalancedDataLoader, BalancedIterableDataset
-    from .reading.loader import BalancedLoader, make_loader
-    from .reading.packing import varlen_inputs
-    from .reading.reader import make_reader
-    from .reading.transform import TransformSpec
+    from .reading.batches.packing import varlen_inputs
+    from .reading.formats.device import prefetch_to_device
+    from .reading.front.iterable import BalancedDataLoader, BalancedIterableDataset
+    from .reading.front.loader import BalancedLoader, make_loader
+    from .reading.front.reader import make_reader
+    from .reading.rows.transform import TransformSpec
 
 # Names that need torch or Petastorm's reader machinery are imported on first use, so the planning side of the
 # package (and the Spark executors that run it) never pays for torch.
-_LAZY = {"BalancedDataLoader": "reading.iterable", "BalancedIterableDataset": "reading.iterable",
-         "BalancedLoader": "reading.loader", "make_loader": "reading.loader",
-         "make_reader": "reading.reader", "TransformSpec": "reading.transform", "varlen_inputs": "reading.packing",
-         "prefetch_to_device": "reading.device"}
+_LAZY = {"BalancedDataLoader": "reading.front.iterable", "BalancedIterableDataset": "reading.front.iterable",
+         "BalancedLoader": "reading.front.loader", "make_loader": "reading.front.loader",
+         "make_reader": "reading.front.reader", "TransformSpec": "reading.rows.transform",
+         "varlen_inputs": "reading.batches.packing", "prefetch_to_device": "reading.formats.device"}
 # A literal list (sorted), so that linters and type checkers see the re-exports.
 __all__ = [
     "BalancedDataLoader", "BalancedIterableDataset", "BalancedLoader", "Fragment", "InvalidWhereError", "PlanError",

@@ -19,8 +19,8 @@ import numpy as np
 
 from .errors import InvalidValueError, MissingDependencyError
 from .plan.model import ShardPlan
-from .reading.loader import BalancedLoader, numpy_loader
-from .reading.schema import TENSOR
+from .reading.fields.schema import TENSOR
+from .reading.front.loader import BalancedLoader, numpy_loader
 
 
 def _jax() -> Any:

@@ -18,7 +18,7 @@ What Lightning does with an iterable, and why each step stays exact here:
 
 GPU feeding: ``BalancedDataModule(plan, pin_memory=True, device="trainer")`` gives each rank's loaders
 ``device=trainer.strategy.root_device`` (its own GPU under DDP), so batches are pinned and copied ahead on a side
-CUDA stream (``reading/device.py``); Lightning's own transfer then finds them on the device already.
+CUDA stream (``reading/formats/device.py``); Lightning's own transfer then finds them on the device already.
 
 Input statistics: ``Trainer(callbacks=[InputStatsLogger()])`` gathers every rank's ``loader.stats()`` at each
 training epoch's end (``petastorm_balanced.stats.gather``), logs the slowest rank and its limiting stage, and puts
@@ -36,7 +36,7 @@ from typing import Any
 
 from .errors import InvalidValueError, MissingDependencyError
 from .plan.model import ShardPlan
-from .reading.loader import Loader, make_loader
+from .reading.front.loader import Loader, make_loader
 
 
 def _lightning_module() -> Any:

@@ -42,8 +42,8 @@ from .world import World
 if TYPE_CHECKING:
     from os import PathLike
 
-    from .reading.iterable import BalancedIterableDataset
-    from .reading.loader import Loader
+    from .reading.front.iterable import BalancedIterableDataset
+    from .reading.front.loader import Loader
 
 PARENT_CACHE_DIR_URL_CONF = "petastorm.spark.converter.parentCacheDirUrl"  # Petastorm's conf name, kept
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024  # Petastorm's default
@@ -139,7 +139,7 @@ class BalancedConverter:
         ``batch_size`` defaults to the converter's, else 32 (Petastorm's default); ``rank``/``world`` default to
         ``World.detect()``. Other keywords are ``make_loader``'s.
         """
-        from .reading.loader import make_loader
+        from .reading.front.loader import make_loader
         make_loader_kwargs.setdefault("batch_size", self.plan.batch_size or DEFAULT_BATCH_SIZE)
         loader = make_loader(rank, world, plan=self.plan, **make_loader_kwargs)
         try:
@@ -164,7 +164,7 @@ class BalancedConverter:
                      **kwargs: Any) -> BalancedIterableDataset:
         """A ``BalancedIterableDataset`` (for ``torch.utils.data.DataLoader(num_workers=K)``) over this rank's rows;
         ``batch_size`` defaults as in ``make_torch_dataloader``."""
-        from .reading.iterable import BalancedIterableDataset
+        from .reading.front.iterable import BalancedIterableDataset
         kwargs.setdefault("batch_size", self.plan.batch_size or DEFAULT_BATCH_SIZE)
         return BalancedIterableDataset(self.plan, rank, world, **kwargs)
 
@@ -450,7 +450,7 @@ def _as_url(spark_path: str) -> str:
 def _materialize(df, url: str, options: ConvertOptions, types=None) -> None:
     """Write ``df`` under ``url`` (which does not exist yet). Array columns stay Parquet lists as Spark writes them:
     the loaders deliver them as tensors (``(batch, k)`` where every array of a column has one length, a padded form
-    on request) or lists, by their ``list_format`` (``reading/list_shapes.py``)."""
+    on request) or lists, by their ``list_format`` (``reading/fields/list_shapes.py``)."""
     from .planner.engines.spark import spark_url
     (df.write.option("compression", "none" if options.compression_codec == "uncompressed"
                      else options.compression_codec)

@@ -30,7 +30,7 @@ APART = [("planner", "reading"), ("reading", "planner"), ("io", "unischema")]
 # Every module of core/ is pure (no I/O, no torch, Spark or Petastorm), and these besides:
 PURE = sorted(os.path.relpath(os.path.join(folder, n), PACKAGE)[:-3].replace(os.sep, ".")
               for folder, _, names in os.walk(os.path.join(PACKAGE, "core")) for n in names
-              if n.endswith(".py") and n != "__init__.py") + ["reading.batching", "tools.coverage"]
+              if n.endswith(".py") and n != "__init__.py") + ["reading.batches.batching", "tools.coverage"]
 NEEDS_PETASTORM = {"petastorm_balanced.reading.backends.petastorm", "petastorm_balanced.reading.backends.ordering",
                    "petastorm_balanced.io.remote"}
 

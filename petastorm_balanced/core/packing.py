@@ -12,7 +12,7 @@ plus ``ESTIMATE_SLACK`` (``window_steps``). A position is still an epoch and a c
 window and packs it again, identically. Padding is then the ranks' spread of tokens (the plan's cost order keeps
 every rank's stretch within about one row group of the mean, ``cost/order.py``); a document is left out only where
 a cut row group held more than its mean share beyond the slack, and the loader warns when that happens
-(``reading/packing_check.py``). Without per-rank estimates (``Packing.window_steps`` None), a window of ``R``
+(``reading/batches/packing_check.py``). Without per-rank estimates (``Packing.window_steps`` None), a window of ``R``
 documents gets ``ceil(R x mean x (1 + PACK_SLACK) / (S x L))`` steps.
 
 Inside a window (``pack_window``), documents are dealt to steps by a capacity-constrained LPT on attention cost

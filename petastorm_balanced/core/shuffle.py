@@ -2,7 +2,7 @@
 
 A slot (a rank, or one DataLoader worker of a rank) delivers its rows in plan order, permuted in fixed
 **windows** of ``window_rows`` rows (a whole number of batches), each by a generator drawn from
-``[seed, epoch, rank, slot(, stage), window]``. The readers apply it (``reading/batching.WindowBatcher``), and
+``[seed, epoch, rank, slot(, stage), window]``. The readers apply it (``reading/batches/batching.WindowBatcher``), and
 the elastic arithmetic (``core/elastic.py``) reads it backwards to know which rows a stopped slot had not
 delivered yet; both import it from here, so the rule lives in the core and is written once.
 
@@ -30,7 +30,8 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> i
     return max(1, -(-shuffle_window // batch_size)) * batch_size
 
 
-# Bytes a slot may hold per byte of its window. A window of numbers is held once (``reading/batching.Filling``: each
+# Bytes a slot may hold per byte of its window. A window of numbers is held once (``reading/batches/batching.Filling``:
+# each
 # chunk is interleaved into it as it arrives, and gathered a run of batches at a time): 3.8x its bytes at the peak
 # with the reader's prefetch, the run being cut and the Arrow pool (bench_shuffle.py's peak RSS, 4M rows); text and
 # list columns still hold their chunks, the window joined and a run, which the margin up to 6 covers. Lowering it

@@ -22,7 +22,7 @@ from ..core.packing import LONG_DOCUMENTS, LONG_DOCUMENTS_MEANING
 from ..core.params import check_choice, check_int
 from ..core.shuffle import DEFAULT_BUDGET
 from ..errors import InvalidTypeError, InvalidValueError
-from .list_shapes import ListOptions
+from .fields.list_shapes import ListOptions
 
 TORCH: Final = "torch"
 NUMPY: Final = "numpy"
@@ -36,7 +36,8 @@ BatchFormat = Literal["torch", "numpy"]
 LongDocuments = Literal["split", "drop"]
 
 SHUFFLE_BUDGET = DEFAULT_BUDGET  # default bytes of decoded rows one rank's shuffle may hold (``core/shuffle.py``)
-SPILL_BUDGET = 64 * 2**30  # default bytes of local disk one rank's shuffle windows may take (``reading/spill.py``)
+# default bytes of local disk one rank's shuffle windows may take (``reading/windows/spill.py``)
+SPILL_BUDGET = 64 * 2**30
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class LoaderOptions:
     reshuffle: Reshuffle = "epoch"
     shuffle_window: int | None = None  # rows; None: as many as ``shuffle_budget`` holds
     shuffle_budget: int | str = SHUFFLE_BUDGET
-    # local disk for windows larger than memory (``reading/spill.py``): None: windows sized by memory, what goes
+    # local disk for windows larger than memory (``reading/windows/spill.py``): None: windows sized by memory, what goes
     # beyond it anyway (rows larger than sampled) to the system temp folder; a folder: windows up to a rank's
     # share, within ``shuffle_spill_budget`` bytes of it; False: never on disk
     shuffle_spill_dir: Any = None
@@ -69,7 +70,7 @@ class LoaderOptions:
     list_format: Any = "auto"
     list_shapes: Any = None
     batch_format: BatchFormat = TORCH  # tensors.py
-    pack: str | None = None  # a list column to pack into sequences of seq_len tokens (reading/packing.py)
+    pack: str | None = None  # a list column to pack into sequences of seq_len tokens (reading/batches/packing.py)
     seq_len: int | None = None
     long_documents: LongDocuments = "split"  # documents longer than seq_len (core/packing.py)
 
@@ -117,8 +118,8 @@ class LoaderOptions:
 
 
 def _check_pack(pack, seq_len, long_documents) -> None:
-    """``pack``, ``seq_len`` and ``long_documents`` on their own (``reading/packing.resolve`` checks them against
-    the plan)."""
+    """``pack``, ``seq_len`` and ``long_documents`` on their own (``reading/batches/packing.resolve`` checks them
+    against the plan)."""
     if pack is None:
         if seq_len is not None:
             raise InvalidValueError(f"seq_len={seq_len!r} without pack=: name the list column to pack, e.g. "

@@ -10,7 +10,7 @@ from .stats import Recorder
 from .worker_stats import drain
 
 if TYPE_CHECKING:
-    from .schema import BatchSchema
+    from .fields.schema import BatchSchema
 
 
 class ViewSettings(Protocol):

@@ -40,12 +40,13 @@ PLAN_CHECKSUM, BATCH_SIZE = "plan_checksum", "batch_size"
 SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
 BALANCE, COST_REDUCE, MAX_BATCH_COST = "balance", "cost_reduce", "max_batch_cost"
 COST_ARRANGEMENT = "cost_arrangement"  # the version of core/cost/arrangement.ARRANGEMENTS a position was saved under
-# a packing loader's (reading/packing.py): the packed column, tokens per sequence, sequences per step, the version
+# a packing loader's (reading/batches/packing.py): the packed column, tokens per sequence, sequences per step, the
+# version
 # of the rule that makes a window's steps, what happens to documents longer than seq_len
 PACK, SEQ_LEN, SEQUENCES, PACKING, LONG_DOCUMENTS = "pack", "seq_len", "sequences", "packing", "long_documents"
 NUM_WORKERS = "num_workers"  # slots per rank of a BalancedIterableDataset's state
 WORKER, WORKER_BATCHES = "worker", "worker_batches"  # a state saved inside a DataLoader worker (torchdata)
-# a mixture's (reading/mixture.py): the weights as fractions, the epoch length, the schedule's phase, [pass, row]
+# a mixture's (reading/mixing/mixture.py): the weights as fractions, the epoch length, the schedule's phase, [pass, row]
 # of every source
 WEIGHTS, EPOCH_STEPS, PHASE, SOURCES = "weights", "epoch_steps", "phase", "sources"
 SOURCE_ORDER = "source_order"  # 2: each source's pass p reads plan epoch p x sources + place; absent: 1 (epoch p)

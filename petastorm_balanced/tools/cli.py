@@ -207,7 +207,7 @@ def cmd_verify(args) -> int:
 
 def _resume(plan, args):
     """(layout, epoch, batches, stages, state) of ``--state`` resumed at ``--world-size`` (default: its own)."""
-    from ..reading.layout import Layout, loaded
+    from ..reading.source.layout import Layout, loaded
     from ..reading.state import NUM_WORKERS, PLAN_CHECKSUM, WORLD_SIZE, flat
     try:
         with open(args.state) as handle:
@@ -229,7 +229,7 @@ def _resume(plan, args):
 
 def _passes(plan, args):
     """(layout, epoch, stages) of each pass ``verify`` serves."""
-    from ..reading.layout import Layout
+    from ..reading.source.layout import Layout
     if args.state:
         layout, epoch, _, stages, _ = _resume(plan, args)
         return [(layout, epoch, stages)]

@@ -34,7 +34,7 @@ def profile(plan_url: str, *, rank: int = 0, world_size: int | None = None, work
             loader_options: dict | None = None) -> dict:
     """Run one rank's pipeline alone and return ``{"steps_per_s", "batches", "seconds", "stats", "advice", ...}``."""
     from ..plan.load import load_plan
-    from ..reading.loader import make_loader
+    from ..reading.front.loader import make_loader
     plan = load_plan(plan_url)
     world = world_size or plan.world_size
     options: dict[str, Any] = {"batch_format": "numpy", "workers_count": workers, **(loader_options or {})}

@@ -17,10 +17,10 @@ import numpy as np
 from ..core.quality import Quality
 from ..errors import InvalidValueError
 from ..plan.load import resolve_plan
-from ..reading.loader import make_loader
-from ..reading.mixture import MixtureSettings
+from ..reading.front.loader import make_loader
+from ..reading.mixing.mixture import MixtureSettings
 from ..reading.options import SHUFFLE_BUDGET, LoaderOptions
-from ..reading.settings import Settings
+from ..reading.source.settings import Settings
 from ..world import World
 
 BINS = 64  # quantile bins for a numeric column of many distinct values (a histogram of raw floats says nothing)

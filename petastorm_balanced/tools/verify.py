@@ -91,8 +91,8 @@ class _LoaderRows:
             raise InvalidValueError(f"--id-column {column!r} has repeated values, so it cannot identify rows; pick a "
                                     "unique column or leave --id-column out to check rows by position")
         try:
-            from ..reading.loader import make_loader
-            from ..reading.stream import PADDING
+            from ..reading.front.loader import make_loader
+            from ..reading.source.stream import PADDING
         except ImportError as exc:
             raise InvalidValueError(f"--id-column needs the loader and torch ({exc}); leave it out to check rows by "
                                     "position with pyarrow") from None

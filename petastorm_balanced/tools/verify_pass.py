@@ -17,8 +17,8 @@ import numpy as np
 from ..core.elastic import Stage
 from ..core.shuffle import window_rows
 from ..errors import InvalidValueError
-from ..reading.batching import WindowBatcher, start_point
-from ..reading.layout import Layout
+from ..reading.batches.batching import WindowBatcher, start_point
+from ..reading.source.layout import Layout
 from .coverage import Check, bounds_check
 
 # Keys of the rows of one fragment (plan mode: ids derived from the catalog; read mode: rows read from the files).

@@ -21,7 +21,7 @@ from petastorm_balanced.core import balance, shuffle, sorting
 from petastorm_balanced.core.cost.arrangement import arrange_max, arrange_sum
 from petastorm_balanced.core.cost.budget import arrange_budget, budget_batches
 from petastorm_balanced.core.cost.order import cost_order
-from petastorm_balanced.reading.batching import WindowBatcher, split_batches
+from petastorm_balanced.reading.batches.batching import WindowBatcher, split_batches
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
 from tests.support.delivery_contract import planned_ids
 from tests.support.jobs import ROOT
@@ -172,7 +172,7 @@ def test_cost_order_spreads_dense_row_groups():
 def test_cost_windows_resume_at_any_batch(rows, batch, windows, reduce, data):
     """WindowBatcher with a cost arrangement: whole batches, every row once, and a start at batch k (the window
     re-read from its first row) gives the suffix."""
-    from petastorm_balanced.reading.batching import start_point
+    from petastorm_balanced.reading.batches.batching import start_point
     total = sum(rows) // batch * batch
     if total == 0:
         return

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from petastorm_balanced.core import balance, elastic
 from petastorm_balanced.core.shuffle import Windows, window_rows
-from petastorm_balanced.reading.batching import WindowBatcher, start_point
+from petastorm_balanced.reading.batches.batching import WindowBatcher, start_point
 from tests.support.strategies import catalogs, seeds
 
 

@@ -129,7 +129,7 @@ def test_a_rewrite_is_refused_before_any_of_its_rows_while_its_listing_is_late(r
     bytes, so only its modification time tells) has its row groups read before its folder's listing answers (2 s
     late here), yet none of its rows reaches a batch: the epoch stops with StalePlanError first."""
     from petastorm_balanced import StalePlanError
-    from petastorm_balanced.reading import fragments
+    from petastorm_balanced.reading.rows import fragments
     from tests.io.test_silent_g15 import HALF, reorder_keeping_the_footer, write_files
     monkeypatch.setattr(fragments, "BUNDLE_ROWS", 1)  # a bundle per fragment: batches stream, fragment by fragment
     local = write_files(tmp_path / "ds", files=3)

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
-from petastorm_balanced.reading.reader import make_reader
+from petastorm_balanced.reading.front.reader import make_reader
 from petastorm_balanced.unischema import pickling
 from tests.support import unischema_data as ud
 from tests.support.stacks import HAVE_PETASTORM, petastorm_only

@@ -335,7 +335,7 @@ def test_each_footer_is_read_once_per_epoch_whatever_the_row_group_order(tmp_pat
     their footers are read, hashed and checked once per epoch, not once per reopening, and the rows delivered
     are still the dataset's (against pyarrow.dataset)."""
     from petastorm_balanced.io import footer as footer_io
-    from petastorm_balanced.reading import fragments
+    from petastorm_balanced.reading.rows import fragments
     files = fragments.OPEN_FILES * 2
     target = write_dataset(tmp_path / "ds", files * 3 * 10, files=files, row_group_size=10)
     plan = plan_shards(target, 1, batch_size=5, engine="local")

@@ -57,7 +57,7 @@ def test_row_major_windows_give_the_same_batches(plans, case, backend):
     every batch of the column-by-column window, every column, on either backend: forced here on small windows."""
     from unittest import mock
 
-    from petastorm_balanced.reading import batching
+    from petastorm_balanced.reading.batches import batching
     plan = plans[case][0]
     options = dict(shuffle=True, padding_mask=True, backend=backend, shuffle_window=5 * BATCH)
     reference = epoch_batches(plan, 0, plan.world_size, 1, **options)

@@ -170,7 +170,7 @@ def test_writing_into_unshuffled_batches_of_large_row_groups_changes_nothing_els
     epoch (nothing holds those buffers but the batches), and every value is ``pyarrow.dataset``'s."""
     import pyarrow.dataset as ds
 
-    from petastorm_balanced.reading import fragments
+    from petastorm_balanced.reading.rows import fragments
     rows = fragments.BUNDLE_ROWS * 2 + 64
     for f in range(2):
         ids = np.arange(f * rows, (f + 1) * rows, dtype=np.int64)

@@ -1,5 +1,5 @@
-"""The window batcher (``reading/batching.py``), pure and on synthetic fragments whose rows are numbered 0..n-1: whole
-batches only, every row once, a start at batch k gives the suffix (the pure core of G1 and G6), and text stays
+"""The window batcher (``reading/batches/batching.py``), pure and on synthetic fragments whose rows are numbered 0..n-1:
+whole batches only, every row once, a start at batch k gives the suffix (the pure core of G1 and G6), and text stays
 Arrow in a window, whole, whatever its offsets' width."""
 from unittest import mock
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from petastorm_balanced.reading import batching
-from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
+from petastorm_balanced.reading.batches import batching
+from petastorm_balanced.reading.batches.batching import WindowBatcher, split_batches, start_point
 
 
 def batches_from(rows, batch, window, shuffle, done):
@@ -38,7 +38,7 @@ def test_a_window_of_over_2_gib_of_text_is_delivered_whole():
     (``convert.one_array``). About 4.5 GB of memory."""
     import pyarrow.compute as pc
 
-    from petastorm_balanced.reading.convert import one_array
+    from petastorm_balanced.reading.rows.convert import one_array
     big = 1100 << 20  # two of them: more than 2**31 bytes
     parts = [pa.array([fill * big, fill], pa.binary()) for fill in (b"a", b"b")]
     bundle = one_array(pa.chunked_array(parts))

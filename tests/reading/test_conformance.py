@@ -26,8 +26,8 @@ from petastorm_balanced import BalancedIterableDataset, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.predicates import in_lambda
 from petastorm_balanced.reading.backends import petastorm_importable
-from petastorm_balanced.reading.convert import one_array
-from petastorm_balanced.reading.schema import LIST, delivered_type
+from petastorm_balanced.reading.fields.schema import LIST, delivered_type
+from petastorm_balanced.reading.rows.convert import one_array
 from tests.support.strategies import COLUMN_KINDS, DatasetSpec, dataset_specs
 
 torch = pytest.importorskip("torch")
@@ -335,7 +335,7 @@ def test_list_values_built_from_flat_values_equal_to_pylist(data):
     the same values and Python types, None for null lists, sliced arrays, null items (where it falls back)."""
     from unittest import mock
 
-    from petastorm_balanced.reading import fragments
+    from petastorm_balanced.reading.rows import fragments
     item_type = data.draw(st.sampled_from(list(_LIST_ITEMS)))
     items = _LIST_ITEMS[item_type] | st.none() if data.draw(st.booleans()) else _LIST_ITEMS[item_type]
     rows = data.draw(st.lists(st.none() | st.lists(items, max_size=5), max_size=20))

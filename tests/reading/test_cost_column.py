@@ -9,7 +9,7 @@ from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.core.cost.options import CostOptions
 from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.plan.model import Fragment
-from petastorm_balanced.reading import stream
+from petastorm_balanced.reading.source import stream
 from tests.core.test_cost import cost_plan, lengths  # noqa: F401  (module fixtures)
 
 

@@ -1,4 +1,4 @@
-"""GPU feeding (``reading/device.py``) on CPU: the options validate, ``device="cpu"`` is exact, resume is exact.
+"""GPU feeding (``reading/formats/device.py``) on CPU: the options validate, ``device="cpu"`` is exact, resume is exact.
 
 ``device="cpu"`` runs the same one-batch-ahead path as a CUDA device, with no copy, so these tests check the
 bookkeeping a GPU run relies on: the batch held ahead is not counted as consumed (``state_dict`` and the shared
@@ -19,8 +19,8 @@ from petastorm_balanced import (
     plan_shards,
 )
 from petastorm_balanced.errors import InvalidTypeError, InvalidValueError
-from petastorm_balanced.reading import device as device_module
-from petastorm_balanced.reading.device import check_feed, prefetch_to_device
+from petastorm_balanced.reading.formats import device as device_module
+from petastorm_balanced.reading.formats.device import check_feed, prefetch_to_device
 from tests.support.resume_contract import check_resume_contract
 
 BATCH = 32

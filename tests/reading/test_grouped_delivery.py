@@ -5,8 +5,8 @@ import time
 import pytest
 
 from petastorm_balanced import make_loader, plan_shards
+from petastorm_balanced.reading.formats.tensors import GROUP
 from petastorm_balanced.reading.state import flat
-from petastorm_balanced.reading.tensors import GROUP
 from tests.support.resume_contract import fingerprint
 
 

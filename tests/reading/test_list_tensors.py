@@ -1,5 +1,5 @@
-"""List columns of numbers as tensors (``reading/list_shapes.py``, G13): values equal ``pyarrow.dataset``'s, the form
-decided before the first batch and the same in every batch, on both backends and in DataLoader workers; rows of
+"""List columns of numbers as tensors (``reading/fields/list_shapes.py``, G13): values equal ``pyarrow.dataset``'s, the
+form decided before the first batch and the same in every batch, on both backends and in DataLoader workers; rows of
 another length and nulls with no tensor form are refused naming the column, the file and the row, never disguised.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from petastorm_balanced import BalancedIterableDataset, TransformSpec, make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError, RowShapeError
 from petastorm_balanced.reading.backends import petastorm_importable
-from petastorm_balanced.reading.list_shapes import ListOptions
-from petastorm_balanced.reading.schema import LIST, TENSOR
+from petastorm_balanced.reading.fields.list_shapes import ListOptions
+from petastorm_balanced.reading.fields.schema import LIST, TENSOR
 from tests.support.resume_contract import check_resume_contract
 
 torch = pytest.importorskip("torch")

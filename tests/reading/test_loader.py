@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from petastorm_balanced import BalancedIterableDataset, make_loader
-from petastorm_balanced.reading import fragments as fragments_module
-from petastorm_balanced.reading.reader_arguments import OWNED_ARGUMENTS
+from petastorm_balanced.reading.backends.reader_arguments import OWNED_ARGUMENTS
+from petastorm_balanced.reading.rows import fragments as fragments_module
 from petastorm_balanced.reading.state import flat, nest
 from petastorm_balanced.tools.coverage import coverage_check, steps_check
 from tests.support.delivery_contract import planned_ids

@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 from petastorm_balanced.errors import InvalidValueError
-from petastorm_balanced.reading.loader import make_loader
+from petastorm_balanced.reading.front.loader import make_loader
 from petastorm_balanced.reading.options import LoaderOptions
 
 # Options a signature leaves out on purpose, and why.
@@ -22,7 +22,7 @@ NOT_IN = {
 
 def _iterable_init():
     pytest.importorskip("torch")
-    from petastorm_balanced.reading.iterable import BalancedIterableDataset
+    from petastorm_balanced.reading.front.iterable import BalancedIterableDataset
     return BalancedIterableDataset.__init__
 
 

@@ -408,7 +408,7 @@ def test_inspect_measures_a_mixtures_shuffle_quality_and_says_what_workers_read(
 def test_dataloader_workers_round_robin_is_the_ranks_sequence(plans, workers, start, count, weights):
     """What each DataLoader worker yields (``mixture.worker_batches``), taken round robin as the DataLoader does,
     is the rank's sequence from any batch on, whatever the number of workers."""
-    from petastorm_balanced.reading.mixture import numpy_runs, worker_batches
+    from petastorm_balanced.reading.mixing.mixture import numpy_runs, worker_batches
     loader = make_loader(1, 2, plan=plans, weights=weights, batch_size=9, shuffle_window=30, backend="arrow",
                          workers_count=1)
     settings_ = loader._settings

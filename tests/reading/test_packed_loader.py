@@ -11,7 +11,7 @@ import pytest
 
 from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.errors import InvalidValueError, PackingWarning
-from petastorm_balanced.reading.packing import varlen_inputs
+from petastorm_balanced.reading.batches.packing import varlen_inputs
 
 SEQ_LEN, SEQUENCES, WORLD, DOCS = 128, 8, 4, 4000
 SHIFT = 2048  # token value = doc * SHIFT + position in the document: every token says where it came from

@@ -1,4 +1,4 @@
-"""Read-ahead bundles sized from the decoded bytes measured on this slot's reads (``reading/read_ahead.py``): where
+"""Read-ahead bundles sized from the decoded bytes measured on this slot's reads (``reading/rows/read_ahead.py``): where
 rows grow far beyond what the footers and the bundles read so far said, no bundle holds more than its limit plus
 one fragment (the rest of it is read fragment by fragment), and the rows delivered are ``pyarrow.dataset``'s, in
 plan order, whatever the bundles' cut."""

@@ -11,7 +11,7 @@ from petastorm.codecs import NdarrayCodec  # noqa: E402
 
 from petastorm_balanced import StalePlanError, datagen, make_loader, make_reader, plan_shards
 from petastorm_balanced.predicates import in_lambda
-from petastorm_balanced.reading.reader_arguments import OWNED_ARGUMENTS
+from petastorm_balanced.reading.backends.reader_arguments import OWNED_ARGUMENTS
 from tests.support.delivery_contract import planned_ids
 from tests.support.predicate_funcs import english
 
@@ -134,7 +134,7 @@ def test_list_columns_keep_one_representation_whatever_the_rows():
     type never depends on the rows); a fixed_size_list column is a (rows, size) array."""
     import pyarrow as pa
 
-    from petastorm_balanced.reading.fragments import as_list, to_columns
+    from petastorm_balanced.reading.rows.fragments import as_list, to_columns
     table = pa.table({"equal": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32())),
                       "ragged": pa.array([[1], [2, 3], None]),
                       "fixed": pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32(), 2))})

@@ -17,7 +17,7 @@ from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.core.quality import Quality, clustered_columns, mean_tv, uniform_batches
 from petastorm_balanced.core.shuffle import WINDOW_COPIES, budget_window
 from petastorm_balanced.errors import InvalidTypeError, InvalidValueError, ShuffleQualityWarning
-from petastorm_balanced.reading.settings import EXTRA_ROW_BYTES
+from petastorm_balanced.reading.source.settings import EXTRA_ROW_BYTES
 from petastorm_balanced.tools.cli import main as cli_main
 from petastorm_balanced.tools.shuffle_quality import shuffle_quality
 from tests.support.resume_contract import check_resume_contract, take
@@ -174,7 +174,7 @@ def test_statistics_are_read_only_when_a_warning_may_be_due(sorted_small_groups,
     """Which columns are stored in order is worked out from every sampled row group's statistics only for a loader
     that may warn (shuffled, a rank's rows over one window); the others never read them, and the warning still
     comes where it is due."""
-    from petastorm_balanced.reading import dataset_schema
+    from petastorm_balanced.reading.fields import dataset_schema
     plan = plan_shards(sorted_small_groups, 1, batch_size=BATCH, engine="local")
     calls = []
     real = dataset_schema.value_ranges

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.core.quality import Quality
 from petastorm_balanced.errors import InvalidValueError
-from petastorm_balanced.reading import spill
+from petastorm_balanced.reading.windows import spill
 from tests.support.jobs import ROOT
 from tests.support.resume_contract import check_resume_contract
 from tests.support.stacks import HAVE_PETASTORM
@@ -100,7 +100,7 @@ def test_no_spill_file_outlives_close_or_a_broken_loop(sorted_data, tmp_path):
 
 
 def test_a_crashed_process_folder_is_swept_at_the_next_start(sorted_data, tmp_path):
-    code = ("import os, sys; from petastorm_balanced.reading.spill import SpillFolder; "
+    code = ("import os, sys; from petastorm_balanced.reading.windows.spill import SpillFolder; "
             "f = SpillFolder(sys.argv[1]); open(f.file('.bin'), 'w').write('x'); os._exit(1)")
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False, cwd=ROOT,
                    env={**os.environ, "PYTHONPATH": ROOT})
@@ -214,7 +214,7 @@ def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
 
 def test_the_warning_and_inspect_say_what_a_spill_folder_buys(sorted_data, tmp_path, monkeypatch):
     from petastorm_balanced.errors import ShuffleQualityWarning
-    from petastorm_balanced.reading import settings
+    from petastorm_balanced.reading.source import settings
     from petastorm_balanced.tools.shuffle_quality import shuffle_quality
     plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
     with pytest.warns(ShuffleQualityWarning, match='shuffle_budget="[0-9]+MiB" to hold them in one'):
@@ -321,8 +321,8 @@ def test_a_column_in_chunks_takes_rows_in_any_order_as_one_array(sizes, seed, dr
 def test_a_spilled_window_is_served_in_runs_its_memory_share_holds(tmp_path, memory):
     """Rows of 1-3 KB, a memory share far below the window: each run gathered from it holds whole batches of at
     most the share's measured bytes (at least one batch), and the batches are those of the window in memory."""
-    from petastorm_balanced.reading.batching import WindowBatcher, split_batches, start_point
-    from petastorm_balanced.reading.spill_window import filling_for
+    from petastorm_balanced.reading.batches.batching import WindowBatcher, split_batches, start_point
+    from petastorm_balanced.reading.windows.spill_window import filling_for
     rng = np.random.default_rng(0)
     rows, batch, size = 6_016, 32, 4_800  # 188 batches
     text = pa.array(["x" * int(n) for n in rng.integers(1_000, 3_000, rows)])

@@ -16,7 +16,7 @@ from petastorm_balanced import StorageUnavailableError, datagen, make_loader, pl
 from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.io import footer as footer_io
 from petastorm_balanced.io import retry
-from petastorm_balanced.reading import fragments
+from petastorm_balanced.reading.rows import fragments
 
 TRANSIENT = "AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 56, Failure when receiving data"
 THROTTLED = "AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate."

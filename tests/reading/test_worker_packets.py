@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from petastorm_balanced import BalancedIterableDataset
-from petastorm_balanced.reading import worker_packets
-from petastorm_balanced.reading.worker_packets import interleave, interleaved_groups, packets, pieces
+from petastorm_balanced.reading.formats import worker_packets
+from petastorm_balanced.reading.formats.worker_packets import interleave, interleaved_groups, packets, pieces
 from tests.support.resume_contract import check_resume_contract, fingerprint
 
 

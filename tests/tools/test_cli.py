@@ -186,7 +186,7 @@ def test_verify_read_fails_when_the_plan_drops_a_range(cli_plans, tmp_path, poli
 
 def test_verify_read_through_make_loader(small_plan, tmp_path):
     """--id-column reads as training does (make_loader, batch by batch) and identifies rows by their id."""
-    pytest.importorskip("petastorm_balanced.reading.loader")  # torch
+    pytest.importorskip("petastorm_balanced.reading.front.loader")  # torch
     from petastorm_balanced.tools.verify import ReadCheck
     good = ReadCheck(small_plan, id_column="id").run(epochs=2)
     assert [c.ok for c in good] == [True] * 4 and "make_loader, by 'id'" in good[1].detail
@@ -327,7 +327,7 @@ def test_plan_format_doc_example_is_what_the_code_writes(tmp_path):
 
 def test_inspect_and_verify_understand_elastic_states_and_parts(small_plan, tmp_path):
     """A state saved by 2 ranks mid-epoch, shown and checked for 3 ranks; sub-epochs shown and checked by pass."""
-    pytest.importorskip("petastorm_balanced.reading.loader")  # torch
+    pytest.importorskip("petastorm_balanced.reading.front.loader")  # torch
     from petastorm_balanced import make_loader
     loaders = [make_loader(rank, 2, plan=small_plan, shuffle_window=40, workers_count=1) for rank in range(2)]
     for loader in loaders:

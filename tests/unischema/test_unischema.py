@@ -14,7 +14,7 @@ import pytest
 
 from petastorm_balanced import UnsafeDatasetError, datagen, load_plan, make_loader, plan_shards
 from petastorm_balanced.predicates import in_lambda
-from petastorm_balanced.reading.reader import make_reader
+from petastorm_balanced.reading.front.reader import make_reader
 from petastorm_balanced.unischema import (
     CompressedImageCodec,
     CompressedNdarrayCodec,
@@ -367,8 +367,8 @@ def test_images_decoded_into_the_batch_array_equal_decode_per_cell(value, librar
     pixels, row for row; an image of another shape than the Unischema's is refused naming the row."""
     import pyarrow as pa
 
-    from petastorm_balanced.reading.fragments import _decode_cells
-    from petastorm_balanced.reading.schema import unischema_column
+    from petastorm_balanced.reading.fields.schema import unischema_column
+    from petastorm_balanced.reading.rows.fragments import _decode_cells
     if library == "pillow":
         pytest.importorskip("PIL")
         monkeypatch.setattr(codecs, "_BACKEND", codecs._Pillow(__import__("PIL.Image").Image))

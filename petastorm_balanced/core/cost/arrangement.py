@@ -1,8 +1,8 @@
 """Fixed-size batches inside one shuffle window (``arrange_sum``, ``arrange_max``; chosen by ``CostOptions``,
 ``options.py``; this module holds their first versions, ``one_sort.py`` the second, which new loaders use): every
 rank already reads the same number of rows per epoch, in windows of the same size that start at the same steps on
-every rank (``reading/batching.py``), and the plan's row group order gives every rank's stretch of data about the
-mean cost per row (``order.cost_order``). What is left is to arrange each window's rows into batches so that the
+every rank (``reading/batches/batching.py``), and the plan's row group order gives every rank's stretch of data about
+the mean cost per row (``order.cost_order``). What is left is to arrange each window's rows into batches so that the
 batches that meet in one step, one per rank, cost about the same. Each rank does that alone, from its window's
 costs and a generator key, with a rule that makes every rank land near the same value:
 

@@ -36,9 +36,9 @@ from ...io.footer import CheckedFooters
 from ...io.row_group_cache import CacheSettings, entry_key, local_disk_cache
 from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
-from .. import fragments as fr
 from .. import stats
-from ..read_ahead import BundleSizes
+from ..rows import fragments as fr
+from ..rows.read_ahead import BundleSizes
 
 # Requests in flight per process on a remote filesystem: the fragments of the bundles read ahead are read side by
 # side in this many threads (and pyarrow's I/O pool and the S3 client's connections match), since each read waits a

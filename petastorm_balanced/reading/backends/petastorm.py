@@ -48,12 +48,13 @@ from ...plan.format import check_file
 from ...plan.model import Fragment, ShardPlan
 from ...unischema.pickling import harden_petastorm_unpickler
 from ...unischema.storage import load_unischema
-from .. import fragments as fr
-from .. import stats, stream
-from ..columns import Columns
-from ..reader_arguments import check_petastorm_kwargs, check_pool_options, planned_rows
-from ..transform import checked
+from .. import stats
+from ..rows import fragments as fr
+from ..rows.columns import Columns
+from ..rows.transform import checked
+from ..source import stream
 from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
+from .reader_arguments import check_petastorm_kwargs, check_pool_options, planned_rows
 from .reader_keeper import ReaderKeeper
 
 # Every private member of Petastorm 0.12 this backend and ordering.py override or read, in one place; a test checks

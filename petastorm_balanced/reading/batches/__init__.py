@@ -1,0 +1,1 @@
+"""Rows into batches: a window's batch views, cost budgets and packed sequences."""
