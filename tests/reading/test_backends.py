@@ -73,7 +73,7 @@ def test_bundle_sizes_give_the_same_batches(plans, case, shuffle):
     every column, every rank."""
     from unittest import mock
 
-    from petastorm_balanced.reading import fragments, read_ahead
+    from petastorm_balanced.reading.rows import fragments, read_ahead
     plan = plans[case][0]
     options = dict(shuffle=shuffle, shuffle_window=3 * BATCH, padding_mask=True, backend="arrow", workers_count=2)
     real, counts = read_ahead.BundleSizes.bundles, []

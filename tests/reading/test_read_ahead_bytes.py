@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from petastorm_balanced import make_loader, plan_shards
-from petastorm_balanced.reading import fragments, read_ahead
+from petastorm_balanced.reading.rows import fragments, read_ahead
 from petastorm_balanced.reading.backends import arrow
 
 STRING, TARGET = 4096, 1 << 20
