@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from petastorm_balanced import make_loader, plan_shards
-from petastorm_balanced.reading.rows import fragments, read_ahead
 from petastorm_balanced.reading.backends import arrow
+from petastorm_balanced.reading.rows import fragments, read_ahead
 
 STRING, TARGET = 4096, 1 << 20
 
