@@ -8,6 +8,7 @@ cause, directly or through others. The same faults against a real S3 server behi
 ``tests/integration/test_remote_faults.py`` (slow tier).
 """
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -59,10 +60,13 @@ class Faulty:
 
     def __init__(self, function, message, fail=None):
         self.function, self.message, self.fail, self.calls = function, message, fail, 0
+        self._lock = threading.Lock()  # footers are read by several threads: each call gets its own number
 
     def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.fail is None or self.calls in self.fail:
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        if self.fail is None or call in self.fail:
             raise OSError(self.message)
         return self.function(*args, **kwargs)
 
