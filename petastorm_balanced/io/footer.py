@@ -342,12 +342,17 @@ class CheckedFooters:
                 future.set_result(self._list(folder))
             except BaseException as exc:
                 future.set_exception(exc)
+        return self._awaited(self._listings, folder, future)
+
+    def _awaited(self, futures: dict, key: str, future: Future):
+        """``future``'s result, shared by the threads that asked for ``key``; a failure is forgotten, so the next
+        caller asks the storage again instead of getting the same error."""
         try:
             return future.result()
         except BaseException:
             with self._locks_lock:
-                if self._listings.get(folder) is future:
-                    del self._listings[folder]
+                if futures.get(key) is future:
+                    del futures[key]
             raise
 
     def _modification_time(self, location: str) -> int | None:
@@ -427,13 +432,7 @@ class CheckedFooters:
             future = self._fingerprints.get(location)
         if future is None:
             return self._fresh_content(location)
-        try:
-            return future.result()
-        except BaseException:
-            with self._locks_lock:
-                if self._fingerprints.get(location) is future:
-                    del self._fingerprints[location]
-            raise
+        return self._awaited(self._fingerprints, location, future)
 
     def confirm(self, name: str, location: str) -> None:
         """``shared=True``: check the modification time of ``name``, opened (``open``) by this reader, against the
