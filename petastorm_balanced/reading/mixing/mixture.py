@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...core import balance
+from ...core import shuffle as shuffle_rule
 from ...core.cost.spec import COST_COLUMN
 from ...core.mixture import Mixture, Point, make_schedule, parse_weights
 from ...core.params import check_int
@@ -49,6 +50,7 @@ from ..planned_view import PlannedLoader
 from ..rows.columns import with_cost_source
 from ..rows.fragments import as_list
 from ..source import stream
+from ..source.position import check_arrangement
 from ..source.settings import EXTRA_ROW_BYTES, resolve_cost
 from ..state import (
     BALANCE,
@@ -147,6 +149,8 @@ class MixtureSettings:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
         cost = {} if not self.balanced_cost else {BALANCE: "cost", COST_REDUCE: self.balanced_cost[0].reduce,
                                                   MAX_BATCH_COST: None}
+        if self.shuffle and any(s.cost is None for s in self.sources):  # which rows their windows' batches hold
+            cost[loader_state.SHUFFLE_ORDER] = shuffle_rule.ORDER_VERSION
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
                 RESHUFFLE: self.reshuffle, **cost}
@@ -265,6 +269,10 @@ class MixturePosition:
             raise InvalidValueError(f"state[{BALANCE!r}]={saved_balance!r} but this mixture balances "
                                     f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
                                     f"balance={saved_balance!r} to resume that position")
+        entries = state.get(SOURCES)  # every source at a pass start: no window of theirs served yet
+        check_arrangement(state, expected, fresh=isinstance(entries, list) and all(
+            isinstance(e, list) and len(e) == 2 and e[1] == 0 for e in entries), restart="restart the sources' passes: "
+            f"set each of state['mixture'][{SOURCES!r}] to [pass, 0] (their rows served so far come again)")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
         updated = mixture_elastic.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], self.settings.plans)
         for key, value in expected.items():
