@@ -4,9 +4,9 @@ Pure numpy, no I/O.
 
 Why this rule: a window of millions of rows is permuted once per epoch, and the permutation is the largest single
 cost of a shuffled epoch over numeric columns. NumPy's Fisher-Yates costs what the bulk reference (one
-``rng.permutation``) costs, about a quarter of the stable sort of 48-bit words that ordered windows before
-(``sorting.stable_order``: 26 against 109 ms for 2,097,152 rows, NumPy 1.26 and 2 alike). It is a uniform
-permutation, as the sort was up to ties.
+``rng.permutation``) costs, about a quarter of the stable sort of 48-bit words of order version 1
+(``sorting.stable_order``: 26 against 109 ms for 2,097,152 rows, NumPy 1.26 and 2 alike). Both are uniform
+permutations (the sort up to ties of 48-bit words).
 
 Why a reference: NumPy keeps the PCG64 stream stable across versions but not ``Generator.permutation``'s use of it.
 The loaders resume, re-shard and check passes by recomputing a window's order (``shuffle.unread_rows``), so the
