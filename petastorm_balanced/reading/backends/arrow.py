@@ -60,7 +60,7 @@ def give_back(nbytes: int) -> None:
     Why: Arrow's allocator (mimalloc on recent pyarrow) otherwise keeps it per thread, and with rows of kilobytes
     that came to twice what Arrow held (+119 against +65 MiB, 2 threads, 8 MiB budget). Why not after every bundle:
     each page handed back is faulted in and zeroed again by the next bundles; over 64k-row row groups of numbers
-    that cost about 30 ms of a 105 ms epoch (9,700 page faults against 3,100, pyarrow 26, one process, load 6).
+    that cost about 25 ms of a 102 ms epoch (9,750 page faults against 3,130, pyarrow 26, one process, load 6).
     The peaks of ``tests/reading/test_spill.py``'s three cases: 36, 78, 92 MiB at 8 MiB, 38, 79, 85 after every
     bundle, 53, 88, 112 never (bound 120).
     """
