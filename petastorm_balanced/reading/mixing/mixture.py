@@ -149,11 +149,12 @@ class MixtureSettings:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
         cost = {} if not self.balanced_cost else {BALANCE: "cost", COST_REDUCE: self.balanced_cost[0].reduce,
                                                   MAX_BATCH_COST: None}
-        if self.shuffle and any(s.cost is None for s in self.sources):  # which rows their windows' batches hold
-            cost[loader_state.SHUFFLE_ORDER] = shuffle_rule.ORDER_VERSION
+        # which rows the windows' batches hold (a source with a cost: its arrangement)
+        shuffled = self.shuffle and any(s.cost is None for s in self.sources)
+        order = {loader_state.SHUFFLE_ORDER: shuffle_rule.ORDER_VERSION} if shuffled else {}
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
-                RESHUFFLE: self.reshuffle, **cost}
+                RESHUFFLE: self.reshuffle, **cost, **order}
 
 
 def _refuse(options: LoaderOptions) -> None:
