@@ -49,6 +49,7 @@ from ..planned_view import PlannedLoader
 from ..rows.columns import with_cost_source
 from ..rows.fragments import as_list
 from ..source import stream
+from ..source.layout import Layout
 from ..source.settings import EXTRA_ROW_BYTES, resolve_cost
 from ..state import (
     BALANCE,
@@ -109,6 +110,10 @@ class MixtureSettings:
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
+        self.layouts = [Layout(plan, self.world_size, self.rank, batch_size=1, shuffle=self.shuffle,
+                               shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
+                               balance_by="rows" if source.cost is None else "cost")
+                        for plan, source in zip(self.plans, self.sources, strict=True)]
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
 
     def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
@@ -135,13 +140,10 @@ class MixtureSettings:
                                     "batch_size=")
         return size
 
-    def layout(self, index: int, world_size: int | None = None) -> mixture_elastic.SourceLayout:
-        """How source ``index`` is read by every rank of this world (or of ``world_size`` ranks)."""
-        world = self.world_size if world_size is None else world_size
-        assert self.shuffle_window is not None  # resolved in __init__
-        return mixture_elastic.SourceLayout(self.plans[index], world, self.shuffle, self.shuffle_window,
-                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost",
-                                            index, len(self.plans))
+    def layout(self, index: int) -> Layout:
+        """How source ``index`` is read by every rank: its plan at one row per batch, a pass being the layout's
+        epoch ``mixture_elastic.plan_epoch(pass)``, with the single plan's elastic stages."""
+        return self.layouts[index]
 
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
@@ -283,8 +285,8 @@ class MixturePosition:
         saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
         counters, heads = [], []
         for i, entry in enumerate(sources):
-            counter, head = mixture_elastic.resume(entry, i, SOURCES, self.settings.layout(i, saved_world),
-                                                   self.settings.layout(i))
+            counter, head = mixture_elastic.resume(entry, i, SOURCES, self.settings.layout(i), saved_world,
+                                                   len(sources))
             counters.append(counter)
             heads.append(head)
         epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)

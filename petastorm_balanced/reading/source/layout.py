@@ -121,8 +121,16 @@ def loaded(settings: Layout, state: dict, workers: int) -> tuple[int, int, tuple
     stages = tuple(Stage.from_list(s) for s in saved_stages)
     epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
     world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
+    return resumed(settings, epoch, state[BATCHES], stages, world, workers, f"state[{BATCHES!r}]")
+
+
+def resumed(settings: Layout, epoch: int, batches, stages: tuple[Stage, ...], world: int, workers: int,
+            name: str) -> tuple[int, int, tuple[Stage, ...]]:
+    """(epoch, batches, stages) that ``batches`` (called ``name``) of ``epoch`` after ``stages``, saved at ``world``
+    x ``workers`` slots, resume at in ``settings``' world: the elastic arithmetic of every saved position (a
+    mixture's sources too, each a layout at one row per batch)."""
     steps = settings.steps_of(epoch, stages, world_size=world)
-    batches = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0, maximum=steps)
+    batches = check_int(name, batches, minimum=0, maximum=steps)
     if batches == steps:  # an ended epoch is the start of the next one
         epoch, batches, stages = epoch + 1, 0, carry(stages, epoch, epoch + 1, settings.partition_epoch)
     if world != settings.world_size:
