@@ -34,7 +34,9 @@ from ...plan.model import ShardPlan
 from ..source.layout import Layout, resumed
 from ..state import FIX, SOURCE_ORDER, SOURCES
 
-ORDER_VERSION = 2  # how a source's pass picks its plan epoch (``plan_epoch``); states record it
+# How a state's sources are counted; states record it. 2: each source's pass picks its plan epoch by its place
+# (``plan_epoch``); 3: with DataLoader workers, in slots of world_size x num_workers (``MixtureSettings.slots``)
+ORDER_VERSION = 3
 
 
 def plan_epoch(pass_index: int, place: int, sources: int) -> int:
@@ -64,10 +66,12 @@ def encode(counter: int, head: Head | None, rows_per_pass: int) -> list:
     return list(divmod(counter, rows_per_pass))
 
 
-def resume(entry, index: int, key: str, now: Layout, saved_world: int, sources: int) -> tuple[int, Head | None]:
+def resume(entry, index: int, key: str, now: Layout, saved_world: int, sources: int,
+           workers: int = 1) -> tuple[int, Head | None]:
     """The counter (and elastic head) at which source ``index`` (read by ``now``) continues, from its ``entry``
-    saved at ``saved_world`` ranks: the same place when the worlds agree, else the rows of its pass no old rank
-    delivered, cut for the new world (``layout.resumed``, the single plan's arithmetic)."""
+    saved at ``saved_world`` ranks of ``workers`` slots each: the same place when the slots agree, else the rows of
+    its pass no old slot delivered, cut for the new ones (``layout.resumed``, the single plan's arithmetic)."""
+    slots = saved_world * workers
     where = f"state[{key!r}][{index}]"
     if not isinstance(entry, (list, tuple)) or len(entry) not in (2, 3):
         raise InvalidValueError(f"{where}={entry!r} must be [pass, row] or [pass, row, stages]")
@@ -81,15 +85,16 @@ def resume(entry, index: int, key: str, now: Layout, saved_world: int, sources: 
             raise InvalidValueError(f"{where} stages={entry[2]!r}: a mixture source's stages are [world_size, 1, 0, "
                                     "rows]")
     epoch = plan_epoch(pass_index, index, sources)
-    at, row, stages = resumed(now, epoch, entry[1], stages, saved_world, 1, f"{where} row")
+    at, row, stages = resumed(now, epoch, entry[1], stages, slots, 1, f"{where} row")
     rows_per_pass = now.steps
     if at != epoch:  # the saved pass was over: the next one, an ordinary pass of this world
         return (pass_index + 1) * rows_per_pass, None
-    if stages and now.balance_by == "cost" and saved_world != now.world_size:
+    if stages and now.balance_by == "cost" and slots != now.world_size:
+        layout = "" if workers == 1 else f" with num_workers={workers}"
         raise InvalidValueError(
             f"{key}[{index}]: source {index} balances cost and stands at row {entry[1]} of its pass {pass_index}; "
             f"its rows per old rank follow the cost arrangement, so an elastic resume mid-pass is not supported "
-            f"for it: resume at world_size={saved_world}, or once that source starts a pass")
+            f"for it: resume at world_size={saved_world}{layout}, or once that source starts a pass")
     if not stages:
         return pass_index * rows_per_pass + row, None
     left = now.steps_of(epoch, stages)
@@ -149,11 +154,11 @@ def check_order(saved, sources: list) -> None:
     holds positions in those orders; this release keys each source's order by its place as well
     (``plan_epoch``), so a source inside a pass would continue in another order (rows twice, rows
     never): loaded only where every source starts a pass, or with one source (the orders agree), else refused."""
-    if saved == ORDER_VERSION or len(sources) == 1:
+    if saved in (2, ORDER_VERSION) or len(sources) == 1:
         return
     if saved != 1:
         raise InvalidValueError(f"state['mixture'][{SOURCE_ORDER!r}]={saved!r} is not an order this release reads "
-                                f"(1 or {ORDER_VERSION}); {FIX}")
+                                f"(1 to {ORDER_VERSION}); {FIX}")
     inside = next((i for i, e in enumerate(sources) if not (isinstance(e, list) and len(e) == 2 and e[1] == 0)), None)
     if inside is not None:
         raise InvalidValueError(
