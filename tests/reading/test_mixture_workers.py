@@ -3,11 +3,14 @@ of every source, so a rank reads each of its rows once; the rank's batches are i
 ``world_size x num_workers``) taken round robin, values as pyarrow.dataset reads them, every row of a source at most
 once per pass over every rank and worker; exact resume, and a change of layout continued or refused by name."""
 import multiprocessing
+import pickle
 from itertools import islice
 
 import numpy as np
 import pyarrow.dataset as pads
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from petastorm_balanced import datagen, plan_shards
 
@@ -145,3 +148,41 @@ def test_a_workers_state_resumes_exactly_and_another_layout_continues_or_is_refu
     with pytest.raises(ValueError, match="inside a round"):
         make_loader(1, 2, plan=plans, workers_count=1, **kwargs).load_state_dict(
             {**fresh.state_dict(), "batches": 5})
+
+
+def worker_streams(position, workers):
+    """What each of ``workers`` DataLoader workers yields from ``position`` (a pickled copy each, as workers get),
+    taken round robin, without starting processes."""
+    from petastorm_balanced.reading.mixing.mixture_workers import mixture_slot
+    streams = [mixture_slot(pickle.loads(pickle.dumps(position)), workers, w, False, []) for w in range(workers)]
+    out = []
+    while True:
+        batch = next(streams[len(out) % workers], None)
+        if batch is None:
+            assert all(next(s, None) is None for s in streams), "no worker yields more than its share"
+            return out
+        out.append(rows_of(batch))
+
+
+@settings(max_examples=12, deadline=None)
+@given(workers=st.integers(1, 4), batches=st.integers(0, 60), window=st.sampled_from([1, 30, 10_000]),
+       epoch_steps=st.sampled_from([None, 12, 24]))
+def test_a_state_at_any_batch_resumes_exactly_with_the_same_workers(plans, workers, batches, window, epoch_steps):
+    if epoch_steps is not None and epoch_steps % workers:
+        return
+    kwargs = dict(weights=WEIGHTS, batch_size=8, shuffle_window=window, backend="arrow", epoch_steps=epoch_steps)
+    ds = BalancedIterableDataset(plans, 1, 2, **kwargs)
+    position = ds._position
+    position.to_workers(workers)
+    epoch = [*worker_streams(position, workers)]  # the whole first epoch
+    steps = len(epoch)
+    assert steps == position.steps() and steps % workers == 0, "every worker takes the same batches"
+    done = batches % steps
+    run = position.begin()
+    for _ in range(done):
+        run.delivered()
+    state = ds.state_dict()
+    assert state["workers"]["num_workers"] == workers
+    again = BalancedIterableDataset(plans, 1, 2, **kwargs)
+    again.load_state_dict(state)
+    assert worker_streams(again._position, workers) == epoch[done:]
