@@ -385,6 +385,14 @@ def test_inspect_measures_a_mixtures_shuffle_quality_and_says_what_workers_read(
     assert all(s["read_per_rank"] == s["rows_per_rank"] for e in four["epochs"] for s in e["sources"]), "each row once"
     assert main([*args[:-2], "--workers", "4"]) == 0
     assert "4 DataLoader workers per rank" in capsys.readouterr().out
+    # with workers, the quality of their batches: each rank's slots of world 2 x 2, round robin
+    assert main([*args, "--workers", "2", "--json"]) == 0
+    two = json.loads(capsys.readouterr().out)["shuffle_quality"]
+    slots = [[b["id"].numpy() for b in make_loader(s, 4, plan=plans, weights=[0.5, 0.3, 0.2], backend="arrow")]
+             for s in range(4)]
+    per_rank = [[slots[2 * r + b % 2][b // 2] for b in range(2 * len(slots[2 * r]))] for r in range(2)]
+    step = Quality.of([binned(np.concatenate(s)) for s in zip(*per_rank, strict=True)], binned(reference), 0)
+    assert two["global_batch"]["tv"] == pytest.approx(step.tv, abs=1e-4)  # (reported to 4 places)
 
 
 def test_a_pad_source_delivers_every_row_of_each_pass_and_flags_its_repeats(sources):
