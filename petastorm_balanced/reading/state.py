@@ -46,8 +46,8 @@ COST_ARRANGEMENT = "cost_arrangement"  # the version of core/cost/arrangement.AR
 PACK, SEQ_LEN, SEQUENCES, PACKING, LONG_DOCUMENTS = "pack", "seq_len", "sequences", "packing", "long_documents"
 NUM_WORKERS = "num_workers"  # slots per rank of a BalancedIterableDataset's state
 WORKER, WORKER_BATCHES = "worker", "worker_batches"  # a state saved inside a DataLoader worker (torchdata)
-# a mixture's (reading/mixing/mixture_position.py): the weights as fractions, the epoch length, the schedule's
-# phase, [pass, row] of every source
+# a mixture's (reading/mixing/mixture.py): the weights as fractions, the epoch length, the schedule's phase, [pass, row]
+# of every source
 WEIGHTS, EPOCH_STEPS, PHASE, SOURCES = "weights", "epoch_steps", "phase", "sources"
 SOURCE_ORDER = "source_order"  # 3: sources counted in world x workers slots; 2: pass p reads plan epoch
 # p x sources + place (2 and 3 alike with one worker); absent: 1 (epoch p)

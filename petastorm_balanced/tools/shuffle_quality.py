@@ -18,7 +18,7 @@ from ..core.quality import Quality
 from ..errors import InvalidValueError
 from ..plan.load import resolve_plan
 from ..reading.front.loader import make_loader
-from ..reading.mixing.mixture_settings import MixtureSettings
+from ..reading.mixing.mixture import MixtureSettings
 from ..reading.options import SHUFFLE_BUDGET, LoaderOptions
 from ..reading.source.settings import Settings
 from ..world import World

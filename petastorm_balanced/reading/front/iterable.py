@@ -35,8 +35,7 @@ from ..batches.batching import split_batches
 from ..formats import worker_packets
 from ..formats.device import check_feed, feed
 from ..formats.tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
-from ..mixing.mixture_position import MixturePosition, MixtureRun
-from ..mixing.mixture_settings import MixtureSettings
+from ..mixing.mixture import MixturePosition, MixtureRun, MixtureSettings
 from ..mixing.mixture_workers import mixture_slot
 from ..options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from ..planned_view import EpochSampler, PlannedView

@@ -16,7 +16,7 @@ from ...plan.load import resolve_plan
 from ...plan.model import ShardPlan
 from ...world import World, resolve_world
 from ..backends import resolve_backend
-from ..mixing.mixture_settings import MixtureSettings
+from ..mixing.mixture import MixtureSettings
 from ..options import LoaderOptions
 
 Backend = Literal["arrow", "petastorm"]  # a backend as resolved ("auto" is decided here)

@@ -24,20 +24,396 @@ What a mixture does not take, refused when it is built: ``partition_epoch`` (use
 """
 from __future__ import annotations
 
+import copy as _copy
 import weakref
-from collections.abc import Generator
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from ...core.mixture import Point
+from ...core import balance
+from ...core.cost.spec import COST_COLUMN
+from ...core.mixture import Mixture, Point, make_schedule, parse_weights
+from ...core.params import check_int
+from ...core.shuffle import budget_window
+from ...errors import InvalidTypeError, InvalidValueError
+from ...plan.model import ShardPlan
+from ...world import World
+from .. import state as loader_state
+from ..fields.schema import batch_schema, extra_column
 from ..formats.device import NO_FEED, Feed, delivered
 from ..formats.tensors import format_batches
+from ..options import LoaderOptions
 from ..planned_view import PlannedLoader
-from .mixture_position import MixturePosition
-from .mixture_rows import mixed_run, open_sources
-from .mixture_settings import MixtureSettings
+from ..rows.columns import with_cost_source
+from ..source import stream
+from ..source.layout import Layout
+from ..source.settings import EXTRA_ROW_BYTES, resolve_cost
+from ..state import (
+    BALANCE,
+    BATCH_SIZE,
+    BATCHES,
+    COST_REDUCE,
+    EPOCH,
+    EPOCH_STEPS,
+    MAX_BATCH_COST,
+    NUM_WORKERS,
+    PHASE,
+    PLAN_CHECKSUM,
+    RESHUFFLE,
+    SHUFFLE,
+    SHUFFLE_WINDOW,
+    SOURCE_ORDER,
+    SOURCES,
+    WEIGHTS,
+    WORLD_SIZE,
+)
+from . import mixture_elastic
+from .mixture_elastic import Head
+from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
 
 RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
+
+
+class MixtureSettings:
+    """Checked settings of a mixture loader: the plans, the schedule, the columns and how sources are read."""
+
+    def __init__(self, plans: Sequence[ShardPlan], weights, world: World, options: LoaderOptions, *,
+                 epoch_steps: int | None = None, backend: str = "arrow", reader_options: Mapping | None = None):
+        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``request.mixture_settings``)."""
+        self.plans = tuple(plans)
+        mixture_elastic.refuse_twice(self.plans, options.shuffle)
+        self.plan = self.plans  # what ``loader.plan`` shows
+        self.weights = parse_weights(weights, len(self.plans))
+        self.rank, self.world_size = world.rank, world.size
+        self.options = options
+        _refuse(options)
+        self.shuffle, self.shuffle_window, self.reshuffle = options.shuffle, options.shuffle_window, options.reshuffle
+        self.shuffle_budget = int(options.shuffle_budget)  # bytes, shared by the sources
+        self.padding_mask = options.padding_mask
+        self.batch_size = self._batch_size(options.batch_size)
+        self.epoch_steps = None if epoch_steps is None else check_int("epoch_steps", epoch_steps, minimum=1)
+        self.backend = backend
+        self.reader_options = dict(reader_options or {})
+        self.workers = 1  # DataLoader workers this rank's batches are split over (``slots``)
+        self._place(make_schedule(self.weights, self.batch_size))
+        self.sources, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
+        self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
+        self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
+        if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
+            row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
+            self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
+        extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
+            [extra_column(SOURCE, "int64")]
+        self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
+        self.layouts = self._layouts()
+        self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
+
+    def _place(self, schedule, epoch_steps: int | None = None) -> None:
+        """Each source's rows per pass at ``self.world_size`` ranks, and the mixture over them."""
+        for index, plan in enumerate(self.plans):
+            try:
+                balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
+            except InvalidValueError as exc:
+                if self.workers == 1:
+                    raise
+                raise InvalidValueError(f"source {index} with num_workers={self.workers} (each DataLoader worker "
+                                        f"reads its own share of every source): {exc}; use fewer workers") from None
+        rows = tuple(plan.rows_per_rank(self.world_size, 1) for plan in self.plans)
+        self.mixture = Mixture(schedule, rows, self.epoch_steps if epoch_steps is None else epoch_steps)
+
+    def _layouts(self) -> list[Layout]:
+        assert self.shuffle_window is not None  # resolved in __init__
+        return [Layout(plan, self.world_size, self.rank, batch_size=1, shuffle=self.shuffle,
+                       shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
+                       balance_by="rows" if source.cost is None else "cost")
+                for plan, source in zip(self.plans, self.sources, strict=True)]
+
+    def slots(self, workers: int, slot: int = 0) -> MixtureSettings:
+        """The settings of DataLoader worker slot ``slot`` of ``workers`` on this rank: the same mixture read by
+        ``world_size x workers`` ranks, slot ``slot`` being rank ``rank x workers + slot`` there. So each worker
+        reads only its own share of every source, as a single plan's worker reads its slot, and every slot takes
+        the same rows of every source at every batch (one counter per source, as for ranks), in epochs of
+        ``epoch_steps / workers`` batches each; the rank's batches are the slots' taken round robin."""
+        if workers == self.workers and slot == 0:
+            return self
+        if self.epoch_steps is not None and self.epoch_steps % workers:
+            raise InvalidValueError(f"epoch_steps={self.epoch_steps} with num_workers={workers}: each DataLoader "
+                                    "worker reads its own share of every source for epoch_steps / num_workers "
+                                    f"batches; pass epoch_steps= a multiple of {workers}, or num_workers= one of "
+                                    "its divisors")
+        assert self.workers == 1, "slots() of a rank's settings"
+        copy = _copy.copy(self)
+        copy.rank, copy.world_size, copy.workers = self.rank * workers + slot, self.world_size * workers, workers
+        copy._place(self.mixture.schedule, None if self.epoch_steps is None else self.epoch_steps // workers)
+        copy.layouts = copy._layouts()
+        return copy
+
+    def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
+        """A source balanced by cost (``balance="auto"`` and a plan with a cost, or ``"cost"``): its cost's
+        source column read along, each window arranged into the pieces its batches take."""
+        plan, options = self.plans[index], self.options
+        try:
+            cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce, max_batch_cost=None,
+                                batch_size=self.batch_size, shuffle=self.shuffle)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
+        if cost is None:
+            return source
+        columns, drop = with_cost_source(source.columns, plan, cost)
+        return replace(source, columns=columns, cost=cost, drop=tuple(drop))
+
+    def _batch_size(self, batch_size: int | None) -> int:
+        if batch_size is not None:
+            return check_int("batch_size", batch_size, minimum=1)
+        sizes = {p.batch_size for p in self.plans}
+        size = sizes.pop() if len(sizes) == 1 else None
+        if size is None:
+            raise InvalidValueError(f"the mixture's plans have batch sizes {sorted(map(str, sizes | {size}))}; pass "
+                                    "batch_size=")
+        return size
+
+    def layout(self, index: int) -> Layout:
+        """How source ``index`` is read by every rank: its plan at one row per batch, a pass being the layout's
+        epoch ``mixture_elastic.plan_epoch(pass)``, with the single plan's elastic stages."""
+        return self.layouts[index]
+
+    def identity(self) -> dict:
+        """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
+        cost = {} if not self.balanced_cost else {BALANCE: "cost", COST_REDUCE: self.balanced_cost[0].reduce,
+                                                  MAX_BATCH_COST: None}
+        return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size // self.workers,
+                BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
+                RESHUFFLE: self.reshuffle, **cost}
+
+
+def _refuse(options: LoaderOptions) -> None:
+    if options.partition_epoch != 1:
+        raise InvalidValueError(f"partition_epoch={options.partition_epoch} with a mixture: its epochs are already "
+                                "set by the scarcest source or epoch_steps=; pass epoch_steps= instead")
+    if options.max_batch_cost is not None:
+        raise InvalidValueError("max_batch_cost with a mixture: a batch's rows are decided by the weights; pass "
+                                "batch_size=")
+    if options.pack is not None:
+        raise InvalidValueError(f"pack={options.pack!r} with a mixture (plan=[...]) is not supported: each source's "
+                                "share would have to be counted in tokens, which a step's documents decide; pack "
+                                "one plan (a plan over all sources' files, mixed when writing them)")
+    if options.transform_spec is not None:
+        raise InvalidValueError("transform_spec with a mixture is not supported; apply the function to the batches "
+                                "in the training loop")
+    if options.shuffle_spill_dir not in (None, False):
+        raise InvalidValueError(f"shuffle_spill_dir={options.shuffle_spill_dir!r} with a mixture is not supported yet "
+                                "(each source's window is sized from the memory budget); leave shuffle_spill_dir=None, "
+                                "or give each source a shuffled copy (petastorm_balanced.spark.make_shuffled_copy)")
+
+
+class MixturePosition:
+    """Where the next batch comes from: a point of the mixture (``core/mixture.Point``) in the current epoch, and
+    batches delivered since. The epoch rules are ``position.Position``'s: only delivered batches and ``set_epoch``
+    move it; ``set_epoch(e)`` keeps a position just loaded for epoch ``e``.
+
+    With ``workers`` DataLoader workers (``MixtureSettings.slots``) the rank's batch ``b`` of an epoch is slot
+    ``b % workers``'s batch ``b // workers``: ``anchor`` is where every slot stood at rank batch ``start`` (all
+    slots alike), ``batches`` the rank's batches of the epoch; a state names the point of the slots behind."""
+
+    def __init__(self, settings: MixtureSettings, epoch: int, workers: int = 1):
+        self.base = settings  # the rank's settings (what a state is valid for)
+        self.resumed = False
+        self._owner: MixtureRun | None = None
+        self._begin(check_int("epoch", epoch, minimum=0), workers)
+
+    def _begin(self, epoch: int, workers: int) -> None:
+        """The start of ``epoch`` on the timeline where every source starts its first pass at epoch 0."""
+        self.settings = self.base.slots(workers)  # slot 0 of ``workers``: the mixture every slot follows
+        self.workers = workers
+        self.mixture = self.settings.mixture
+        self.anchor = self.mixture.start(epoch)
+        self.batches = self.start = 0  # the rank's batch of the epoch the next delivery is; where ``anchor`` is
+        self._steps = self._rank_steps()
+        self.fresh = True  # nothing delivered or loaded since: another slot layout starts its own timeline
+        # each source's elastic rest after a resume at another world size (``mixture_elastic.py``), or None
+        self.heads: tuple[Head | None, ...] = (None,) * len(self.base.plans)
+
+    def _rank_steps(self) -> int:
+        return self.start + self.workers * self.mixture.remaining(self.anchor)
+
+    def point(self, slot: int | None = None) -> Point:
+        """Where slot ``slot`` stands (None: the slots behind, which a state names)."""
+        done = self.batches - self.start
+        local = done // self.workers if slot is None else (done - slot + self.workers - 1) // self.workers
+        return self.mixture.advance(self.anchor, local)
+
+    def _roll(self) -> None:
+        if self.batches >= self._steps:  # the epoch is over: its end is the next one's start
+            end = self.point()
+            self.anchor = replace(end, epoch=end.epoch + 1, batch=0)
+            self.batches = self.start = 0
+            self._steps = self._rank_steps()
+
+    def begin(self) -> MixtureRun:
+        self._roll()
+        run = MixtureRun(self, self.point(), self._steps, self.heads)
+        self._owner = run
+        return run
+
+    def delivered(self, run: MixtureRun) -> None:
+        if self._owner is not run:
+            return
+        self.resumed = self.fresh = False
+        self.batches += 1
+        self._roll()
+
+    def current(self) -> tuple[int, int]:
+        self._roll()
+        return self.anchor.epoch, self.batches
+
+    def steps(self) -> int:
+        """Steps of the epoch the next batch belongs to."""
+        self._roll()
+        return self._steps
+
+    def to_workers(self, workers: int) -> None:
+        """The position for ``workers`` DataLoader workers (slots): a fresh one starts their timeline at its
+        epoch, else the position continues elastically (the slots are the ranks of a larger world)."""
+        if workers == self.workers:
+            return
+        resumed = self.resumed
+        if self.fresh:
+            self._begin(self.anchor.epoch, workers)
+        else:
+            self.load_state_dict(self.values(), workers=self.workers, into=workers)
+        self.resumed = resumed
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = check_int("epoch", epoch, minimum=0)
+        current, batch = self.current()
+        if not (self.resumed and epoch == current):
+            if epoch == current and batch == 0:
+                pass
+            elif epoch > current:
+                self.anchor = self.mixture.next_epoch(self.point(), epoch - current)
+            else:  # a fresh timeline from the first pass: no elastic rest applies
+                self._begin(epoch, self.workers)
+            self.batches = self.start = 0
+            self._steps, self.resumed = self._rank_steps(), False
+        self._owner = None
+
+    def values(self, extra: dict | None = None) -> dict:
+        if extra and NUM_WORKERS in extra:  # the workers this position's slots are laid out for
+            extra = {**extra, NUM_WORKERS: self.workers}
+        epoch, batch = self.current()
+        point = self.point()
+        rows = self.mixture.rows_per_pass
+        return {EPOCH: epoch, BATCHES: batch, **self.base.identity(), **(extra or {}),
+                WEIGHTS: [str(w) for w in self.base.weights], EPOCH_STEPS: self.base.epoch_steps,
+                PHASE: point.phase, SOURCES: [mixture_elastic.encode(c, h, r) for c, h, r in
+                                              zip(point.counters, self.heads, rows, strict=True)],
+                SOURCE_ORDER: mixture_elastic.ORDER_VERSION}
+
+    def state_dict(self, extra: dict | None = None) -> dict:
+        return loader_state.nest(self.values(extra))
+
+    def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int | None = None,
+                        into: int | None = None) -> None:
+        """Strict about keys and settings, except the world size and the DataLoader workers: a state saved with
+        others continues every source's pass elastically (``mixture_elastic.py``). The slots the state was saved
+        with are its ``num_workers`` (else ``workers``, else 1); ``into``: this position's slots from now on
+        (``workers`` unless given, else this position's)."""
+        if not isinstance(state, dict):
+            raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        state = loader_state.flat(state)
+        settings = self.base
+        expected = {**settings.identity(), **(extra or {})}
+        if isinstance(state.get(PLAN_CHECKSUM), str):
+            raise InvalidValueError("state was saved by a loader of one plan; a mixture loader (plan=[...]) resumes "
+                                    "only a mixture's state")
+        saved_balance, balance_now = state.get(BALANCE, "rows"), expected.get(BALANCE, "rows")
+        if saved_balance != balance_now:  # which rows a window delivered first depends on the arrangement
+            raise InvalidValueError(f"state[{BALANCE!r}]={saved_balance!r} but this mixture balances "
+                                    f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
+                                    f"balance={saved_balance!r} to resume that position")
+        loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
+        updated = mixture_elastic.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], settings.plans)
+        for key, value in expected.items():
+            if state[key] == value:
+                continue
+            if key in (WORLD_SIZE, NUM_WORKERS) or (key == PLAN_CHECKSUM and updated):
+                continue  # another world or workers: an elastic resume, below; updated plans: checked in updated_plans
+            raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
+                                    "position only resumes a loader with the same plans and settings")
+        sources = state[SOURCES]
+        if not isinstance(sources, list) or len(sources) != len(settings.plans):
+            raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
+                                    f"{len(settings.plans)} sources")
+        order = state.get(SOURCE_ORDER, 1)
+        mixture_elastic.check_order(order, sources)
+        saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
+        epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
+        batch = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0)
+        into = into or workers or self.workers
+        workers = check_int(f"state[{NUM_WORKERS!r}]", state.get(NUM_WORKERS, workers or 1), minimum=1)
+        # the slots the sources were counted in: ranks x workers (before this release, ranks: every worker read
+        # the rank's whole sequence, so all stood at one point)
+        round_ = workers if order == mixture_elastic.ORDER_VERSION else 1
+        now = settings.slots(into)
+        if saved_world * round_ != now.world_size or round_ != into:
+            _check_relayout(batch, saved_world, workers, round_, settings, into)
+        counters, heads = [], []
+        for i, entry in enumerate(sources):
+            counter, head = mixture_elastic.resume(entry, i, SOURCES, now.layout(i), saved_world, len(sources),
+                                                   round_)
+            counters.append(counter)
+            heads.append(head)
+        same = [str(w) for w in settings.weights] == state[WEIGHTS]
+        if not same and settings.balanced_cost:
+            raise InvalidValueError(f"state[{WEIGHTS!r}]={state[WEIGHTS]!r} but this mixture has weights "
+                                    f"{[str(w) for w in settings.weights]} and balances cost: a source's "
+                                    "window is arranged into the pieces its batches take, which the weights decide, "
+                                    "so a changed mixture would re-arrange the window in progress; resume with the "
+                                    "saved weights and change them at a pass start, or pass balance='rows'")
+        period = self.mixture.schedule.period
+        # the same weights continue their schedule; other ones (a curriculum) start theirs here
+        phase = check_int(f"state[{PHASE!r}]", state[PHASE], minimum=0,
+                          maximum=period - 1) if same else 0
+        self.settings, self.workers, self.mixture = now, into, now.mixture
+        # the slots behind stood at the round's first batch; with the same slots the others are one batch ahead
+        self.start = batch - batch % round_
+        self.anchor = Point(epoch, self.start // into, phase, tuple(counters))
+        self.heads = tuple(heads)
+        self.batches = batch
+        self._steps = self._rank_steps()
+        self._owner, self.resumed, self.fresh = None, True, False
+
+
+def _check_relayout(batch: int, world: int, workers: int, round_: int, settings: MixtureSettings,
+                    into: int) -> None:
+    """A state continues in another layout of slots (world size x DataLoader workers) only where every slot it
+    was saved with stood at one point, and with ``epoch_steps`` where the epoch's rest splits evenly over the new
+    slots; refused naming the fix."""
+    fix = (f"resume at world_size={world} with num_workers={workers}, or from a state saved after a multiple of "
+           f"{{}} batches of the epoch")
+    if batch % round_:
+        raise InvalidValueError(
+            f"state[{BATCHES!r}]={batch} was saved inside a round of its num_workers={workers} DataLoader workers, "
+            "each of which reads its own share of every source, so they did not all take the same batches and only "
+            f"that layout continues them: {fix.format(workers)}")
+    if settings.epoch_steps is not None and batch % into:
+        raise InvalidValueError(
+            f"state[{BATCHES!r}]={batch} with epoch_steps={settings.epoch_steps} and num_workers={into}: the rest "
+            f"of the epoch does not split evenly over the workers (each takes epoch_steps / num_workers batches "
+            f"of it): {fix.format(into)}")
+
+
+class MixtureRun:
+    """One iteration: where it started; ``delivered()`` counts its batches into the position."""
+
+    __slots__ = ("position", "point", "steps", "heads")
+
+    def __init__(self, position: MixturePosition, point: Point, steps: int, heads: tuple):
+        self.position, self.point, self.steps, self.heads = position, point, steps, heads
+
+    def delivered(self) -> None:
+        self.position.delivered(self)
 
 
 def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None,

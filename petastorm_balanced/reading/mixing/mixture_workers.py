@@ -17,8 +17,7 @@ from ...errors import InvalidValueError
 from ..formats.tensors import TORCH, to_numpy, to_torch
 from ..rows.fragments import as_list
 from ..source import stream
-from .mixture import numpy_runs
-from .mixture_position import MixturePosition
+from .mixture import MixturePosition, numpy_runs
 from .mixture_rows import SOURCE
 
 
