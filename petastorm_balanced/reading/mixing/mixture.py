@@ -96,7 +96,11 @@ class MixtureSettings:
         self.backend = backend
         self.reader_options = dict(reader_options or {})
         self.workers = 1  # DataLoader workers this rank's batches are split over (``slots``)
-        self._place(make_schedule(self.weights, self.batch_size))
+        rows = []
+        for plan in self.plans:
+            balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
+            rows.append(plan.rows_per_rank(self.world_size, 1))
+        self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
         self.sources, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
         self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
         self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
@@ -106,28 +110,11 @@ class MixtureSettings:
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
-        self.layouts = self._layouts()
+        self.layouts = [Layout(plan, self.world_size, self.rank, batch_size=1, shuffle=self.shuffle,
+                               shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
+                               balance_by="rows" if source.cost is None else "cost")
+                        for plan, source in zip(self.plans, self.sources, strict=True)]
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
-
-    def _place(self, schedule, epoch_steps: int | None = None) -> None:
-        """Each source's rows per pass at ``self.world_size`` ranks, and the mixture over them."""
-        for index, plan in enumerate(self.plans):
-            try:
-                balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
-            except InvalidValueError as exc:
-                if self.workers == 1:
-                    raise
-                raise InvalidValueError(f"source {index} with num_workers={self.workers} (each DataLoader worker "
-                                        f"reads its own share of every source): {exc}; use fewer workers") from None
-        rows = tuple(plan.rows_per_rank(self.world_size, 1) for plan in self.plans)
-        self.mixture = Mixture(schedule, rows, self.epoch_steps if epoch_steps is None else epoch_steps)
-
-    def _layouts(self) -> list[Layout]:
-        assert self.shuffle_window is not None  # resolved in __init__
-        return [Layout(plan, self.world_size, self.rank, batch_size=1, shuffle=self.shuffle,
-                       shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
-                       balance_by="rows" if source.cost is None else "cost")
-                for plan, source in zip(self.plans, self.sources, strict=True)]
 
     def slots(self, workers: int, slot: int = 0) -> MixtureSettings:
         """The settings of DataLoader worker slot ``slot`` of ``workers`` on this rank: the same mixture read by
@@ -145,8 +132,15 @@ class MixtureSettings:
         assert self.workers == 1, "slots() of a rank's settings"
         copy = _copy.copy(self)
         copy.rank, copy.world_size, copy.workers = self.rank * workers + slot, self.world_size * workers, workers
-        copy._place(self.mixture.schedule, None if self.epoch_steps is None else self.epoch_steps // workers)
-        copy.layouts = copy._layouts()
+        for index, plan in enumerate(self.plans):
+            try:
+                balance.check_fills_a_step(plan.total_rows, copy.world_size, 1)
+            except InvalidValueError as exc:
+                raise InvalidValueError(f"source {index} with num_workers={workers} (each DataLoader worker reads "
+                                        f"its own share of every source): {exc}; use fewer workers") from None
+        copy.mixture = Mixture(self.mixture.schedule, tuple(p.rows_per_rank(copy.world_size, 1) for p in self.plans),
+                               None if self.epoch_steps is None else self.epoch_steps // workers)
+        copy.layouts = [layout.moved(copy.world_size, copy.rank) for layout in self.layouts]
         return copy
 
     def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:

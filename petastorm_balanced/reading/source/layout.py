@@ -61,6 +61,12 @@ class Layout:
         except KeyError as exc:
             raise InvalidValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 
+    def moved(self, world_size: int, rank: int) -> Layout:
+        """This layout for rank ``rank`` of ``world_size`` (a mixture's DataLoader worker slots, as ranks)."""
+        return Layout(self.plan, world_size, rank, batch_size=self.batch_size, shuffle=self.shuffle,
+                      shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
+                      partition_epoch=self.partition_epoch, balance_by=self.balance_by)
+
     def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: int | None = None):
         """Window shuffle key of a slot; a stage after an elastic resume gets its own (``shuffle.slot_key``)."""
         return slot_key(self.plan.seed, epoch, self.rank if rank is None else rank, slot, stage)
