@@ -116,7 +116,8 @@ def batch_groups(run: dict, batch_size: int, padding_mask: bool, batch_format: s
     def groups():  # one list of batch dicts per GROUP batches; cutting timed per group (not per batch)
         begin, inner_at = start, inner
         for first in range(0, count, size):
-            group = make(*[cut(first, min(size, count - first)) for cut in cutters])
+            n = min(size, count - first)
+            group = make(*[cut(first, n) for cut in cutters])
             if not lazy:
                 group = list(group)
             if cell is not None:
@@ -172,15 +173,15 @@ def _cutter(values, batch_size: int, batch_format: str = TORCH):
         arrays = values.reshape(len(values) // batch_size, batch_size, *values.shape[1:])
 
         def cut_array(first, n):
-            return list(arrays[first:first + n])
+            return [arrays[first]] if n == 1 else list(arrays[first:first + n])
         return cut_array
     if not values.flags.writeable:
         values = values.copy()  # Arrow buffers are read-only; tensors must be writable
     # (batches, batch_size, ...): a group's batches are then one unbind, about a quarter cheaper than split
     batches = torch.from_numpy(values).reshape(len(values) // batch_size, batch_size, *values.shape[1:])
 
-    def cut_tensor(first, n):
-        return batches[first:first + n].unbind(0)
+    def cut_tensor(first, n):  # one batch (a run with Python lists comes one batch at a time): a view, no unbind
+        return (batches[first],) if n == 1 else batches[first:first + n].unbind(0)
     return cut_tensor
 
 
