@@ -223,12 +223,16 @@ def main():
                         help="comma-separated: quality, accuracy, throughput, rss, spill (windows on local disk)")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     parser.add_argument("--spill-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--steady-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--scales", default="1,10", help="spill: data sizes, as multiples of --rows")
     args = parser.parse_args()
     if args.rss_child:
         return rss_child(args.rss_child)
     if args.spill_child:
         return spill_child(args.spill_child[0], int(args.spill_child[1]), args.spill_child[2])
+    if args.steady_child:
+        path, budget, folder, pairs = args.steady_child
+        return steady_child(path, int(budget), folder, int(pairs))
     parts = set(args.parts.split(","))
     tmp = tempfile.mkdtemp(prefix="bench_shuffle_")
     if "spill" in parts:
@@ -293,6 +297,33 @@ def spill_child(path, budget, spill_dir):
                       "peak_anon_mib": (peak[0] - base) / 2**20, "disk_mib": disk[0] / 2**20}))
 
 
+def steady_child(path, budget, folder, pairs):
+    """Both loaders in this process, one warm-up epoch each, then ``pairs`` pairs of epochs (which runs first
+    alternates): per pair, spill / memory rows per CPU-second. What a training job sees after its first epoch,
+    without the start-up of a fresh process, and both halves of a pair under the same load."""
+    from petastorm_balanced import make_loader
+    plan = plan_of(path, 1)
+    loaders = {"memory": make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget=budget, shuffle_spill_dir=False),
+               "spill": make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget=budget, shuffle_spill_dir=folder)}
+
+    def speed(name, epoch):
+        loader = loaders[name]
+        loader.set_epoch(epoch)
+        cpu = time.process_time()
+        rows = sum(len(b["id"]) for b in loader)
+        return rows / (time.process_time() - cpu)
+    for name in loaders:
+        speed(name, 0)
+    ratios = []
+    for epoch in range(1, pairs + 1):
+        first, second = ("memory", "spill") if epoch % 2 else ("spill", "memory")
+        measured = {first: speed(first, epoch), second: speed(second, epoch)}
+        ratios.append(measured["spill"] / measured["memory"])
+    for loader in loaders.values():
+        loader.close()
+    print(json.dumps({"ratios": ratios}))
+
+
 def anon_bytes():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
@@ -331,11 +362,18 @@ def spill(tmp, rows, scales, rounds):
                     runs[name].append(rss_spill(path, budget, kwargs["shuffle_spill_dir"] or ""))
             speed = np.median([s["rows_per_cpu_s"] / m["rows_per_cpu_s"]
                                for s, m in zip(runs["spill"], runs["memory"], strict=True)])
+            steady = subprocess.run([sys.executable, __file__, "--steady-child", path, str(budget),
+                                     tempfile.mkdtemp(prefix="spill-", dir=tmp), str(2 * rounds + 1)],
+                                    capture_output=True, text=True, check=True)
+            ratios = json.loads(steady.stdout.strip().splitlines()[-1])["ratios"]
             for name, measured in runs.items():
                 last = measured[-1]
                 line.append(f"{name}: window {last['window']:,} rows, first batch {last['first_s']:.2f} s, peak anon "
                             f"+{last['peak_anon_mib']:.0f} MiB, disk {last['disk_mib']:.0f} MiB")
-            line.append(f"spill / memory rows per CPU-second {speed:.2f}x (median of {rounds})")
+            line.append(f"spill / memory rows per CPU-second: fresh processes, one epoch each {speed:.2f}x (median of "
+                        f"{rounds} pairs); one process, epochs after the first {np.median(ratios):.2f}x (median of "
+                        f"{len(ratios)} pairs, {min(ratios):.2f}-{max(ratios):.2f}); load average "
+                        f"{os.getloadavg()[0]:.1f}")
             print("\n    ".join(line))
 
 

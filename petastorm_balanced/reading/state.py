@@ -13,7 +13,7 @@ through ``json``), shaped like this (torchdata style: one entry per component)::
      "workers": {"num_workers": 2},                   # BalancedIterableDataset only (plus "worker",
                                                       # "worker_batches" in a state saved inside a worker)
      "mixture": {"weights": ["7/10", "3/10"], "epoch_steps": None, "phase": 3,
-                 "sources": [[0, 1204], [2, 77]], "source_order": 2}}   # mixtures only; their "plan_checksum"
+                 "sources": [[0, 1204], [2, 77]], "source_order": 3}}   # mixtures only; their "plan_checksum"
                                                       # is a list
 
 The position stays at the top because training loops read it (``state["epoch"]``). Loading is strict: a key this
@@ -51,7 +51,8 @@ WORKER, WORKER_BATCHES = "worker", "worker_batches"  # a state saved inside a Da
 # a mixture's (reading/mixing/mixture.py): the weights as fractions, the epoch length, the schedule's phase, [pass, row]
 # of every source
 WEIGHTS, EPOCH_STEPS, PHASE, SOURCES = "weights", "epoch_steps", "phase", "sources"
-SOURCE_ORDER = "source_order"  # 2: each source's pass p reads plan epoch p x sources + place; absent: 1 (epoch p)
+SOURCE_ORDER = "source_order"  # 3: sources counted in world x workers slots; 2: pass p reads plan epoch
+# p x sources + place (2 and 3 alike with one worker); absent: 1 (epoch p)
 
 POSITION = (EPOCH, BATCHES)  # at the top level
 # what a saved position of one plan's loader is only valid for (``Settings.identity``, checked on load)

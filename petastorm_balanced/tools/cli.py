@@ -123,7 +123,7 @@ def _inspect_mixture(args) -> int:
                             batch_size=args.batch_size, epoch=args.epoch, epoch_steps=args.epoch_steps,
                             num_workers=args.workers)
     return _show(args, report, format_mixture, plans, [], batch_size=report["batch_size"], epoch=args.epoch,
-                 weights=weights, epoch_steps=args.epoch_steps)
+                 weights=weights, epoch_steps=args.epoch_steps, workers=args.workers)
 
 
 def _show(args, report: dict, formatted, plan, said: list[str], **loader) -> int:

@@ -81,11 +81,12 @@ def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_s
                     epoch: int = 0, schema_fields: Sequence[Any] | None = None,
                     shuffle_budget: int | str = SHUFFLE_BUDGET, shuffle_window: int | None = None,
                     seed: int = 0, weights: Sequence[float] | None = None,
-                    epoch_steps: int | None = None) -> ShuffleQuality:
+                    epoch_steps: int | None = None, workers: int = 1) -> ShuffleQuality:
     """Read ``column`` in the order the loader will deliver it (every rank of ``world_size``, ``epoch``) and measure
     how far its batches are from i.i.d. ``schema_fields``, ``shuffle_budget`` and ``shuffle_window`` are the
     loader's (they decide the window); ``seed`` seeds the uniform baseline. ``plan`` may be a list of plans with
-    ``weights`` (and ``epoch_steps``): a mixture, measured on the mixture loader's own batches."""
+    ``weights`` (and ``epoch_steps``): a mixture, measured on the mixture loader's own batches, or with ``workers``
+    DataLoader workers per rank on theirs (each rank's slots of ``world_size x workers``, round robin)."""
     mixture = isinstance(plan, (list, tuple))
     plan = [resolve_plan(p) for p in plan] if mixture else resolve_plan(plan)
     world = world_size or (plan[0] if mixture else plan).world_size
@@ -104,7 +105,14 @@ def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_s
     if column not in names:
         raise InvalidValueError(f"column={column!r} is not among the loader's columns {list(names)}")
     mixing = dict(weights=weights, epoch_steps=epoch_steps)
-    per_rank = _read(plan, world, column, settings, epoch, settings.shuffle_window, mixing)
+    if mixture and workers > 1:  # each worker a slot of world x workers (MixtureSettings.slots), taken round robin
+        settings.slots(workers)  # (refuses epoch_steps that the workers do not divide)
+        mixing["epoch_steps"] = None if epoch_steps is None else epoch_steps // workers
+        slots = _read(plan, world * workers, column, settings, epoch, settings.shuffle_window, mixing)
+        per_rank = [[slots[r * workers + b % workers][b // workers] for b in range(workers * len(slots[r * workers]))]
+                    for r in range(world)]
+    else:
+        per_rank = _read(plan, world, column, settings, epoch, settings.shuffle_window, mixing)
     reference = np.concatenate([b for batches in per_rank for b in batches])
     binned = _binner(reference)
     spill: tuple = (None,) * 4

@@ -159,7 +159,10 @@ def test_cost_mixture_refusals(cost_plans):
 def test_dataloader_workers_give_make_loaders_cost_balanced_batches(cost_plans):
     kwargs = dict(weights=[5, 3, 2], batch_size=10, shuffle_window=300, backend="arrow", epoch_steps=30,
                   cost_reduce="max")
-    expected = batches(make_loader(1, 2, plan=cost_plans, workers_count=1, **kwargs))
+    # each worker is a slot of a world of 2 x 2 (``MixtureSettings.slots``), cost-balanced as a rank of it
+    slots = [batches(make_loader(2 + s, 4, plan=cost_plans, workers_count=1, **{**kwargs, "epoch_steps": 15}))
+             for s in range(2)]
+    expected = [slots[b % 2][b // 2] for b in range(30)]
     ds = BalancedIterableDataset(cost_plans, 1, 2, **kwargs)
     got = [list(zip(b["_source"].tolist(), b["id"].tolist(), b["length"].tolist(), strict=True))
            for b in ds.dataloader(num_workers=2)]

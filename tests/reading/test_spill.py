@@ -22,7 +22,7 @@ from petastorm_balanced.errors import InvalidValueError
 from petastorm_balanced.reading.windows import spill
 from tests.support.jobs import ROOT
 from tests.support.resume_contract import check_resume_contract
-from tests.support.stacks import HAVE_PETASTORM
+from tests.support.stacks import HAVE_PETASTORM, petastorm_only
 
 pytestmark = pytest.mark.filterwarnings("ignore::petastorm_balanced.errors.ShuffleQualityWarning")
 
@@ -193,8 +193,14 @@ def one_unsampled_file(path, files=112, long_file=19, long_groups=16):
     return str(path)
 
 
-@pytest.mark.parametrize("make", [dictionary_strings, late_long_strings, one_unsampled_file])
-def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
+# The Petastorm backend cuts its bundles when it sends them to its workers, from the bytes the bundles before measured,
+# and cannot cut one short once sent: where short rows turn long (late_long_strings), the workers_count + 2 bundles
+# sent before the first long one was measured hold up to BUNDLE_ROWS rows each (docs/shuffle.md, "The bound").
+@pytest.mark.parametrize(("make", "backend"), [
+    (dictionary_strings, "arrow"), (late_long_strings, "arrow"), (one_unsampled_file, "arrow"),
+    pytest.param(dictionary_strings, "petastorm", marks=petastorm_only),
+    pytest.param(one_unsampled_file, "petastorm", marks=petastorm_only)])
+def test_peak_memory_stays_within_the_budget_plus_the_constant(make, backend, tmp_path):
     """Rows far larger than the footers say: the read-ahead's bundles and the window's runs are sized from the bytes
     measured on this slot's reads, the window's bytes beyond its share wait on disk."""
     data = make(tmp_path / "ds")
@@ -204,7 +210,8 @@ def test_peak_memory_stays_within_the_budget_plus_the_constant(make, tmp_path):
     temp = tmp_path / "tmp"  # the system temp folder of the child: where rows beyond the budget go by default
     temp.mkdir()
     out = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.support.peak_memory", url,
-                          "--budget", str(budget), "--workers", str(workers)], capture_output=True, text=True,
+                          "--budget", str(budget), "--workers", str(workers), "--backend", backend],
+                         capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(temp)}, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     assert measured["rows"] > 0

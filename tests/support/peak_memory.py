@@ -1,5 +1,6 @@
 """Peak anonymous memory of one loader epoch, in a fresh process: ``python -m tests.support.peak_memory PLAN_URL
---budget 16MiB [--spill DIR] [--workers 2]`` prints a JSON line with ``peak_anon`` (bytes of anonymous memory, the
+--budget 16MiB [--spill DIR] [--workers 2] [--backend
+arrow|petastorm]`` prints a JSON line with ``peak_anon`` (bytes of anonymous memory, the
 resident memory that is not a file's page: ``RssAnon`` in ``/proc/self/status``, sampled every millisecond by a
 thread) above ``baseline`` (after the loader was made, before its first batch), and the epoch's ``rows``.
 
@@ -46,11 +47,12 @@ def main(argv=None):
     parser.add_argument("--budget", required=True)
     parser.add_argument("--spill", default=None)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--backend", default="arrow")
     args = parser.parse_args(argv)
     from petastorm_balanced import load_plan, make_loader
     plan = load_plan(args.plan)
     kwargs = {} if args.spill is None else {"shuffle_spill_dir": args.spill}
-    loader = make_loader(0, 1, plan=plan, shuffle_budget=args.budget, backend="arrow", batch_format="numpy",
+    loader = make_loader(0, 1, plan=plan, shuffle_budget=args.budget, backend=args.backend, batch_format="numpy",
                          workers_count=args.workers, **kwargs)
     gc.collect()
     baseline = rss_anon()

@@ -49,13 +49,38 @@ class Gate:
             return not self._stopped
 
 
+class LazyItems:
+    """Items made one at a time, when the ventilator has room for the next: ``make(sequence)`` returns ``(item,
+    last)``. ``count`` is known once the last was made. Why lazily: an item made when it is sent is cut from what
+    the items before it measured (``read_ahead.BundleSizes``), not from what was known when the epoch began."""
+
+    def __init__(self, make, *, empty: bool = False):
+        self._make = make
+        self._state = (0, empty)  # (items made, the last made): replaced at once, so readers see both or neither
+
+    @property
+    def exhausted(self) -> bool:
+        return self._state[1]
+
+    @property
+    def count(self) -> int | None:
+        made, last = self._state
+        return made if last else None
+
+    def next(self) -> dict:
+        made = self._state[0]
+        item, last = self._make(made)
+        self._state = (made + 1, last)
+        return item
+
+
 class OrderedVentilator(Ventilator):
     """Ventilates the items once, in order, never more than the gate allows ahead of the consumer."""
 
-    def __init__(self, ventilate_fn, items: list[dict], gate: Gate):
+    def __init__(self, ventilate_fn, items: list[dict] | LazyItems, gate: Gate):
         super().__init__(ventilate_fn)
         self._items, self._gate = items, gate
-        self._done = not items
+        self._done = not items if isinstance(items, list) else items.exhausted
         self._stop_requested = False
         self._thread: threading.Thread | None = None
 
@@ -65,10 +90,19 @@ class OrderedVentilator(Ventilator):
         thread.start()
 
     def _run(self):
-        for sequence, item in enumerate(self._items):
-            if not self._gate.wait_for_room(sequence):
-                return
-            self._ventilate_fn(**item)
+        items = self._items
+        if isinstance(items, LazyItems):  # each item made once there is room for it: from the latest measure
+            sequence = 0
+            while not items.exhausted:
+                if not self._gate.wait_for_room(sequence):
+                    return
+                self._ventilate_fn(**items.next())
+                sequence += 1
+        else:
+            for sequence, item in enumerate(items):
+                if not self._gate.wait_for_room(sequence):
+                    return
+                self._ventilate_fn(**item)
         self._done = True  # only after the last ventilate call: pools count items before asking completed()
 
     def processed_item(self):
@@ -91,7 +125,7 @@ class OrderedVentilator(Ventilator):
 class OrderedResults:
     """Pulls ``(sequence, payload)`` results from a pool and returns them in sequence order."""
 
-    def __init__(self, pool, gate: Gate, count: int):
+    def __init__(self, pool, gate: Gate, count: int | LazyItems):
         self._pool, self._gate, self._count = pool, gate, count
         self._next = 0
         self._early: dict[int, Any] = {}
@@ -102,13 +136,14 @@ class OrderedResults:
 
     def next(self) -> tuple[int, Any]:
         """The next fragment's payload; ``EmptyResultError`` once every fragment was delivered."""
-        if self._next >= self._count:
+        count = self._count.count if isinstance(self._count, LazyItems) else self._count
+        if count is not None and self._next >= count:
             raise EmptyResultError()
         while self._next not in self._early:
             try:
                 sequence, payload = self._pool.get_results()
             except EmptyResultError:
-                raise RuntimeError(f"the worker pool ended after {self._next} of {self._count} fragments; "
+                raise RuntimeError(f"the worker pool ended after {self._next} of {count or 'more'} items; "
                                    "a worker died or the reader was stopped") from None
             self._early[sequence] = payload
         payload = self._early.pop(self._next)

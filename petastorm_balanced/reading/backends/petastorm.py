@@ -51,9 +51,11 @@ from ...unischema.storage import load_unischema
 from .. import stats
 from ..rows import fragments as fr
 from ..rows.columns import Columns
+from ..rows.read_ahead import BundleSizes
 from ..rows.transform import checked
 from ..source import stream
-from .ordering import BlockingThreadPool, Gate, OrderedResults, OrderedVentilator
+from ..windows.spill import nbytes
+from .ordering import BlockingThreadPool, Gate, LazyItems, OrderedResults, OrderedVentilator
 from .reader_arguments import check_petastorm_kwargs, check_pool_options, planned_rows
 from .reader_keeper import ReaderKeeper
 
@@ -237,7 +239,11 @@ class BalancedReader(Reader):
     Iterating gives what Petastorm's ``make_reader`` (Unischema rows) or ``make_batch_reader`` (one batch of numpy
     arrays per fragment) would give, or, in the loader's ``columns`` mode, ``(sequence, payload)`` pairs where
     ``payload`` holds the rows of the fragments ``bundles[sequence]``: consecutive small fragments travel together
-    (about ``BUNDLE_ROWS`` rows), so tiny row groups do not pay the pool's per-item cost one by one.
+    (at most ``BUNDLE_ROWS`` rows), so tiny row groups do not pay the pool's per-item cost one by one. A bundle is
+    cut when the ventilator has room for it, to about ``BUNDLE_BYTES`` of the decoded bytes the bundles before it
+    measured (``sizes``, told by the consumer, ``petastorm_chunks``; one fragment each until the first measure), as
+    the Arrow backend's: a footer's estimate misses dictionary-encoded strings, and 8,192 rows of 4 KB strings
+    made 32 MB bundles, ``workers_count + 2`` of them in flight.
     """
 
     _results_queue_reader: Any  # Petastorm's; _create_ventilator wraps it in an _InOrder
@@ -248,7 +254,9 @@ class BalancedReader(Reader):
         if task.mode not in MODES:
             raise InvalidValueError(f"mode={task.mode!r} is not one of {MODES}")
         self.fragments = list(fragments)
-        self.bundles = fr.bundle(self.fragments, fr.BUNDLE_ROWS if task.mode == "columns" else 0)
+        self.bundles: list[list[Fragment]] = []  # cut as they are ventilated (_create_ventilator)
+        self.sizes = BundleSizes(target=fr.BUNDLE_BYTES, first_rows=1, max_rows=fr.BUNDLE_ROWS) \
+            if task.mode == "columns" else None
         self._task, self._plan_files, self._dataset_url, self._max_ahead = task, set(plan_files), dataset_url, \
             max_ahead
         super().__init__(pyarrow_filesystem, dataset_path, shuffle_row_groups=False, num_epochs=1, **reader_kwargs)
@@ -260,9 +268,20 @@ class BalancedReader(Reader):
     def _create_ventilator(self, row_group_indexes, *args, **kwargs):
         gate = Gate(self._max_ahead or self._workers_pool.workers_count + 2)
         pieces = iter(row_group_indexes)
-        items = [dict(piece_indexes=[next(pieces) for _ in bundle], sequence=i, fragments=bundle, task=self._task)
-                 for i, bundle in enumerate(self.bundles)]
-        self.ordered = OrderedResults(self._workers_pool, gate, len(items))
+        fragments, bundles = self.fragments, []
+        groups = self.sizes.bundles(fragments) if self.sizes is not None else iter([f] for f in fragments)
+        cut = [0]  # fragments cut into bundles so far
+
+        def make(sequence: int) -> tuple[dict, bool]:
+            bundle = next(groups)
+            bundles.append(bundle)
+            cut[0] += len(bundle)
+            item = dict(piece_indexes=[next(pieces) for _ in bundle], sequence=sequence, fragments=bundle,
+                        task=self._task)
+            return item, cut[0] >= len(fragments)
+        self.bundles = bundles
+        items = LazyItems(make, empty=not fragments)
+        self.ordered = OrderedResults(self._workers_pool, gate, items)
         self._petastorm_results = getattr(self, "_petastorm_results", None) or self._results_queue_reader
         self._results_queue_reader = _InOrder(self._petastorm_results, self.ordered, self._task.mode)
         return OrderedVentilator(self._workers_pool.ventilate, items, gate)
@@ -270,7 +289,7 @@ class BalancedReader(Reader):
     @property
     def idle(self) -> bool:
         """Every item of the current fragments was handed out and the reader still runs: ``rearm`` may follow."""
-        return not self.stopped and self.ordered.delivered >= len(self.bundles) and self.ventilator.completed()
+        return not self.stopped and self.ventilator.completed() and self.ordered.delivered >= len(self.bundles)
 
     def rearm(self, fragments: Sequence[Fragment]) -> None:
         """Serve other fragments (the next epoch) with the same pool and piece list.
@@ -283,7 +302,6 @@ class BalancedReader(Reader):
         if self.plan is not None:
             check_footers(self.plan, fragments)
         self.fragments = list(fragments)
-        self.bundles = fr.bundle(self.fragments, fr.BUNDLE_ROWS if self._task.mode == "columns" else 0)
         indexes = piece_indexes(self.fragments, self._pieces, self._root, self._plan_files, self._dataset_url)
         self.ventilator = self._create_ventilator(indexes)
         self._workers_pool._ventilator = self.ventilator  # Petastorm's pools ask their ventilator when work ends
@@ -466,6 +484,9 @@ def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict,
                     start, inner = perf_counter(), cell.inner
                 if not isinstance(payload, dict):
                     payload = fr.to_columns(payload, None, columns.schemas, reader.bundles[sequence])
+                if reader.sizes is not None:  # the next bundles are cut from what this one weighs
+                    reader.sizes.measure(rows=sum(f.num_rows for f in reader.bundles[sequence]),
+                                         nbytes=sum(nbytes(v) for v in payload.values()))
                 if cell is not None:
                     cell.since("decode", start, inner)
                 yield reader.bundles[sequence], payload

@@ -35,7 +35,8 @@ from ..batches.batching import split_batches
 from ..formats import worker_packets
 from ..formats.device import check_feed, feed
 from ..formats.tensors import TORCH, format_batches, require_torch, to_numpy, to_torch
-from ..mixing.mixture import MixturePosition, MixtureRun, MixtureSettings, mixture_slot
+from ..mixing.mixture import MixturePosition, MixtureRun, MixtureSettings
+from ..mixing.mixture_workers import mixture_slot
 from ..options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from ..planned_view import EpochSampler, PlannedView
 from ..rows.fragments import as_list
@@ -267,7 +268,9 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         """While a DataLoader starts ``slots`` workers on this dataset (``BalancedDataLoader``): a pending position
         saved with other slots continues elastically, and the workers copy the dataset with ``numpy_out`` (their
         batches go to the main process as numpy, made tensors there)."""
-        if self._position.resumed and self._num_workers != slots:
+        if isinstance(self._position, MixturePosition):  # each worker reads its own share of every source
+            self._position.to_workers(slots)
+        elif self._position.resumed and self._num_workers != slots:
             self._position.rebase(self._num_workers)  # the pending position, for slots of another layout
         self._num_workers, self._numpy_out = slots, numpy_out
         try:
@@ -330,6 +333,8 @@ class BalancedDataLoader(_Loader):
         if self._tensors_here:
             kwargs["collate_fn"] = _as_is
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        if isinstance(dataset._position, MixturePosition):  # len(): a mixture's epoch is its workers' (mixture_workers)
+            dataset._position.to_workers(max(1, num_workers))
         if num_workers > 0:
             _check_picklable_transform(dataset, self.multiprocessing_context)
         # The DataLoader's own sampler for iterable datasets, plus set_epoch (how Lightning tells the epoch).

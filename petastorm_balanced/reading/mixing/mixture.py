@@ -24,13 +24,12 @@ What a mixture does not take, refused when it is built: ``partition_epoch`` (use
 """
 from __future__ import annotations
 
+import copy as _copy
 import weakref
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
-
-import numpy as np
 
 from ...core import balance
 from ...core import shuffle as shuffle_rule
@@ -44,12 +43,12 @@ from ...world import World
 from .. import state as loader_state
 from ..fields.schema import batch_schema, extra_column
 from ..formats.device import NO_FEED, Feed, delivered
-from ..formats.tensors import TORCH, format_batches, to_numpy, to_torch
+from ..formats.tensors import format_batches
 from ..options import LoaderOptions
 from ..planned_view import PlannedLoader
 from ..rows.columns import with_cost_source
-from ..rows.fragments import as_list
 from ..source import stream
+from ..source.layout import Layout
 from ..source.position import check_arrangement
 from ..source.settings import EXTRA_ROW_BYTES, resolve_cost
 from ..state import (
@@ -60,6 +59,7 @@ from ..state import (
     EPOCH,
     EPOCH_STEPS,
     MAX_BATCH_COST,
+    NUM_WORKERS,
     PHASE,
     PLAN_CHECKSUM,
     RESHUFFLE,
@@ -97,6 +97,7 @@ class MixtureSettings:
         self.epoch_steps = None if epoch_steps is None else check_int("epoch_steps", epoch_steps, minimum=1)
         self.backend = backend
         self.reader_options = dict(reader_options or {})
+        self.workers = 1  # DataLoader workers this rank's batches are split over (``slots``)
         rows = []
         for plan in self.plans:
             balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
@@ -111,7 +112,38 @@ class MixtureSettings:
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
+        self.layouts = [Layout(plan, self.world_size, self.rank, batch_size=1, shuffle=self.shuffle,
+                               shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
+                               balance_by="rows" if source.cost is None else "cost")
+                        for plan, source in zip(self.plans, self.sources, strict=True)]
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
+
+    def slots(self, workers: int, slot: int = 0) -> MixtureSettings:
+        """The settings of DataLoader worker slot ``slot`` of ``workers`` on this rank: the same mixture read by
+        ``world_size x workers`` ranks, slot ``slot`` being rank ``rank x workers + slot`` there. So each worker
+        reads only its own share of every source, as a single plan's worker reads its slot, and every slot takes
+        the same rows of every source at every batch (one counter per source, as for ranks), in epochs of
+        ``epoch_steps / workers`` batches each; the rank's batches are the slots' taken round robin."""
+        if workers == self.workers and slot == 0:
+            return self
+        if self.epoch_steps is not None and self.epoch_steps % workers:
+            raise InvalidValueError(f"epoch_steps={self.epoch_steps} with num_workers={workers}: each DataLoader "
+                                    "worker reads its own share of every source for epoch_steps / num_workers "
+                                    f"batches; pass epoch_steps= a multiple of {workers}, or num_workers= one of "
+                                    "its divisors")
+        assert self.workers == 1, "slots() of a rank's settings"
+        copy = _copy.copy(self)
+        copy.rank, copy.world_size, copy.workers = self.rank * workers + slot, self.world_size * workers, workers
+        for index, plan in enumerate(self.plans):
+            try:
+                balance.check_fills_a_step(plan.total_rows, copy.world_size, 1)
+            except InvalidValueError as exc:
+                raise InvalidValueError(f"source {index} with num_workers={workers} (each DataLoader worker reads "
+                                        f"its own share of every source): {exc}; use fewer workers") from None
+        copy.mixture = Mixture(self.mixture.schedule, tuple(p.rows_per_rank(copy.world_size, 1) for p in self.plans),
+                               None if self.epoch_steps is None else self.epoch_steps // workers)
+        copy.layouts = [layout.moved(copy.world_size, copy.rank) for layout in self.layouts]
+        return copy
 
     def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
         """A source balanced by cost (``balance="auto"`` and a plan with a cost, or ``"cost"``): its cost's
@@ -137,13 +169,10 @@ class MixtureSettings:
                                     "batch_size=")
         return size
 
-    def layout(self, index: int, world_size: int | None = None) -> mixture_elastic.SourceLayout:
-        """How source ``index`` is read by every rank of this world (or of ``world_size`` ranks)."""
-        world = self.world_size if world_size is None else world_size
-        assert self.shuffle_window is not None  # resolved in __init__
-        return mixture_elastic.SourceLayout(self.plans[index], world, self.shuffle, self.shuffle_window,
-                                            self.reshuffle, "rows" if self.sources[index].cost is None else "cost",
-                                            index, len(self.plans))
+    def layout(self, index: int) -> Layout:
+        """How source ``index`` is read by every rank: its plan at one row per batch, a pass being the layout's
+        epoch ``mixture_elastic.plan_epoch(pass)``, with the single plan's elastic stages."""
+        return self.layouts[index]
 
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
@@ -152,7 +181,7 @@ class MixtureSettings:
         # which rows the windows' batches hold (a source with a cost: its arrangement)
         shuffled = self.shuffle and any(s.cost is None for s in self.sources)
         order = {loader_state.SHUFFLE_ORDER: shuffle_rule.ORDER_VERSION} if shuffled else {}
-        return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size,
+        return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size // self.workers,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
                 RESHUFFLE: self.reshuffle, **cost, **order}
 
@@ -180,27 +209,45 @@ def _refuse(options: LoaderOptions) -> None:
 class MixturePosition:
     """Where the next batch comes from: a point of the mixture (``core/mixture.Point``) in the current epoch, and
     batches delivered since. The epoch rules are ``position.Position``'s: only delivered batches and ``set_epoch``
-    move it; ``set_epoch(e)`` keeps a position just loaded for epoch ``e``."""
+    move it; ``set_epoch(e)`` keeps a position just loaded for epoch ``e``.
 
-    def __init__(self, settings: MixtureSettings, epoch: int):
-        self.settings = settings
-        self.mixture = settings.mixture
-        self.anchor = self.mixture.start(check_int("epoch", epoch, minimum=0))
-        self.batches = 0  # batch of the epoch the next delivery is
-        self._steps = self.mixture.steps_of(self.anchor)
+    With ``workers`` DataLoader workers (``MixtureSettings.slots``) the rank's batch ``b`` of an epoch is slot
+    ``b % workers``'s batch ``b // workers``: ``anchor`` is where every slot stood at rank batch ``start`` (all
+    slots alike), ``batches`` the rank's batches of the epoch; a state names the point of the slots behind."""
+
+    def __init__(self, settings: MixtureSettings, epoch: int, workers: int = 1):
+        self.base = settings  # the rank's settings (what a state is valid for)
         self.resumed = False
         self._owner: MixtureRun | None = None
-        # each source's elastic rest after a resume at another world size (``mixture_elastic.py``), or None
-        self.heads: tuple[Head | None, ...] = (None,) * len(settings.plans)
+        self._begin(check_int("epoch", epoch, minimum=0), workers)
 
-    def point(self) -> Point:
-        return self.mixture.advance(self.anchor, self.batches - self.anchor.batch)
+    def _begin(self, epoch: int, workers: int) -> None:
+        """The start of ``epoch`` on the timeline where every source starts its first pass at epoch 0."""
+        self.settings = self.base.slots(workers)  # slot 0 of ``workers``: the mixture every slot follows
+        self.workers = workers
+        self.mixture = self.settings.mixture
+        self.anchor = self.mixture.start(epoch)
+        self.batches = self.start = 0  # the rank's batch of the epoch the next delivery is; where ``anchor`` is
+        self._steps = self._rank_steps()
+        self.fresh = True  # nothing delivered or loaded since: another slot layout starts its own timeline
+        # each source's elastic rest after a resume at another world size (``mixture_elastic.py``), or None
+        self.heads: tuple[Head | None, ...] = (None,) * len(self.base.plans)
+
+    def _rank_steps(self) -> int:
+        return self.start + self.workers * self.mixture.remaining(self.anchor)
+
+    def point(self, slot: int | None = None) -> Point:
+        """Where slot ``slot`` stands (None: the slots behind, which a state names)."""
+        done = self.batches - self.start
+        local = done // self.workers if slot is None else (done - slot + self.workers - 1) // self.workers
+        return self.mixture.advance(self.anchor, local)
 
     def _roll(self) -> None:
         if self.batches >= self._steps:  # the epoch is over: its end is the next one's start
             end = self.point()
             self.anchor = replace(end, epoch=end.epoch + 1, batch=0)
-            self.batches, self._steps = 0, self.mixture.steps_of(self.anchor)
+            self.batches = self.start = 0
+            self._steps = self._rank_steps()
 
     def begin(self) -> MixtureRun:
         self._roll()
@@ -211,7 +258,7 @@ class MixturePosition:
     def delivered(self, run: MixtureRun) -> None:
         if self._owner is not run:
             return
-        self.resumed = False
+        self.resumed = self.fresh = False
         self.batches += 1
         self._roll()
 
@@ -224,8 +271,17 @@ class MixturePosition:
         self._roll()
         return self._steps
 
-    def rebase(self, workers: int) -> None:
-        """Every DataLoader worker reads the rank's whole sequence: the worker count changes nothing."""
+    def to_workers(self, workers: int) -> None:
+        """The position for ``workers`` DataLoader workers (slots): a fresh one starts their timeline at its
+        epoch, else the position continues elastically (the slots are the ranks of a larger world)."""
+        if workers == self.workers:
+            return
+        resumed = self.resumed
+        if self.fresh:
+            self._begin(self.anchor.epoch, workers)
+        else:
+            self.load_state_dict(self.values(), workers=self.workers, into=workers)
+        self.resumed = resumed
 
     def set_epoch(self, epoch: int) -> None:
         epoch = check_int("epoch", epoch, minimum=0)
@@ -236,17 +292,19 @@ class MixturePosition:
             elif epoch > current:
                 self.anchor = self.mixture.next_epoch(self.point(), epoch - current)
             else:  # a fresh timeline from the first pass: no elastic rest applies
-                self.anchor = self.mixture.start(epoch)
-                self.heads = (None,) * len(self.heads)
-            self.batches, self._steps, self.resumed = 0, self.mixture.steps_of(self.anchor), False
+                self._begin(epoch, self.workers)
+            self.batches = self.start = 0
+            self._steps, self.resumed = self._rank_steps(), False
         self._owner = None
 
     def values(self, extra: dict | None = None) -> dict:
+        if extra and NUM_WORKERS in extra:  # the workers this position's slots are laid out for
+            extra = {**extra, NUM_WORKERS: self.workers}
         epoch, batch = self.current()
         point = self.point()
         rows = self.mixture.rows_per_pass
-        return {EPOCH: epoch, BATCHES: batch, **self.settings.identity(), **(extra or {}),
-                WEIGHTS: [str(w) for w in self.settings.weights], EPOCH_STEPS: self.settings.epoch_steps,
+        return {EPOCH: epoch, BATCHES: batch, **self.base.identity(), **(extra or {}),
+                WEIGHTS: [str(w) for w in self.base.weights], EPOCH_STEPS: self.base.epoch_steps,
                 PHASE: point.phase, SOURCES: [mixture_elastic.encode(c, h, r) for c, h, r in
                                               zip(point.counters, self.heads, rows, strict=True)],
                 SOURCE_ORDER: mixture_elastic.ORDER_VERSION}
@@ -254,14 +312,17 @@ class MixturePosition:
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
 
-    def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
-        """Strict about keys and settings, except the world size: a state saved at another one continues every
-        source's pass elastically (``mixture_elastic.py``); ``workers`` (slots the state was saved with) changes
-        nothing here."""
+    def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int | None = None,
+                        into: int | None = None) -> None:
+        """Strict about keys and settings, except the world size and the DataLoader workers: a state saved with
+        others continues every source's pass elastically (``mixture_elastic.py``). The slots the state was saved
+        with are its ``num_workers`` (else ``workers``, else 1); ``into``: this position's slots from now on
+        (``workers`` unless given, else this position's)."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         state = loader_state.flat(state)
-        expected = {**self.settings.identity(), **(extra or {})}
+        settings = self.base
+        expected = {**settings.identity(), **(extra or {})}
         if isinstance(state.get(PLAN_CHECKSUM), str):
             raise InvalidValueError("state was saved by a loader of one plan; a mixture loader (plan=[...]) resumes "
                                     "only a mixture's state")
@@ -275,33 +336,41 @@ class MixturePosition:
             isinstance(e, list) and len(e) == 2 and e[1] == 0 for e in entries), restart="restart the sources' passes: "
             f"set each of state['mixture'][{SOURCES!r}] to [pass, 0] (their rows served so far come again)")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
-        updated = mixture_elastic.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], self.settings.plans)
+        updated = mixture_elastic.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], settings.plans)
         for key, value in expected.items():
             if state[key] == value:
                 continue
-            if key == WORLD_SIZE or (key == PLAN_CHECKSUM and updated):
-                continue  # another world size: an elastic resume, below; updated plans: checked in updated_plans
+            if key in (WORLD_SIZE, NUM_WORKERS) or (key == PLAN_CHECKSUM and updated):
+                continue  # another world or workers: an elastic resume, below; updated plans: checked in updated_plans
             raise InvalidValueError(f"state[{key!r}]={state[key]!r} but this loader has {key}={value!r}; a saved "
                                     "position only resumes a loader with the same plans and settings")
         sources = state[SOURCES]
-        rows = self.mixture.rows_per_pass
-        if not isinstance(sources, list) or len(sources) != len(rows):
+        if not isinstance(sources, list) or len(sources) != len(settings.plans):
             raise InvalidValueError(f"state[{SOURCES!r}]={sources!r} must be [pass, row] for each of the "
-                                    f"{len(rows)} sources")
-        mixture_elastic.check_order(state.get(SOURCE_ORDER, 1), sources)
+                                    f"{len(settings.plans)} sources")
+        order = state.get(SOURCE_ORDER, 1)
+        mixture_elastic.check_order(order, sources)
         saved_world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
-        counters, heads = [], []
-        for i, entry in enumerate(sources):
-            counter, head = mixture_elastic.resume(entry, i, SOURCES, self.settings.layout(i, saved_world),
-                                                   self.settings.layout(i))
-            counters.append(counter)
-            heads.append(head)
         epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
         batch = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0)
-        same = [str(w) for w in self.settings.weights] == state[WEIGHTS]
-        if not same and self.settings.balanced_cost:
+        into = into or workers or self.workers
+        workers = check_int(f"state[{NUM_WORKERS!r}]", state.get(NUM_WORKERS, workers or 1), minimum=1)
+        # the slots the sources were counted in: ranks x workers (before this release, ranks: every worker read
+        # the rank's whole sequence, so all stood at one point)
+        round_ = workers if order == mixture_elastic.ORDER_VERSION else 1
+        now = settings.slots(into)
+        if saved_world * round_ != now.world_size or round_ != into:
+            _check_relayout(batch, saved_world, workers, round_, settings, into)
+        counters, heads = [], []
+        for i, entry in enumerate(sources):
+            counter, head = mixture_elastic.resume(entry, i, SOURCES, now.layout(i), saved_world, len(sources),
+                                                   round_)
+            counters.append(counter)
+            heads.append(head)
+        same = [str(w) for w in settings.weights] == state[WEIGHTS]
+        if not same and settings.balanced_cost:
             raise InvalidValueError(f"state[{WEIGHTS!r}]={state[WEIGHTS]!r} but this mixture has weights "
-                                    f"{[str(w) for w in self.settings.weights]} and balances cost: a source's "
+                                    f"{[str(w) for w in settings.weights]} and balances cost: a source's "
                                     "window is arranged into the pieces its batches take, which the weights decide, "
                                     "so a changed mixture would re-arrange the window in progress; resume with the "
                                     "saved weights and change them at a pass start, or pass balance='rows'")
@@ -309,10 +378,33 @@ class MixturePosition:
         # the same weights continue their schedule; other ones (a curriculum) start theirs here
         phase = check_int(f"state[{PHASE!r}]", state[PHASE], minimum=0,
                           maximum=period - 1) if same else 0
-        self.anchor = Point(epoch, batch, phase, tuple(counters))
+        self.settings, self.workers, self.mixture = now, into, now.mixture
+        # the slots behind stood at the round's first batch; with the same slots the others are one batch ahead
+        self.start = batch - batch % round_
+        self.anchor = Point(epoch, self.start // into, phase, tuple(counters))
         self.heads = tuple(heads)
-        self.batches, self._steps = batch, self.mixture.steps_of(self.anchor)
-        self._owner, self.resumed = None, True
+        self.batches = batch
+        self._steps = self._rank_steps()
+        self._owner, self.resumed, self.fresh = None, True, False
+
+
+def _check_relayout(batch: int, world: int, workers: int, round_: int, settings: MixtureSettings,
+                    into: int) -> None:
+    """A state continues in another layout of slots (world size x DataLoader workers) only where every slot it
+    was saved with stood at one point, and with ``epoch_steps`` where the epoch's rest splits evenly over the new
+    slots; refused naming the fix."""
+    fix = (f"resume at world_size={world} with num_workers={workers}, or from a state saved after a multiple of "
+           f"{{}} batches of the epoch")
+    if batch % round_:
+        raise InvalidValueError(
+            f"state[{BATCHES!r}]={batch} was saved inside a round of its num_workers={workers} DataLoader workers, "
+            "each of which reads its own share of every source, so they did not all take the same batches and only "
+            f"that layout continues them: {fix.format(workers)}")
+    if settings.epoch_steps is not None and batch % into:
+        raise InvalidValueError(
+            f"state[{BATCHES!r}]={batch} with epoch_steps={settings.epoch_steps} and num_workers={into}: the rest "
+            f"of the epoch does not split evenly over the workers (each takes epoch_steps / num_workers batches "
+            f"of it): {fix.format(into)}")
 
 
 class MixtureRun:
@@ -403,55 +495,3 @@ def _close_all(keepers, sources) -> None:
     sources.clear()
     for keeper in keepers:
         keeper.close()
-
-
-def worker_batches(settings: MixtureSettings, point: Point, count: int, num_workers: int, worker: int,
-                   numpy_out: bool, heads=None) -> Iterator[dict]:
-    """The batches of DataLoader worker ``worker`` of ``num_workers`` among ``count`` from ``point``: every
-    ``num_workers``-th, from the ``worker``-th (the DataLoader takes them round robin). Each worker reads the rank's
-    whole sequence of every source and keeps its own batches, so the batches are exactly ``make_loader``'s."""
-    batch = settings.batch_size
-    index = 0
-    for run in numpy_runs(settings, point, count, heads=heads):
-        rows = len(run[SOURCE])
-        for begin in range(0, rows, batch):
-            if index % num_workers == worker:
-                one = {k: v[begin:begin + batch] for k, v in run.items()
-                       if k != stream.PADDING or settings.padding_mask}
-                if numpy_out:  # Arrow slices pickle their parent buffers: text and lists go as objects
-                    yield {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
-                           for k, v in one.items()}
-                elif settings.options.batch_format == TORCH:
-                    yield to_torch(one, settings.padding_mask)
-                else:
-                    yield to_numpy(one, settings.padding_mask)
-            index += 1
-
-
-def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy_out: bool,
-                 progress: list[int] | None, worker_state: bool = False,
-                 begun: Callable[[int], None] | None = None) -> Iterator[dict]:
-    """``BalancedIterableDataset.__iter__`` over a mixture: this worker's batches from ``position``. Inside a
-    DataLoader worker (``progress``, a list the dataset keeps: filled with ``[epoch, batch, batches delivered]``
-    here) from the position copied when the workers started, a loaded worker state (``worker_state``) refused; in
-    this process (``progress`` None) counted as delivered, ``begun(epoch)`` called when it takes the position (the
-    dataset's figures, ``reading/stats.py``)."""
-    if progress is not None:
-        if worker_state:
-            raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
-                                    "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
-        position.current()
-        point, steps, run, heads = position.point(), position.steps(), None, position.heads
-        progress[:] = [point.epoch, point.batch, 0]
-    else:
-        run = position.begin()
-        point, steps, heads = run.point, run.steps, run.heads
-        if begun is not None:
-            begun(point.epoch)
-    for batch in worker_batches(position.settings, point, steps - point.batch, num_workers, worker, numpy_out,
-                                heads):
-        if run is not None:
-            run.delivered()
-        elif progress is not None:
-            progress[2] += 1
-        yield batch

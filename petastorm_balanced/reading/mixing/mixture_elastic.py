@@ -2,12 +2,11 @@
 
 Each source of a mixture is read on every rank as a slot of its plan at one row per batch (``mixture_rows.py``),
 and every rank has taken the same rows of it: its position is ``[pass, row]``, the same on every rank. That is a
-single-plan position at ``batch_size=1`` (``row`` batches of pass ``pass``), so the single-plan elastic arithmetic
-(``core/elastic.py``) applies to each source on its own: the rows of the pass no old rank delivered (each old
-rank's unread part of its current shuffle window, then the untouched rest of its quota, then the rows ``drop`` left
-out) are cut for the new world as a pass is cut, ``rows_left`` rows per new rank (the same on every rank: G1).
-Over the pass no row is delivered twice, and ``drop`` leaves out fewer than ``W'`` rows of it (G2); the next pass
-is an ordinary pass of the new world.
+single-plan position at ``batch_size=1``: ``row`` batches of the plan epoch ``plan_epoch(pass)`` of a
+``source/layout.Layout`` at one row per batch, so a source resumes through the single plan's own arithmetic
+(``layout.resumed``: the rows of the pass no old rank delivered, cut for the new world as a pass is cut, ``Stage``
+by ``Stage``). Over the pass no row is delivered twice, and ``drop`` leaves out fewer than ``W'`` rows of it (G2);
+the next pass is an ordinary pass of the new world.
 
 **The counter.** The mixture's schedule and epochs (``core/mixture.py``) see a source as one counter whose pass
 boundaries fall at multiples of its rows per pass ``R`` (of the current world). A source resumed with ``T`` rows
@@ -16,9 +15,8 @@ left in pass ``p`` gets the counter ``(p + 1) R - T``: its pass ends after exact
 (``row - begin`` rows of it delivered), not the ordinary pass.
 
 **The state** of a source is ``[pass, row]``, or ``[pass, row, stages]`` inside an elastic rest: ``stages`` are
-the worlds that served the pass before (``Stage.as_list()``: world size, 1, 0, rows each of its ranks delivered)
-and ``row`` counts the rows delivered in the current world. A ``[pass, row]`` saved before elastic mixtures
-existed is the same thing with no stages, so it loads unchanged.
+the single plan's saved stages (``Stage.as_list()``: world size, 1, 0, rows each of its ranks delivered) and
+``row`` counts the rows delivered in the current world.
 
 **What else a saved position may resume** (checks only): plans its sources update (``updated_plans``), states
 saved before each source's order was keyed by its place (``check_order``), and the one case where two places
@@ -31,12 +29,21 @@ from dataclasses import dataclass
 
 from ...core.elastic import Stage
 from ...core.params import check_int
-from ...core.shuffle import Windows, slot_key
 from ...errors import InvalidValueError
 from ...plan.model import ShardPlan
+from ..source.layout import Layout, resumed
 from ..state import FIX, SOURCE_ORDER, SOURCES
 
-ORDER_VERSION = 2  # how a source's pass picks its plan epoch (``SourceLayout.plan_epoch``); states record it
+# How a state's sources are counted; states record it. 2: each source's pass picks its plan epoch by its place
+# (``plan_epoch``); 3: with DataLoader workers, in slots of world_size x num_workers (``MixtureSettings.slots``)
+ORDER_VERSION = 3
+
+
+def plan_epoch(pass_index: int, place: int, sources: int) -> int:
+    """The plan epoch that pass ``pass_index`` of the source at ``place`` (of ``sources``) reads: keyed by the
+    place, so the same plan given twice reads two independent orders (its row groups dealt and its windows permuted
+    by other seeds) instead of the same rows in the same order; one source reads its plan's epochs as they are."""
+    return pass_index * sources + place
 
 
 @dataclass(frozen=True)
@@ -52,49 +59,6 @@ class Head:
         return counter // rows_per_pass == self.pass_index and counter >= self.begin
 
 
-@dataclass(frozen=True)
-class SourceLayout:
-    """How one source is read by every rank: its plan at one row per batch, in ``world_size`` slots."""
-
-    plan: ShardPlan
-    world_size: int
-    shuffle: bool
-    shuffle_window: int
-    reshuffle: str
-    balance_by: str = "rows"  # "cost": the plan's cost-dealt row group order (a source balanced by cost)
-    place: int = 0  # the source's index in plan=[...]
-    sources: int = 1  # how many sources the mixture has
-
-    @property
-    def rows_per_pass(self) -> int:
-        return self.plan.rows_per_rank(self.world_size, 1)
-
-    def plan_epoch(self, pass_index: int) -> int:
-        """The plan epoch that pass ``pass_index`` reads: ``pass x sources + place``. Keyed by the source's place,
-        so the same plan given twice reads two independent orders (its row groups dealt and its windows permuted
-        by other seeds) instead of the same rows in the same order; one source reads its plan's epochs as they
-        are. The elastic arithmetic sees the same epoch, so a resume stays exact."""
-        return pass_index * self.sources + self.place
-
-    def key(self, pass_index: int, rank: int, stage: int) -> tuple[int, ...]:
-        """The window key of this rank's slot in the pass (``shuffle.slot_key`` of its plan epoch)."""
-        return slot_key(self.plan.seed, self.plan_epoch(pass_index), rank, 0, stage)
-
-    def windows(self) -> Windows:
-        return Windows.of(batch_size=1, shuffle_window=self.shuffle_window, shuffle=self.shuffle)
-
-    def pieces_args(self, pass_index: int, stages: tuple[Stage, ...]) -> dict:
-        """``plan.assignment`` / ``plan.pieces`` arguments of the pass (after ``stages``)."""
-        return dict(epoch=self.plan_epoch(pass_index), world_size=self.world_size, num_workers=1, batch_size=1,
-                    reshuffle=self.reshuffle, stages=stages, windows=self.windows(), balance_by=self.balance_by)
-
-    def rows_left(self, pass_index: int, stages: tuple[Stage, ...]) -> int:
-        """Rows per rank of pass ``pass_index`` in this world after ``stages`` (the whole pass without any)."""
-        if not stages:
-            return self.rows_per_pass
-        return int(self.plan.pieces(**self.pieces_args(pass_index, stages)).steps_per_rank)
-
-
 def encode(counter: int, head: Head | None, rows_per_pass: int) -> list:
     """A source's saved entry: ``[pass, row]``, or ``[pass, row, stages]`` inside an elastic rest."""
     if head is not None and head.holds(counter, rows_per_pass):
@@ -102,8 +66,12 @@ def encode(counter: int, head: Head | None, rows_per_pass: int) -> list:
     return list(divmod(counter, rows_per_pass))
 
 
-def decode(entry, index: int, key: str, saved: SourceLayout) -> tuple[int, int, tuple[Stage, ...]]:
-    """``(pass, row, stages)`` of a saved entry, checked against the world it was saved in."""
+def resume(entry, index: int, key: str, now: Layout, saved_world: int, sources: int,
+           workers: int = 1) -> tuple[int, Head | None]:
+    """The counter (and elastic head) at which source ``index`` (read by ``now``) continues, from its ``entry``
+    saved at ``saved_world`` ranks of ``workers`` slots each: the same place when the slots agree, else the rows of
+    its pass no old slot delivered, cut for the new ones (``layout.resumed``, the single plan's arithmetic)."""
+    slots = saved_world * workers
     where = f"state[{key!r}][{index}]"
     if not isinstance(entry, (list, tuple)) or len(entry) not in (2, 3):
         raise InvalidValueError(f"{where}={entry!r} must be [pass, row] or [pass, row, stages]")
@@ -116,28 +84,20 @@ def decode(entry, index: int, key: str, saved: SourceLayout) -> tuple[int, int, 
         if any(s.num_workers != 1 or s.part != 0 for s in stages):
             raise InvalidValueError(f"{where} stages={entry[2]!r}: a mixture source's stages are [world_size, 1, 0, "
                                     "rows]")
-    rows = saved.rows_left(pass_index, stages)
-    row = check_int(f"{where} row", entry[1], minimum=0, maximum=max(rows - 1, 0))
-    return pass_index, row, stages
-
-
-def resume(entry, index: int, key: str, saved: SourceLayout, now: SourceLayout) -> tuple[int, Head | None]:
-    """The counter (and elastic head) at which source ``index`` continues in ``now``'s world, from its ``entry``
-    saved in ``saved``'s world: the same place when the worlds agree, else the rows of its pass no old rank
-    delivered, cut for the new world."""
-    pass_index, row, stages = decode(entry, index, key, saved)
-    rows_per_pass = now.rows_per_pass
-    if saved.world_size != now.world_size and (stages or row):
-        if now.balance_by == "cost":
-            raise InvalidValueError(
-                f"{key}[{index}]: source {index} balances cost and stands at row {row} of its pass {pass_index}; "
-                f"its rows per old rank follow the cost arrangement, so an elastic resume mid-pass is not supported "
-                f"for it: resume at world_size={saved.world_size}, or once that source starts a pass")
-        stages = (*stages, Stage(saved.world_size, 1, 0, row))
-        row = 0
+    epoch = plan_epoch(pass_index, index, sources)
+    at, row, stages = resumed(now, epoch, entry[1], stages, slots, 1, f"{where} row")
+    rows_per_pass = now.steps
+    if at != epoch:  # the saved pass was over: the next one, an ordinary pass of this world
+        return (pass_index + 1) * rows_per_pass, None
+    if stages and now.balance_by == "cost" and slots != now.world_size:
+        layout = "" if workers == 1 else f" with num_workers={workers}"
+        raise InvalidValueError(
+            f"{key}[{index}]: source {index} balances cost and stands at row {entry[1]} of its pass {pass_index}; "
+            f"its rows per old rank follow the cost arrangement, so an elastic resume mid-pass is not supported "
+            f"for it: resume at world_size={saved_world}{layout}, or once that source starts a pass")
     if not stages:
         return pass_index * rows_per_pass + row, None
-    left = now.rows_left(pass_index, stages)
+    left = now.steps_of(epoch, stages)
     if left == 0:  # drop left fewer rows than the new world needs for one row per rank: the pass is over
         return (pass_index + 1) * rows_per_pass, None
     if left > rows_per_pass:  # the rest of a pass never holds more rows per rank than a whole pass
@@ -149,7 +109,7 @@ def resume(entry, index: int, key: str, saved: SourceLayout, now: SourceLayout) 
 
 
 def refuse_twice(plans: Sequence[ShardPlan], shuffle: bool) -> None:
-    """The same plan at two places reads two independent orders, each source's own (``SourceLayout.plan_epoch``):
+    """The same plan at two places reads two independent orders, each source's own (``plan_epoch``):
     its rows repeat at the rate of the summed weights, as an oversampled source should. Without shuffling both
     places would read the same rows in the same order, every batch holding its rows twice: refused."""
     if shuffle:
@@ -192,13 +152,13 @@ def updated_plans(saved, sources, plans: Sequence[ShardPlan]) -> bool:
 def check_order(saved, sources: list) -> None:
     """A state saved when every source read pass ``p`` as its plan's epoch ``p`` (no ``source_order``: version 1)
     holds positions in those orders; this release keys each source's order by its place as well
-    (``SourceLayout.plan_epoch``), so a source inside a pass would continue in another order (rows twice, rows
+    (``plan_epoch``), so a source inside a pass would continue in another order (rows twice, rows
     never): loaded only where every source starts a pass, or with one source (the orders agree), else refused."""
-    if saved == ORDER_VERSION or len(sources) == 1:
+    if saved in (2, ORDER_VERSION) or len(sources) == 1:
         return
     if saved != 1:
         raise InvalidValueError(f"state['mixture'][{SOURCE_ORDER!r}]={saved!r} is not an order this release reads "
-                                f"(1 or {ORDER_VERSION}); {FIX}")
+                                f"(1 to {ORDER_VERSION}); {FIX}")
     inside = next((i for i, e in enumerate(sources) if not (isinstance(e, list) and len(e) == 2 and e[1] == 0)), None)
     if inside is not None:
         raise InvalidValueError(

@@ -3,7 +3,7 @@
 Each source is read by the loaders' own per-slot machinery (``stream.slot_runs``) over that source's pass, with a
 batch size of one row: the pass's rows for this rank (``plan.assignment`` at ``batch_size=1``, balanced over the
 ranks as any plan), read in plan order and permuted in shuffle windows keyed by ``[seed, plan epoch, rank]``
-(``SourceLayout.plan_epoch``: the pass and the source's place, so a plan given twice reads two orders). A
+(``mixture_elastic.plan_epoch``: the pass and the source's place, so a plan given twice reads two orders). A
 ``SourceRows`` hands them out ``k`` rows at a time and opens the next pass when one ends, so its position is one
 counter (``divmod(counter, rows_per_pass)`` is the pass and row) and resuming at any row reads only that row's
 shuffle window again. ``mixed_run`` takes a run of batches' rows from every source at once and interleaves them
@@ -30,7 +30,8 @@ from ..formats.device import close_iterator
 from ..rows.columns import Columns, dataset_columns
 from ..rows.convert import concat_arrays
 from ..source import stream
-from .mixture_elastic import Head, SourceLayout
+from ..source.layout import Layout
+from .mixture_elastic import Head, plan_epoch
 
 SOURCE = "_source"  # the column naming each row's source (its index in plan=[...])
 
@@ -114,20 +115,18 @@ def _describe(column: ColumnSchema) -> str:
 class SourceRows:
     """One source's rows on one rank, from ``counter`` on (rows of it this rank delivered since its first pass)."""
 
-    def __init__(self, plan: ShardPlan, columns: SourceColumns, *, rank: int, world_size: int, rows_per_pass: int,
-                 counter: int, shuffle: bool, shuffle_window: int, reshuffle: str, backend: str,
-                 reader_options: dict, keeper=None, head: Head | None = None,
-                 cuts: Callable[[int, int], np.ndarray] | None = None, origin: int | None = None,
-                 layout: SourceLayout):
-        self.plan, self.columns, self.layout = plan, columns, layout
+    def __init__(self, columns: SourceColumns, layout: Layout, *, counter: int, backend: str, reader_options: dict,
+                 keeper=None, head: Head | None = None, cuts: Callable[[int, int], np.ndarray] | None = None,
+                 origin: int | None = None, place: int = 0, sources: int = 1):
+        self.plan, self.columns, self.layout = layout.plan, columns, layout  # the plan at one row per batch
+        self.place, self.sources = place, sources  # the source's index in plan=[...], and how many there are
         # a source balanced by cost: ``cuts(lo, hi)``, its batch boundaries on the timeline of ``origin``
         self.cuts, self.origin = cuts, origin
         self.head = head  # inside an elastic rest (``mixture_elastic.py``): where its counters begin
-        self.rank, self.world_size, self.rows_per_pass = rank, world_size, rows_per_pass
-        self.shuffle, self.shuffle_window, self.reshuffle = shuffle, shuffle_window, reshuffle
+        self.rows_per_pass = layout.steps
         self.backend, self.reader_options, self.keeper = backend, reader_options, keeper
         self.counter = counter  # rows handed out (``take``)
-        self.pass_index, self.row = divmod(counter, rows_per_pass)  # where reading stands (rows buffered ahead)
+        self.pass_index, self.row = divmod(counter, self.rows_per_pass)  # where reading stands (rows buffered ahead)
         self._runs: Iterator[dict] | None = None
         self._parts: list[dict] = []
         self._buffered = 0
@@ -139,10 +138,11 @@ class SourceRows:
         stages = () if head is None else head.stages
         # inside an elastic rest, the row counts from the rest's first row (its counter ``head.begin``)
         done = self.row if head is None else self.row - (head.begin - self.pass_index * self.rows_per_pass)
-        fragments = self.plan.assignment(self.rank, **layout.pieces_args(self.pass_index, stages))
+        epoch = plan_epoch(self.pass_index, self.place, self.sources)
+        fragments = self.plan.assignment(layout.rank, **layout.pieces_args(epoch, 1, stages))
         chunks = BACKENDS[self.backend].run(self.plan, self.columns.columns, self.reader_options, self.keeper)
         if cost is not None and self.cuts is not None:
-            size = window_rows(1, self.shuffle_window, self.shuffle)
+            size = window_rows(1, layout.shuffle_window, layout.shuffle)
             base = self.pass_index * self.rows_per_pass if head is None else head.begin  # counter of slot row 0
             cuts = self.cuts
 
@@ -151,9 +151,9 @@ class SourceRows:
                 return window_pieces(first, first + rows, cuts(first, first + rows))
 
             cost = PieceCost(cost.cost, cost.column, cost.function, cost.reduce, pieces=pieces)
-        return stream.slot_runs(fragments, chunks, batch_size=1, shuffle=self.shuffle,
-                                shuffle_window=self.shuffle_window,
-                                key=layout.key(self.pass_index, self.rank, len(stages)),
+        return stream.slot_runs(fragments, chunks, batch_size=1, shuffle=layout.shuffle,
+                                shuffle_window=layout.shuffle_window,
+                                key=layout.key(epoch, 0, len(stages)),
                                 batches_done=done, cost=cost, drop=self.columns.drop)
 
     def take(self, rows: int) -> dict:
@@ -244,12 +244,7 @@ def open_sources(settings, counters: Sequence[int], keepers=None, heads=None, ph
         origin = schedule.origin(i, phase, counter)
         return {"origin": origin, "cuts": lambda lo, hi: schedule.cuts(i, origin, lo, hi)}
 
-    return [SourceRows(plan, columns, rank=settings.rank, world_size=settings.world_size, rows_per_pass=rows,
-                       counter=counter, shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
-                       reshuffle=settings.reshuffle, backend=settings.backend, reader_options=settings.reader_options,
-                       keeper=None if keepers is None else keepers[i], head=head, layout=settings.layout(i),
-                       **timeline(i, counter))
-            for i, (plan, columns, rows, counter, head) in enumerate(zip(settings.plans, settings.sources,
-                                                                         settings.mixture.rows_per_pass, counters,
-                                                                         heads, strict=True))]
-
+    return [SourceRows(columns, settings.layout(i), counter=counter, backend=settings.backend,
+                       reader_options=settings.reader_options, keeper=None if keepers is None else keepers[i],
+                       head=head, place=i, sources=len(counters), **timeline(i, counter))
+            for i, (columns, counter, head) in enumerate(zip(settings.sources, counters, heads, strict=True))]

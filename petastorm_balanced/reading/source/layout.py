@@ -61,6 +61,12 @@ class Layout:
         except KeyError as exc:
             raise InvalidValueError(f"the state has no {exc}; pass a dict saved by a loader's state_dict()") from None
 
+    def moved(self, world_size: int, rank: int) -> Layout:
+        """This layout for rank ``rank`` of ``world_size`` (a mixture's DataLoader worker slots, as ranks)."""
+        return Layout(self.plan, world_size, rank, batch_size=self.batch_size, shuffle=self.shuffle,
+                      shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
+                      partition_epoch=self.partition_epoch, balance_by=self.balance_by)
+
     def key(self, epoch: int, slot: int = 0, stage: int = 0, rank: int | None = None):
         """Window shuffle key of a slot; a stage after an elastic resume gets its own (``shuffle.slot_key``)."""
         return slot_key(self.plan.seed, epoch, self.rank if rank is None else rank, slot, stage)
@@ -121,8 +127,16 @@ def loaded(settings: Layout, state: dict, workers: int) -> tuple[int, int, tuple
     stages = tuple(Stage.from_list(s) for s in saved_stages)
     epoch = check_int(f"state[{EPOCH!r}]", state[EPOCH], minimum=0)
     world = check_int(f"state[{WORLD_SIZE!r}]", state[WORLD_SIZE], minimum=1)
+    return resumed(settings, epoch, state[BATCHES], stages, world, workers, f"state[{BATCHES!r}]")
+
+
+def resumed(settings: Layout, epoch: int, batches, stages: tuple[Stage, ...], world: int, workers: int,
+            name: str) -> tuple[int, int, tuple[Stage, ...]]:
+    """(epoch, batches, stages) that ``batches`` (called ``name``) of ``epoch`` after ``stages``, saved at ``world``
+    x ``workers`` slots, resume at in ``settings``' world: the elastic arithmetic of every saved position (a
+    mixture's sources too, each a layout at one row per batch)."""
     steps = settings.steps_of(epoch, stages, world_size=world)
-    batches = check_int(f"state[{BATCHES!r}]", state[BATCHES], minimum=0, maximum=steps)
+    batches = check_int(name, batches, minimum=0, maximum=steps)
     if batches == steps:  # an ended epoch is the start of the next one
         epoch, batches, stages = epoch + 1, 0, carry(stages, epoch, epoch + 1, settings.partition_epoch)
     if world != settings.world_size:

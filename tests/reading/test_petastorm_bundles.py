@@ -1,0 +1,68 @@
+"""The Petastorm backend's bundles (consecutive fragments sent to its workers as one item) cut from the decoded bytes
+the bundles before them measured, as the Arrow backend's (``reading/rows/read_ahead.py``): 4 KB strings no longer
+travel 8,192 rows at a time, and the batches are those of one fragment per bundle."""
+from unittest import mock
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from petastorm_balanced import make_loader, plan_shards
+from petastorm_balanced.reading.rows import fragments
+from tests.support.stacks import petastorm_only
+
+pytestmark = petastorm_only
+STRING, TARGET, GROUP = 4096, 1 << 20, 100
+
+
+@pytest.fixture(scope="module")
+def long_rows(tmp_path_factory):
+    """4 KB strings (dictionary-encoded: 8 values, a few bytes a row in the footers) and unique 4 KB ones, in row
+    groups of 100 rows (400 KB decoded)."""
+    path = tmp_path_factory.mktemp("long") / "ds"
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    for f in range(8):
+        ids = np.arange(f * 1_000, (f + 1) * 1_000)
+        if f % 2:
+            blob = rng.integers(65, 90, STRING + len(ids), dtype=np.uint8).tobytes().decode()
+            text = [blob[i:i + STRING] for i in range(len(ids))]
+        else:
+            text = [chr(65 + i % 8) * STRING for i in ids]
+        pq.write_table(pa.table({"id": ids, "text": pa.array(text)}), path / f"part-{f:03d}.parquet",
+                       row_group_size=GROUP)
+    return str(path)
+
+
+def read(plan, **options):
+    with make_loader(0, 1, plan=plan, backend="petastorm", batch_format="numpy", workers_count=2, **options) as loader:
+        return [{"id": b["id"].tolist(), "text": list(b["text"])} for b in loader]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_bundles_hold_about_their_target_of_measured_bytes_and_give_the_same_batches(long_rows, shuffle):
+    plan = plan_shards(long_rows, 1, batch_size=50, engine="local")
+    sent: list[tuple[int, int]] = []  # (rows, decoded bytes) of each bundle a worker read
+    real = fragments.concat_tables
+
+    def concat_tables(tables):
+        table = real(tables)
+        sent.append((table.num_rows, table.get_total_buffer_size()))
+        return table
+    options = dict(shuffle=shuffle, shuffle_window=400)
+    with mock.patch.object(fragments, "BUNDLE_BYTES", TARGET), mock.patch.object(fragments, "concat_tables",
+                                                                                 concat_tables):
+        delivered = read(plan, **options)
+    # one fragment a bundle until the first measure, then about TARGET bytes: never past it by more than a fragment
+    assert all(nbytes <= TARGET + GROUP * (STRING + 64) for _, nbytes in sent), sent
+    assert max(rows for rows, _ in sent) > GROUP  # several fragments a bundle where rows are short
+    assert sum(rows for rows, _ in sent) == 8_000
+    with mock.patch.multiple(fragments, BUNDLE_BYTES=0, BUNDLE_ROWS=1):  # one fragment a bundle
+        one_by_one = read(plan, **options)
+    assert delivered == one_by_one
+    table = ds.dataset(long_rows).to_table()
+    expected = dict(zip(table["id"].to_pylist(), table["text"].to_pylist(), strict=True))
+    pairs = [(i, t) for b in delivered for i, t in zip(b["id"], b["text"], strict=True)]
+    assert sorted(i for i, _ in pairs) == sorted(expected) and all(expected[i] == t for i, t in pairs)
