@@ -2,6 +2,9 @@
 what is left and ``stats()["batches"]`` are exact after any number of batches, inside a list of batches too."""
 import time
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from petastorm_balanced import make_loader, plan_shards
@@ -11,8 +14,25 @@ from tests.support.resume_contract import fingerprint
 
 
 @pytest.fixture(scope="module")
-def plan(plain_dataset):
+def plain_plan(plain_dataset):
     return plan_shards(plain_dataset.url, 1, batch_size=4, engine="local")
+
+
+@pytest.fixture(scope="module")
+def lists_plan(tmp_path_factory):
+    """Ragged lists (delivered as Python lists, made a batch at a time) beside numbers and text, nulls among them."""
+    root = tmp_path_factory.mktemp("ragged")
+    rng = np.random.default_rng(4)
+    n = 700
+    tokens = [None if i % 23 == 0 else rng.integers(0, 9, int(rng.integers(0, 6))).tolist() for i in range(n)]
+    pq.write_table(pa.table({"id": np.arange(n), "tokens": pa.array(tokens, pa.list_(pa.int32())),
+                             "text": [f"r{i}" for i in range(n)]}), root / "part-0.parquet", row_group_size=97)
+    return plan_shards(f"file://{root}", 1, batch_size=4, engine="local")
+
+
+@pytest.fixture(scope="module", params=["plain", "ragged lists"])
+def plan(request, plain_plan):
+    return plain_plan if request.param == "plain" else request.getfixturevalue("lists_plan")
 
 
 @pytest.mark.parametrize("batch_format", ["torch", "numpy"])

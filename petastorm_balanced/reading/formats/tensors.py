@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
@@ -89,7 +89,7 @@ def torch_batches(run: dict, batch_size: int, padding_mask: bool, batch_format: 
 def batch_groups(run: dict, batch_size: int, padding_mask: bool, batch_format: str = TORCH, lazy: bool = False):
     """``torch_batches``' batches as lists of ``GROUP`` batches (the last one shorter), made as each is asked for
     (``lazy``: iterators instead of lists, each batch made as it is asked for). A run with a column of lists that
-    are Python lists comes in lists of one batch: those lists die young only if made one batch at a time."""
+    are Python lists comes in counted iterators: those lists die young only if made one batch at a time."""
     if batch_format == TORCH:
         require_torch()
     recorder = current()  # loader.stats(): cutting counts to "convert", timed per GROUP batches (not per batch)
@@ -111,14 +111,18 @@ def batch_groups(run: dict, batch_size: int, padding_mask: bool, batch_format: s
     count = _rows(run) // batch_size
     make = batch_dicts(tuple(names), tuple(parts))
 
-    size = 1 if not lazy and any(cut.__name__ == "cut_lists" for cut in cutters) else GROUP
+    # a run with a column of Python lists: its groups stay iterators (one batch's lists alive at a time), made as
+    # they are handed out (cutting those lists then counts as the loop's time), each telling what it has left
+    listed = not lazy and any(cut.__name__ == "cut_lists" for cut in cutters)
 
     def groups():  # one list of batch dicts per GROUP batches; cutting timed per group (not per batch)
         begin, inner_at = start, inner
-        for first in range(0, count, size):
-            n = min(size, count - first)
+        for first in range(0, count, GROUP):
+            n = min(GROUP, count - first)
             group = make(*[cut(first, n) for cut in cutters])
-            if not lazy:
+            if listed:
+                group = _Counted(group, n)
+            elif not lazy:
                 group = list(group)
             if cell is not None:
                 cell.since("convert", begin, inner_at)
@@ -126,6 +130,27 @@ def batch_groups(run: dict, batch_size: int, padding_mask: bool, batch_format: s
             if cell is not None:
                 begin, inner_at = perf_counter(), cell.inner
     return groups()
+
+
+class _Counted:
+    """An iterator of ``n`` items whose ``len`` is how many are left (``operator.length_hint``: the loader counts a
+    group's batches as they leave it, ``Position.handing``)."""
+
+    __slots__ = ("_items", "_left")
+
+    def __init__(self, items: Iterator, n: int):
+        self._items, self._left = items, n
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self):
+        item = next(self._items)
+        self._left -= 1
+        return item
+
+    def __len__(self) -> int:  # what is left (``length_hint`` asks ``len`` first): before the first batch, all
+        return self._left
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,15 +198,15 @@ def _cutter(values, batch_size: int, batch_format: str = TORCH):
         arrays = values.reshape(len(values) // batch_size, batch_size, *values.shape[1:])
 
         def cut_array(first, n):
-            return [arrays[first]] if n == 1 else list(arrays[first:first + n])
+            return list(arrays[first:first + n])
         return cut_array
     if not values.flags.writeable:
         values = values.copy()  # Arrow buffers are read-only; tensors must be writable
     # (batches, batch_size, ...): a group's batches are then one unbind, about a quarter cheaper than split
     batches = torch.from_numpy(values).reshape(len(values) // batch_size, batch_size, *values.shape[1:])
 
-    def cut_tensor(first, n):  # one batch (a run with Python lists comes one batch at a time): a view, no unbind
-        return (batches[first],) if n == 1 else batches[first:first + n].unbind(0)
+    def cut_tensor(first, n):
+        return batches[first:first + n].unbind(0)
     return cut_tensor
 
 
