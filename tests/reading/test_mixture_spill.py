@@ -176,3 +176,34 @@ def test_dataloader_workers_read_their_slots_with_windows_on_disk(plans, sources
             ratio = distinct_ratio(batches[slot::2])
             assert ratio >= 0.9, ratio
     assert files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("cost", [None, "octet_length(text)"])
+def test_windows_on_disk_give_the_batches_of_the_same_windows_in_memory(sources, tmp_path, cost):
+    """Where rows wait never changes a batch: each source's whole share on disk gives the batches of windows that
+    hold it in memory, a source balanced by cost keeping its arrangement (its window cut into its batches' pieces)."""
+    plans = [plan_shards(url, 2, batch_size=BATCH, seed=3 + i, engine="local", **({"cost": cost} if i == 1 and cost
+                                                                                else {}))
+             for i, url in enumerate(sources)]
+
+    def run(**kwargs):
+        with make_loader(1, 2, plan=plans, weights=WEIGHTS, batch_size=BATCH, backend="arrow", batch_format="numpy",
+                         **kwargs) as made:
+            assert (made._settings.sources[1].cost is None) == (cost is None)
+            out = []
+            for epoch in range(2):
+                made.set_epoch(epoch)
+                out += [(b["_source"].tolist(), b["id"].tolist()) for b in made]
+            return out
+    on_disk = run(shuffle_budget=BUDGET, shuffle_spill_dir=str(tmp_path))
+    in_memory = run(shuffle_budget="1GiB", shuffle_window=10_000, shuffle_spill_dir=False)
+    assert len(on_disk) > 50 and on_disk == in_memory
+    assert files_under(tmp_path) == []
+
+
+def test_shuffle_quality_of_a_mixture_says_what_a_spill_folder_buys(plans):
+    from petastorm_balanced.tools.shuffle_quality import shuffle_quality
+    report = shuffle_quality(plans, "label", world_size=1, batch_size=BATCH, weights=WEIGHTS, shuffle_budget=BUDGET)
+    assert report.spill_rank is not None and report.spill_window == max(SIZES)
+    assert report.spill_rank.ratio < 0.6 * report.rank.ratio, (report.spill_rank, report.rank)
+    assert report.spill_disk_bytes > sum(SIZES) * 8 and "with a spill folder" in report.format()
