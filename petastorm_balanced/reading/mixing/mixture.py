@@ -117,7 +117,7 @@ class MixtureSettings:
         if mixture_spill.spilled(options) and not given:
             windows, self.spill_bytes = mixture_spill.source_windows(
                 self.shuffle_window, [s.columns.row_bytes + EXTRA_ROW_BYTES for s in self.sources], rows,
-                self.shuffle_spill_budget)
+                self.shuffle_spill_budget, [plan.rows_per_rank(1, 1) for plan in self.plans])
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())

@@ -41,13 +41,15 @@ def spill_shares(needs: Sequence[float], budget: int) -> list[int]:
 
 
 def source_windows(memory_window: int, row_bytes: Sequence[float], rank_rows: Sequence[int],
-                   spill_budget: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                   spill_budget: int, whole: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(rows per window, spill bytes) of each source: the larger of the memory budget's window and what its share
-    of ``spill_budget`` holds of its ``rank_rows`` (``row_bytes`` decoded bytes each)."""
+    of ``spill_budget`` holds of its ``rank_rows`` (``row_bytes`` decoded bytes each). A source whose share fits
+    gets a window of ``whole`` rows (its rows at world size 1): one window per pass on any world and any DataLoader
+    worker, the same number on all of them, so an elastic resume keeps the windows (a slot holds only its rows)."""
     needs = [math.ceil(r * b) for r, b in zip(rank_rows, row_bytes, strict=True)]
     shares = spill_shares(needs, spill_budget)
-    windows = tuple(max(memory_window, rows if share >= need else spill_window(share, row, 1, rows))
-                    for share, need, row, rows in zip(shares, needs, row_bytes, rank_rows, strict=True))
+    windows = tuple(max(memory_window, every if share >= need else spill_window(share, row, 1, rows))
+                    for share, need, row, rows, every in zip(shares, needs, row_bytes, rank_rows, whole, strict=True))
     return windows, tuple(shares)
 
 
