@@ -2,9 +2,10 @@
 
 A slot (a rank, or one DataLoader worker of a rank) delivers its rows in plan order, permuted in fixed
 **windows** of ``window_rows`` rows (a whole number of batches), each by a generator drawn from
-``[seed, epoch, rank, slot(, stage), window]``. The readers apply it (``reading/batches/batching.WindowBatcher``), and
-the elastic arithmetic (``core/elastic.py``) reads it backwards to know which rows a stopped slot had not
-delivered yet; both import it from here, so the rule lives in the core and is written once.
+``[seed, epoch, rank, slot(, stage), window]`` (``row_order``). The readers apply it
+(``reading/batches/batching.WindowBatcher``), and the elastic arithmetic (``core/elastic.py``) reads it backwards
+to know which rows a stopped slot had not delivered yet; both import it from here, so the rule lives in the core
+and is written once.
 
 >>> windows = Windows.of(batch_size=4, shuffle_window=6, shuffle=True)
 >>> windows.rows
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidValueError
-from . import sorting
+from . import fisher_yates, sorting
 
 
 def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> int:
@@ -71,8 +72,24 @@ def spill_window(spill_bytes: int, row_bytes: float, batch_size: int, slot_rows:
     return max(1, rows // batch_size) * batch_size
 
 
+# The rule that orders a shuffled window's rows (``row_order``), saved in a loader's state (``shuffle_order``): another
+# rule delivers other rows in each batch, so a position saved under one does not continue under another.
+# 1: the stable sort of 48-bit words (``window_permutation``); 2: a Fisher-Yates shuffle (``fisher_yates.py``), at
+# a quarter of the cost.
+ORDER_VERSION = 2
+
+
+def row_order(num_rows: int, key: Sequence[int]) -> np.ndarray:
+    """The order a shuffled window of ``num_rows`` rows delivers them in, drawn from its key: a uniform
+    permutation, the same on every NumPy version, under the rule ``ORDER_VERSION`` names."""
+    if ORDER_VERSION == 1:
+        return window_permutation(num_rows, key)
+    return fisher_yates.permutation(num_rows, key)
+
+
 def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
-    """A permutation of ``num_rows`` drawn from ``key``, the same on every NumPy version.
+    """A permutation of ``num_rows`` drawn from ``key``, the same on every NumPy version: the cost arrangement's
+    and packing's orders, the readers' row order within a fragment, and windows' rows under ``ORDER_VERSION`` 1.
 
     The rows are stably sorted by 48 bits of raw PCG64 words (``Generator.permutation`` is not guaranteed to stay
     the same across versions; the bit generator's stream is). A stable sort's result is defined by the keys alone,
@@ -83,16 +100,9 @@ def window_permutation(num_rows: int, key: Sequence[int]) -> np.ndarray:
 
 
 def raw_words(key: Sequence[int], count: int) -> np.ndarray:
-    """The first ``count`` raw 64-bit words of the PCG64 stream seeded by ``SeedSequence(list(key))``.
-
-    A key of 32-bit non-negative integers (every window key in practice) goes to ``SeedSequence`` as a uint32
-    array: the same entropy words it makes of the list, without converting each integer (about a third of a
-    generator's start, which a window of cost balance pays three times). Other keys go as the list.
-    """
-    values = [int(v) for v in key]
-    if all(0 <= v <= 0xFFFFFFFF for v in values):
-        return np.random.PCG64(np.random.SeedSequence(np.array(values, dtype=np.uint32))).random_raw(count)
-    return np.random.PCG64(values).random_raw(count)
+    """The first ``count`` raw 64-bit words of the PCG64 stream seeded by ``SeedSequence(list(key))``
+    (``fisher_yates.bit_generator``)."""
+    return fisher_yates.bit_generator(key).random_raw(count)
 
 
 def slot_key(seed: int, epoch: int, rank: int, slot: int, stage: int = 0) -> tuple[int, ...]:
@@ -118,7 +128,7 @@ def unread_rows(total_rows: int, *, batch_size: int, window_rows: int, batches_d
     window = done // window_rows
     row = window * window_rows
     size = min(window_rows, total_rows - row)
-    order = window_permutation(size, (*key, window))
+    order = row_order(size, (*key, window))
     return np.sort(order[done - row:]).astype(np.int64) + row, row + size
 
 

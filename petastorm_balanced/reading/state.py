@@ -5,7 +5,8 @@ through ``json``), shaped like this (torchdata style: one entry per component)::
 
     {"epoch": 1, "batches": 7,                       # the position: the epoch and batch the next iteration serves
      "layout": {"plan_checksum": ..., "world_size": 4, "batch_size": 32, "shuffle": True, "shuffle_window": 8192,
-                "reshuffle": "epoch", "partition_epoch": 1},   # what the position is valid for (checked on load)
+                "reshuffle": "epoch", "partition_epoch": 1,    # what the position is valid for (checked on load)
+                "shuffle_order": 2},                 # the version that ordered shuffled windows' rows
      "elastic": {"stages": [[8, 1, 0, 120]]},         # worlds that served this pass before (G10)
      "cost": {"balance": "cost", "cost_reduce": "sum", "max_batch_cost": None,    # cost-balancing loaders only
               "cost_arrangement": 2},          # the version that arranged the windows (shuffled, fixed-size batches)
@@ -38,6 +39,7 @@ from ..errors import StateKeyError
 EPOCH, BATCHES, WORLD_SIZE, STAGES, PARTITION_EPOCH = "epoch", "batches", "world_size", "stages", "partition_epoch"
 PLAN_CHECKSUM, BATCH_SIZE = "plan_checksum", "batch_size"
 SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE = "shuffle", "shuffle_window", "reshuffle"
+SHUFFLE_ORDER = "shuffle_order"  # the version of core/shuffle.row_order a shuffled position was saved under
 BALANCE, COST_REDUCE, MAX_BATCH_COST = "balance", "cost_reduce", "max_batch_cost"
 COST_ARRANGEMENT = "cost_arrangement"  # the version of core/cost/arrangement.ARRANGEMENTS a position was saved under
 # a packing loader's (reading/batches/packing.py): the packed column, tokens per sequence, sequences per step, the
@@ -57,7 +59,8 @@ POSITION = (EPOCH, BATCHES)  # at the top level
 IDENTITY_KEYS = (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE)
 # component -> its keys; the position's settings (layout), the elastic stages, cost identity, DataLoader workers
 COMPONENTS: dict[str, tuple[str, ...]] = {
-    "layout": (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE, PARTITION_EPOCH),
+    "layout": (PLAN_CHECKSUM, WORLD_SIZE, BATCH_SIZE, SHUFFLE, SHUFFLE_WINDOW, RESHUFFLE, PARTITION_EPOCH,
+               SHUFFLE_ORDER),
     "elastic": (STAGES,),
     "cost": (BALANCE, COST_REDUCE, MAX_BATCH_COST, COST_ARRANGEMENT),
     "workers": (NUM_WORKERS, WORKER, WORKER_BATCHES),

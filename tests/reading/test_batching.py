@@ -99,13 +99,14 @@ def _objects(items):
 
 def _whole_window_batches(columns, *, batch, window, key, skip):
     """The rule written plainly (one gather of each whole window, ``core/shuffle``): batch ``j`` of window ``w`` is
-    rows ``perm[j*B:(j+1)*B]`` of it, ``perm = window_permutation(size, (*key, w))``; ``skip`` batches dropped."""
-    from petastorm_balanced.core.shuffle import window_permutation
+    rows ``perm[j*B:(j+1)*B]`` of it, ``perm`` the Fisher-Yates rule written out in Python
+    (``fisher_yates.reference``); ``skip`` batches dropped."""
+    from petastorm_balanced.core.fisher_yates import reference
     total = len(columns["id"])
     out = []
     for w, begin in enumerate(range(0, total, window)):
         size = min(window, total - begin)
-        order = begin + window_permutation(size, (*key, w))
+        order = begin + reference(size, (*key, w))
         for b in range(0, size, batch):
             out.append({name: values.take(order[b:b + batch]) if isinstance(values, pa.Array)
                         else values[order[b:b + batch]] for name, values in columns.items()})

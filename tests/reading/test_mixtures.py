@@ -391,6 +391,8 @@ def test_inspect_measures_a_mixtures_shuffle_quality_and_says_what_workers_read(
     slots = [[b["id"].numpy() for b in make_loader(s, 4, plan=plans, weights=[0.5, 0.3, 0.2], backend="arrow")]
              for s in range(4)]
     per_rank = [[slots[2 * r + b % 2][b // 2] for b in range(2 * len(slots[2 * r]))] for r in range(2)]
+    reference = np.concatenate([b for batches in per_rank for b in batches])  # the workers' epoch, as measured
+    binned = _binner(reference)
     step = Quality.of([binned(np.concatenate(s)) for s in zip(*per_rank, strict=True)], binned(reference), 0)
     assert two["global_batch"]["tv"] == pytest.approx(step.tv, abs=1e-4)  # (reported to 4 places)
 

@@ -327,6 +327,17 @@ def test_a_column_in_chunks_takes_rows_in_any_order_as_one_array(sizes, seed, dr
     assert spill.BlockColumn(chunks).take(order).to_pylist() == expected.to_pylist()
 
 
+def test_a_column_in_more_chunks_than_a_byte_counts_takes_rows_as_one_array():
+    """Past 256 chunks (each row's chunk no longer fits a byte), and with empty chunks, the same rows come."""
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(0, 4, 700)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    chunks = [pa.array([f"v{i}" for i in range(starts[c], starts[c + 1])], pa.string()) for c in range(len(sizes))]
+    column = spill.BlockColumn(chunks)
+    for order in (rng.permutation(int(starts[-1])), rng.permutation(int(starts[-1]))[:100]):
+        assert column.take(order).to_pylist() == [f"v{i}" for i in order]
+
+
 @pytest.mark.parametrize("memory", [64 * 2**10, 2**20])
 def test_a_spilled_window_is_served_in_runs_its_memory_share_holds(tmp_path, memory):
     """Rows of 1-3 KB, a memory share far below the window: each run gathered from it holds whole batches of at

@@ -48,6 +48,27 @@ REMOTE_READS = fsutil.REMOTE_REQUESTS
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
+# Bytes a reading thread reads between two hand-backs of Arrow's freed memory to the system (``give_back``).
+RELEASE_BYTES = 8 << 20
+_READ_SINCE_RELEASE = threading.local()
+
+
+def give_back(nbytes: int) -> None:
+    """Count ``nbytes`` read by this thread; past ``RELEASE_BYTES`` since the last time, hand the memory of the
+    bundles it read before, freed by the batcher since, back to the system.
+
+    Why: Arrow's allocator (mimalloc on recent pyarrow) otherwise keeps it per thread, and with rows of kilobytes
+    that came to twice what Arrow held (+119 against +65 MiB, 2 threads, 8 MiB budget). Why not after every bundle:
+    each page handed back is faulted in and zeroed again by the next bundles; over 64k-row row groups of numbers
+    that cost about 25 ms of a 102 ms epoch (9,750 page faults against 3,130, pyarrow 26, one process, load 6).
+    The peaks of ``tests/reading/test_spill.py``'s three cases: 36, 78, 92 MiB at 8 MiB, 38, 79, 85 after every
+    bundle, 53, 88, 112 never (bound 120).
+    """
+    since = getattr(_READ_SINCE_RELEASE, "nbytes", 0) + nbytes
+    if since >= RELEASE_BYTES:
+        pa.default_memory_pool().release_unused()
+        since = 0
+    _READ_SINCE_RELEASE.nbytes = since
 
 
 def remote_pool() -> ThreadPoolExecutor:
@@ -189,11 +210,7 @@ class BundleReader:
             held = sum(t.get_total_buffer_size() for t in tables)  # not nbytes: that walks the offsets
             if sizes is not None:
                 sizes.measure(rows=rows, nbytes=held)
-                # the memory of the bundles this thread read before, freed by the batcher since, back to the
-                # system: Arrow's allocator (mimalloc on recent pyarrow) otherwise keeps it per thread, and with
-                # rows of kilobytes that came to twice what Arrow held (+119 against +65 MiB, 2 threads, 8 MiB
-                # budget); about 1 us a call, no measurable cost an epoch
-                pa.default_memory_pool().release_unused()
+                give_back(held)
         if cell is not None:
             cell.since("read", start, inner)
             cell.count("rows", rows)

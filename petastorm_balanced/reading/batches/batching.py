@@ -32,11 +32,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ...core.shuffle import StartPoint, window_permutation
+from ...core.shuffle import StartPoint, row_order
 from ...errors import InvalidValueError
 from ..rows.convert import concat_arrays
 
-# The window shuffle rule (``window_permutation``, ``window_rows``) lives in the core (``core/shuffle.py``), which the
+# The window shuffle rule (``row_order``, ``window_rows``) lives in the core (``core/shuffle.py``), which the
 # elastic arithmetic reads backwards; the readers import it from there.
 
 ColumnArrays = dict[str, np.ndarray]  # one chunk's columns: name -> numpy array (or pyarrow array), rows on axis 0
@@ -132,7 +132,7 @@ class WindowBatcher:
         if self._arrange is not None:
             order, lengths = self._arrange(window, key)
         else:
-            order = window_permutation(size, key)
+            order = row_order(size, key)
         self._window += 1
         self._row += size
         if lengths is not None:  # batches of varying rows, each its own run; skip counts batches

@@ -35,6 +35,7 @@ from fractions import Fraction
 from typing import Any
 
 from ...core import balance
+from ...core import shuffle as shuffle_rule
 from ...core.cost.spec import COST_COLUMN
 from ...core.mixture import Mixture, Point, make_schedule, parse_weights
 from ...core.params import check_int
@@ -51,6 +52,7 @@ from ..planned_view import PlannedLoader
 from ..rows.columns import with_cost_source
 from ..source import stream
 from ..source.layout import Layout
+from ..source.position import check_arrangement
 from ..source.settings import EXTRA_ROW_BYTES, resolve_cost
 from ..state import (
     BALANCE,
@@ -192,11 +194,14 @@ class MixtureSettings:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
         cost = {} if not self.balanced_cost else {BALANCE: "cost", COST_REDUCE: self.balanced_cost[0].reduce,
                                                   MAX_BATCH_COST: None}
+        # which rows the windows' batches hold (a source with a cost: its arrangement)
+        shuffled = self.shuffle and any(s.cost is None for s in self.sources)
+        order = {loader_state.SHUFFLE_ORDER: shuffle_rule.ORDER_VERSION} if shuffled else {}
         windows = [layout.shuffle_window for layout in self.layouts]  # one number where the sources' agree
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size // self.workers,
                 BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle,
                 SHUFFLE_WINDOW: windows[0] if len(set(windows)) == 1 else windows,
-                RESHUFFLE: self.reshuffle, **cost}
+                RESHUFFLE: self.reshuffle, **cost, **order}
 
 
 def _refuse(options: LoaderOptions) -> None:
@@ -340,6 +345,10 @@ class MixturePosition:
             raise InvalidValueError(f"state[{BALANCE!r}]={saved_balance!r} but this mixture balances "
                                     f"{balance_now!r} (sources with a cost balance it under balance='auto'); pass "
                                     f"balance={saved_balance!r} to resume that position")
+        entries = state.get(SOURCES)  # every source at a pass start: no window of theirs served yet
+        check_arrangement(state, expected, fresh=isinstance(entries, list) and all(
+            isinstance(e, list) and len(e) == 2 and e[1] == 0 for e in entries), restart="restart the sources' passes: "
+            f"set each of state['mixture'][{SOURCES!r}] to [pass, 0] (their rows served so far come again)")
         loader_state.require(state, (EPOCH, BATCHES, *expected, WEIGHTS, PHASE, SOURCES))
         updated = mixture_elastic.updated_plans(state[PLAN_CHECKSUM], state[SOURCES], settings.plans)
         for key, value in expected.items():

@@ -211,31 +211,39 @@ class Position:
                 "save the state there, or resume on the old plan")
 
 
-def check_arrangement(state: dict, expected: dict) -> None:
-    """Refuse a position saved under another cost arrangement version than this loader's, unless nothing of its
-    epoch was arranged yet; a state without the key was saved before states recorded it, under version 1.
+# A state key naming the version of a rule that decides which rows a shuffled window's batches hold, its component,
+# and what the rule does (for the message); a state without the key was saved before states recorded it, under 1.
+VERSIONED = ((loader_state.COST_ARRANGEMENT, "cost", "arranges cost-balanced windows"),
+             (loader_state.SHUFFLE_ORDER, "layout", "orders the rows of shuffled windows"))
+RESTART = "restart the epoch: set state['batches'] = 0 (its rows served so far come again)"
+
+
+def check_arrangement(state: dict, expected: dict, *, fresh: bool | None = None, restart: str = RESTART) -> None:
+    """Refuse a position saved under another version of a rule of ``VERSIONED`` than this loader's (the cost
+    arrangement, the shuffled windows' row order), unless nothing of its epoch was served yet.
 
     Versions put other rows in a window's batches, so resuming mid-epoch under another one would replay a
     different set of batches (rows twice, rows never). At an epoch's first batch, with no elastic stages and no
-    worker's batches, no window of the epoch was served: the epoch starts here under this loader's version, and
-    the state is taken as saved under it (``state`` is the ``flat`` copy, updated in place)."""
-    key = loader_state.COST_ARRANGEMENT
-    if key not in expected or state.get(key) == expected[key]:
-        return
-    saved = state.get(key, 1)
-    if state.get(loader_state.BATCHES) == 0 and not state.get(loader_state.STAGES) and \
-            not state.get(loader_state.WORKER_BATCHES):
-        state[key] = expected[key]
-        return
-    epoch, batches = state.get(loader_state.EPOCH), state.get(loader_state.BATCHES)
-    absent = " (absent: saved before states recorded it)" if key not in state else ""
-    raise InvalidValueError(
-        f"state[{'cost'!r}][{key!r}]={saved!r}{absent}"
-        f" but this loader arranges cost-balanced windows with version {expected[key]!r}, which puts other rows in "
-        f"each batch: resuming epoch {epoch!r} at batch {batches!r} would not continue the batches already served. "
-        "Finish that epoch with the release that saved the state and save it at the epoch's end (a state at an "
-        "epoch's first batch loads here), or restart the epoch: set state['batches'] = 0 (its rows served so far "
-        "come again)")
+    worker's batches (``fresh``, which a mixture decides by its sources' positions), no window of the epoch was
+    served: the epoch starts here under this loader's version, and the state is taken as saved under it (``state``
+    is the ``flat`` copy, updated in place)."""
+    if fresh is None:
+        fresh = state.get(loader_state.BATCHES) == 0 and not state.get(loader_state.STAGES) and \
+            not state.get(loader_state.WORKER_BATCHES)
+    for key, component, rule in VERSIONED:
+        if key not in expected or state.get(key) == expected[key]:
+            continue
+        saved = state.get(key, 1)
+        if fresh:
+            state[key] = expected[key]
+            continue
+        epoch, batches = state.get(loader_state.EPOCH), state.get(loader_state.BATCHES)
+        absent = " (absent: saved before states recorded it)" if key not in state else ""
+        raise InvalidValueError(
+            f"state[{component!r}][{key!r}]={saved!r}{absent} but this loader {rule} with version {expected[key]!r}, "
+            f"which puts other rows in each batch: resuming epoch {epoch!r} at batch {batches!r} would not continue "
+            "the batches already served. Finish that epoch with the release that saved the state and save it at the "
+            f"epoch's end (a state at an epoch's first batch loads here), or {restart}")
 
 
 class Run:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ...core import balance as balance_module
+from ...core import shuffle as shuffle_rule
 from ...core.cost import arrangement
 from ...core.cost.arrangement import REDUCES, REDUCES_MEANING
 from ...core.cost.options import CostOptions
@@ -149,6 +150,8 @@ class Settings:
                                              self.cost.reduce, loader_state.MAX_BATCH_COST: self.cost.budget}
         if self.cost is not None and self.cost.budget is None and self.shuffle:  # which batches a window makes
             cost[loader_state.COST_ARRANGEMENT] = self.cost.version  # (unshuffled: the plan's order, no window)
+        if self.shuffle and self.cost is None:  # which rows a window's batches hold (with a cost: its arrangement)
+            cost[loader_state.SHUFFLE_ORDER] = shuffle_rule.ORDER_VERSION
         if self.packing is not None:  # which documents a window's steps hold
             cost.update({loader_state.PACK: self.packing.column, loader_state.SEQ_LEN: self.packing.seq_len,
                          loader_state.SEQUENCES: self.packing.sequences, loader_state.PACKING: self.packing.version,
