@@ -20,7 +20,7 @@ from ..plan.load import resolve_plan
 from ..reading.front.loader import make_loader
 from ..reading.mixing.mixture import MixtureSettings
 from ..reading.options import SHUFFLE_BUDGET, LoaderOptions
-from ..reading.source.settings import Settings
+from ..reading.source.settings import EXTRA_ROW_BYTES, Settings
 from ..world import World
 
 BINS = 64  # quantile bins for a numeric column of many distinct values (a histogram of raw floats says nothing)
@@ -116,7 +116,18 @@ def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_s
     reference = np.concatenate([b for batches in per_rank for b in batches])
     binned = _binner(reference)
     spill: tuple = (None,) * 4
-    if not mixture and rank_rows > settings.shuffle_window:  # a spill folder's window would hold more: measure it
+    folder = tempfile.gettempdir()
+    if mixture and workers == 1:  # each source's window with a spill folder (mixing/mixture_spill.py): measure it
+        blend = MixtureSettings(plan, weights, World(0, world), replace(options, shuffle_spill_dir=folder),
+                                epoch_steps=epoch_steps, backend="arrow")
+        windows = [layout.shuffle_window for layout in blend.layouts]
+        if max(windows) > settings.shuffle_window:
+            rows = _read(plan, world, column, settings, epoch, options.shuffle_window,
+                         {**mixing, "shuffle_spill_dir": folder})
+            disk = sum(min(n, w) * (s.columns.row_bytes + EXTRA_ROW_BYTES) for n, w, s in
+                       zip(settings.mixture.rows_per_pass, windows, blend.sources, strict=True))
+            spill = (max(windows), *_qualities(rows, binned, reference, seed), int(disk))
+    elif not mixture and rank_rows > settings.shuffle_window:  # a spill folder's window would hold more: measure it
         spilled = Settings(plan, World(0, world), replace(options, shuffle_spill_dir=tempfile.gettempdir()))
         if spilled.shuffle_window > settings.shuffle_window:
             rows = _read(plan, world, column, settings, epoch, spilled.shuffle_window)
@@ -127,10 +138,11 @@ def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_s
                           *_qualities(per_rank, binned, reference, seed), clustered, *spill)
 
 
-def _read(plan, world: int, column: str, settings: Any, epoch: int, window: int, mixing: dict | None = None) -> list:
+def _read(plan, world: int, column: str, settings: Any, epoch: int, window: int | None,
+          mixing: dict | None = None) -> list:
     """Per rank, the values of ``column`` of each batch of ``epoch`` with windows of ``window`` rows (those the
-    memory budget cannot hold on local disk: the system temp folder, removed when read); ``mixing``: a mixture's
-    ``weights`` and ``epoch_steps``."""
+    memory budget cannot hold on local disk: the system temp folder, removed when read; None: as the budget sizes
+    them); ``mixing``: a mixture's ``weights`` and ``epoch_steps`` (and its ``shuffle_spill_dir``)."""
     per_rank = []
     for rank in range(world):
         with make_loader(rank, world, plan=plan, batch_size=settings.batch_size, epoch=epoch, schema_fields=[column],

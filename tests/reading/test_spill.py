@@ -129,14 +129,17 @@ def test_resume_is_exact_with_windows_on_disk(sorted_data, tmp_path):
     assert files_under(tmp_path) == []
 
 
-def test_spill_settings_are_checked_and_a_mixture_refuses_a_spill_folder(sorted_data, tmp_path):
+def test_spill_settings_are_checked_for_one_plan_and_a_mixture(sorted_data, tmp_path):
     plan = plan_shards(sorted_data, 1, batch_size=BATCH, engine="local")
     with pytest.raises(InvalidValueError, match="shuffle_spill_dir"):
         make_loader(0, 1, plan=plan, shuffle_spill_dir="s3://bucket/tmp")
     with pytest.raises(InvalidValueError, match="shuffle_spill_budget"):
         make_loader(0, 1, plan=plan, shuffle_spill_dir=str(tmp_path), shuffle_spill_budget="lots")
-    with pytest.raises(InvalidValueError, match="shuffle_spill_dir"):
-        make_loader(0, 1, plan=[plan, plan], weights=[0.5, 0.5], shuffle_spill_dir=str(tmp_path))
+    with pytest.raises(InvalidValueError, match="shuffle_spill_dir"):  # a mixture takes a local folder only
+        make_loader(0, 1, plan=[plan, plan], weights=[0.5, 0.5], shuffle_spill_dir="s3://bucket/tmp")
+    with pytest.raises(InvalidValueError, match="shuffle_spill_budget"):
+        make_loader(0, 1, plan=[plan, plan], weights=[0.5, 0.5], shuffle_spill_dir=str(tmp_path),
+                    shuffle_spill_budget="lots")
 
 
 # --- the budget tells the truth: rows larger than their footers say -------------------------------------------

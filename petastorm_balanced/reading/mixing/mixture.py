@@ -19,6 +19,9 @@ world; G10).
 cost-dealt row group order and arranges each shuffle window into the pieces its batches take
 (``core/cost/pieces.py``), so every rank's part of a batch from it costs about the same.
 
+**A spill folder** (``shuffle_spill_dir``): each source's window is its whole share of a pass where the spill
+budget holds it (``mixture_spill.py``), its rows beyond its part of the memory budget on local disk.
+
 What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), token budgets
 (``max_batch_cost``: a batch's rows are decided by the weights), ``transform_spec``.
 """
@@ -70,7 +73,7 @@ from ..state import (
     WEIGHTS,
     WORLD_SIZE,
 )
-from . import mixture_elastic
+from . import mixture_elastic, mixture_spill
 from .mixture_elastic import Head
 from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
 
@@ -106,16 +109,24 @@ class MixtureSettings:
         self.sources, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
         self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
         self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
+        given = self.shuffle_window is not None
         if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
             row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
             self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
+        self.shuffle_spill_budget = int(options.shuffle_spill_budget)
+        # each source's window and spill bytes: with a spill folder, its whole share where the disk holds it
+        windows, self.spill_bytes = (self.shuffle_window,) * len(self.plans), (self.shuffle_spill_budget,) * len(rows)
+        if mixture_spill.spilled(options) and not given:
+            windows, self.spill_bytes = mixture_spill.source_windows(
+                self.shuffle_window, [s.columns.row_bytes + EXTRA_ROW_BYTES for s in self.sources], rows,
+                self.shuffle_spill_budget, [plan.rows_per_rank(1, 1) for plan in self.plans])
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
         self.layouts = [Layout(plan, self.world_size, self.rank, batch_size=1, shuffle=self.shuffle,
-                               shuffle_window=self.shuffle_window, reshuffle=self.reshuffle,
+                               shuffle_window=window, reshuffle=self.reshuffle,
                                balance_by="rows" if source.cost is None else "cost")
-                        for plan, source in zip(self.plans, self.sources, strict=True)]
+                        for plan, source, window in zip(self.plans, self.sources, windows, strict=True)]
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
 
     def slots(self, workers: int, slot: int = 0) -> MixtureSettings:
@@ -174,6 +185,11 @@ class MixtureSettings:
         epoch ``mixture_elastic.plan_epoch(pass)``, with the single plan's elastic stages."""
         return self.layouts[index]
 
+    def placement(self, index: int):
+        """Where source ``index``'s window holds its rows in this slot (``mixture_spill.source_placement``): a
+        new one for each pass it reads; None without a spill folder."""
+        return mixture_spill.source_placement(self.options, len(self.plans), self.spill_bytes[index], self.workers)
+
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
         cost = {} if not self.balanced_cost else {BALANCE: "cost", COST_REDUCE: self.balanced_cost[0].reduce,
@@ -181,8 +197,10 @@ class MixtureSettings:
         # which rows the windows' batches hold (a source with a cost: its arrangement)
         shuffled = self.shuffle and any(s.cost is None for s in self.sources)
         order = {loader_state.SHUFFLE_ORDER: shuffle_rule.ORDER_VERSION} if shuffled else {}
+        windows = [layout.shuffle_window for layout in self.layouts]  # one number where the sources' agree
         return {PLAN_CHECKSUM: [p.checksum for p in self.plans], WORLD_SIZE: self.world_size // self.workers,
-                BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle, SHUFFLE_WINDOW: self.shuffle_window,
+                BATCH_SIZE: self.batch_size, SHUFFLE: self.shuffle,
+                SHUFFLE_WINDOW: windows[0] if len(set(windows)) == 1 else windows,
                 RESHUFFLE: self.reshuffle, **cost, **order}
 
 
@@ -200,10 +218,6 @@ def _refuse(options: LoaderOptions) -> None:
     if options.transform_spec is not None:
         raise InvalidValueError("transform_spec with a mixture is not supported; apply the function to the batches "
                                 "in the training loop")
-    if options.shuffle_spill_dir not in (None, False):
-        raise InvalidValueError(f"shuffle_spill_dir={options.shuffle_spill_dir!r} with a mixture is not supported yet "
-                                "(each source's window is sized from the memory budget); leave shuffle_spill_dir=None, "
-                                "or give each source a shuffled copy (petastorm_balanced.spark.make_shuffled_copy)")
 
 
 class MixturePosition:

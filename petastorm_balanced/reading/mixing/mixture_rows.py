@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,7 @@ from ..rows.columns import Columns, dataset_columns
 from ..rows.convert import concat_arrays
 from ..source import stream
 from ..source.layout import Layout
+from ..windows.spill import Placement
 from .mixture_elastic import Head, plan_epoch
 
 SOURCE = "_source"  # the column naming each row's source (its index in plan=[...])
@@ -117,7 +119,8 @@ class SourceRows:
 
     def __init__(self, columns: SourceColumns, layout: Layout, *, counter: int, backend: str, reader_options: dict,
                  keeper=None, head: Head | None = None, cuts: Callable[[int, int], np.ndarray] | None = None,
-                 origin: int | None = None, place: int = 0, sources: int = 1):
+                 origin: int | None = None, place: int = 0, sources: int = 1,
+                 placement: Callable[[], Placement | None] | None = None):
         self.plan, self.columns, self.layout = layout.plan, columns, layout  # the plan at one row per batch
         self.place, self.sources = place, sources  # the source's index in plan=[...], and how many there are
         # a source balanced by cost: ``cuts(lo, hi)``, its batch boundaries on the timeline of ``origin``
@@ -125,6 +128,7 @@ class SourceRows:
         self.head = head  # inside an elastic rest (``mixture_elastic.py``): where its counters begin
         self.rows_per_pass = layout.steps
         self.backend, self.reader_options, self.keeper = backend, reader_options, keeper
+        self.placement = placement  # a new ``spill.Placement`` for each pass (its files go when the pass's stream does)
         self.counter = counter  # rows handed out (``take``)
         self.pass_index, self.row = divmod(counter, self.rows_per_pass)  # where reading stands (rows buffered ahead)
         self._runs: Iterator[dict] | None = None
@@ -154,7 +158,8 @@ class SourceRows:
         return stream.slot_runs(fragments, chunks, batch_size=1, shuffle=layout.shuffle,
                                 shuffle_window=layout.shuffle_window,
                                 key=layout.key(epoch, 0, len(stages)),
-                                batches_done=done, cost=cost, drop=self.columns.drop)
+                                batches_done=done, cost=cost, drop=self.columns.drop,
+                                placement=None if self.placement is None else self.placement())
 
     def take(self, rows: int) -> dict:
         """The next ``rows`` rows as one chunk of columns (crossing into the next pass where this one ends)."""
@@ -246,5 +251,6 @@ def open_sources(settings, counters: Sequence[int], keepers=None, heads=None, ph
 
     return [SourceRows(columns, settings.layout(i), counter=counter, backend=settings.backend,
                        reader_options=settings.reader_options, keeper=None if keepers is None else keepers[i],
-                       head=head, place=i, sources=len(counters), **timeline(i, counter))
+                       head=head, place=i, sources=len(counters), placement=partial(settings.placement, i),
+                       **timeline(i, counter))
             for i, (columns, counter, head) in enumerate(zip(settings.sources, counters, heads, strict=True))]
