@@ -39,6 +39,7 @@ from ...plan.model import Fragment, ShardPlan
 from .. import stats
 from ..rows import fragments as fr
 from ..rows.read_ahead import BundleSizes
+from .arrow_memory import give_back
 
 # Requests in flight per process on a remote filesystem: the fragments of the bundles read ahead are read side by
 # side in this many threads (and pyarrow's I/O pool and the S3 client's connections match), since each read waits a
@@ -48,29 +49,6 @@ REMOTE_READS = fsutil.REMOTE_REQUESTS
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
-# Bytes a reading thread reads between two hand-backs of Arrow's freed memory to the system (``give_back``).
-RELEASE_BYTES = 8 << 20
-_READ_SINCE_RELEASE = threading.local()
-
-
-def give_back(nbytes: int) -> None:
-    """Count ``nbytes`` read by this thread; past ``RELEASE_BYTES`` since the last time, hand the memory of the
-    bundles it read before, freed by the batcher since, back to the system.
-
-    Why: Arrow's allocator (mimalloc on recent pyarrow) otherwise keeps it per thread, and with rows of kilobytes
-    that came to twice what Arrow held (+119 against +65 MiB, 2 threads, 8 MiB budget). Why not after every bundle:
-    each page handed back is faulted in and zeroed again by the next bundles; over 64k-row row groups of numbers
-    that cost about 25 ms of a 102 ms epoch (9,750 page faults against 3,130, pyarrow 26, one process, load 6).
-    The peaks of ``tests/reading/test_spill.py``'s three cases: 36, 78, 92 MiB at 8 MiB, 38, 79, 85 after every
-    bundle, 53, 88, 112 never (bound 120).
-    """
-    since = getattr(_READ_SINCE_RELEASE, "nbytes", 0) + nbytes
-    if since >= RELEASE_BYTES:
-        pa.default_memory_pool().release_unused()
-        since = 0
-    _READ_SINCE_RELEASE.nbytes = since
-
-
 def remote_pool() -> ThreadPoolExecutor:
     """The process's ``REMOTE_READS`` threads for remote fragment reads, started once (not per epoch: starting 32
     threads took a tenth of a second), per process id (a forked DataLoader worker has no threads of its parent);
