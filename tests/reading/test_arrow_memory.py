@@ -1,5 +1,6 @@
 """When the reading threads hand Arrow's freed memory back (``backends/arrow_memory.give_back``): every
-``RELEASE_BYTES`` read they look at the memory, and hand back only where it grew by ``GROWTH_BYTES`` since."""
+``RELEASE_BYTES`` read they look at the memory Arrow does not hold, and hand back only where it grew by
+``GROWTH_BYTES`` since."""
 import threading
 
 import pytest
@@ -8,8 +9,11 @@ from petastorm_balanced.reading.backends import arrow_memory
 
 
 class Pool:
-    def __init__(self):
-        self.released = 0
+    def __init__(self, held=0):
+        self.released, self.held = 0, held
+
+    def bytes_allocated(self):
+        return self.held
 
     def release_unused(self):
         self.released += 1
@@ -53,6 +57,20 @@ def test_memory_that_grows_is_handed_back_once_per_growth_and_the_lowest_seen_co
     memory["bytes"] += arrow_memory.GROWTH_BYTES
     arrow_memory.give_back(arrow_memory.RELEASE_BYTES, pool)
     assert pool.released == 3
+
+
+def test_memory_arrow_holds_is_not_growth(memory):
+    """Bundles read ahead come and go: only what the allocator keeps beyond them counts."""
+    pool = Pool()
+    arrow_memory.give_back(arrow_memory.RELEASE_BYTES, pool)
+    for held in (0, 3, 1, 3, 0):
+        pool.held = held * arrow_memory.GROWTH_BYTES
+        memory["bytes"] = (100 << 20) + pool.held
+        arrow_memory.give_back(arrow_memory.RELEASE_BYTES, pool)
+    assert pool.released == 1
+    memory["bytes"] += arrow_memory.GROWTH_BYTES
+    arrow_memory.give_back(arrow_memory.RELEASE_BYTES, pool)
+    assert pool.released == 2
 
 
 def test_without_a_figure_of_the_memory_every_look_hands_back(memory, monkeypatch):

@@ -7,12 +7,14 @@ Why not every few MiB read, whatever the memory does: every page handed back whi
 and zeroed again by the next bundles. Handing back every 8 MiB read cost 3,100-3,400 page faults and about 20 ms of
 a 70 ms epoch over 64k-row row groups of numbers (pyarrow 26, 2 threads; the calls themselves 0.6 ms each), where
 the allocator was reusing what it kept and the process's memory did not grow at all. So every ``RELEASE_BYTES``
-read a thread looks at the process's anonymous resident memory, and hands back only where it grew by
-``GROWTH_BYTES`` or more since the last hand-back (or since the lowest it was seen at after it): memory the
-allocator keeps beyond that is handed back as before, memory it reuses stays. Measured (pyarrow 26, 2 threads,
-load 2.2-2.5, two runs): the epoch above 0.69-0.70x -> 0.76-0.78x of the hand loop with numpy batches, 0.56-0.58x
--> 0.64-0.68x with torch; the peaks of ``tests/reading/test_spill.py``'s three cases 47, 80, 105 MiB against 47,
-70, 106 looking at nothing (bound 120).
+read a thread looks at the memory the allocator holds beyond what Arrow holds (the process's anonymous resident
+memory less the pool's allocated bytes: the bundles read ahead come and go, and do not count), and hands back only
+where that grew by ``GROWTH_BYTES`` or more since the last hand-back (or since the lowest it was seen at after
+it): memory the allocator keeps beyond that is handed back as before, memory it reuses stays. The reading threads
+live across epochs (``arrow._take_pool``), so their heaps are reused too. Measured (pyarrow 26, 2 threads, 64k
+numeric row groups, load 1.7-2.5): 1-4 hand-backs in 8 epochs against 3 an epoch, page faults 10-700 an epoch
+against 3,400; the peaks of ``tests/reading/test_spill.py``'s three cases 47, 80, 104-106 MiB against 47, 70,
+104-106 handing back at every look (bound 120).
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class _Low:
-    """The anonymous resident bytes after the last hand-back, or the lowest seen since, per process (a forked
-    DataLoader worker starts with its parent's figures, which are not its own)."""
+    """The anonymous resident bytes beyond the pool's after the last hand-back, or the lowest seen since, per
+    process (a forked DataLoader worker starts with its parent's figures, which are not its own)."""
 
     pid = -1
     held: int | None = None
@@ -47,20 +49,27 @@ def anonymous_resident() -> int | None:
         return None
 
 
+def _unused(pool: pa.MemoryPool) -> int | None:
+    """Bytes of anonymous resident memory beyond what ``pool`` holds allocated (None: no figure)."""
+    resident = anonymous_resident()
+    return None if resident is None else resident - pool.bytes_allocated()
+
+
 def give_back(nbytes: int, pool: pa.MemoryPool | None = None) -> None:
     """Count ``nbytes`` read by this thread; past ``RELEASE_BYTES`` since its last look, look at the memory and,
-    where it grew by ``RELEASE_BYTES`` or more (module docstring), hand the unused memory of ``pool`` (Arrow's
-    default) back to the system. Threads share the figure they compare with; a race between two of them costs at
-    most one hand-back more or one look later."""
+    where what Arrow does not hold grew by ``GROWTH_BYTES`` or more (module docstring), hand the unused memory of
+    ``pool`` (Arrow's default) back to the system. Threads share the figure they compare with; a race between two
+    of them costs at most one hand-back more or one look later."""
     since = getattr(_READ_SINCE, "nbytes", 0) + nbytes
     if since < RELEASE_BYTES:
         _READ_SINCE.nbytes = since
         return
     _READ_SINCE.nbytes = 0
-    held, pid = anonymous_resident(), os.getpid()
+    pool = pool or pa.default_memory_pool()
+    held, pid = _unused(pool), os.getpid()
     low = _Low.held if _Low.pid == pid else None
     if held is None or low is None or held - low >= GROWTH_BYTES:
-        (pool or pa.default_memory_pool()).release_unused()
-        _Low.pid, _Low.held = pid, anonymous_resident()
+        pool.release_unused()
+        _Low.pid, _Low.held = pid, _unused(pool)
     elif held < low:
         _Low.held = held
