@@ -21,7 +21,7 @@ import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sized
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from time import perf_counter
@@ -368,8 +368,9 @@ def in_order(function: Callable, items: Iterable, *, workers_count: int, ahead: 
                 if isinstance(item, Started):
                     item.cancel()
         return
-    threads = min(workers_count, len(items)) if isinstance(items, Sized) else workers_count
-    held = _take_pool(max(1, threads))
+    # a pool of workers_count threads whatever the items: it starts a thread only for an item submitted while none
+    # is idle, and one size per workers_count keeps few idle pools (``_take_pool``)
+    held = _take_pool(workers_count)
     pool = held.executor
     pending: deque = deque()  # (future of function, what start returned)
     try:
@@ -394,7 +395,7 @@ def in_order(function: Callable, items: Iterable, *, workers_count: int, ahead: 
         # No join here: this finally may run inside a garbage collection that interrupted threading's own locked
         # bookkeeping (a generator dropped unclosed), where joining deadlocks every later Thread.start. A read in
         # flight (at most one item per thread) finishes in the background and its result is dropped.
-        _put_back(held, max(1, threads))
+        _put_back(held, workers_count)
 
 
 class _Pool:
