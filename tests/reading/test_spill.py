@@ -196,12 +196,12 @@ def one_unsampled_file(path, files=112, long_file=19, long_groups=16):
     return str(path)
 
 
-# The Petastorm backend cuts its bundles when it sends them to its workers, from the bytes the bundles before measured,
-# and cannot cut one short once sent: where short rows turn long (late_long_strings), the workers_count + 2 bundles
-# sent before the first long one was measured hold up to BUNDLE_ROWS rows each (docs/shuffle.md, "The bound").
+# The Petastorm backend cuts its bundles when it sends them to its workers, from the bytes the bundles before measured;
+# where short rows turn long (late_long_strings), a bundle already sent comes back in parts (docs/shuffle.md).
 @pytest.mark.parametrize(("make", "backend"), [
     (dictionary_strings, "arrow"), (late_long_strings, "arrow"), (one_unsampled_file, "arrow"),
     pytest.param(dictionary_strings, "petastorm", marks=petastorm_only),
+    pytest.param(late_long_strings, "petastorm", marks=petastorm_only),
     pytest.param(one_unsampled_file, "petastorm", marks=petastorm_only)])
 def test_peak_memory_stays_within_the_budget_plus_the_constant(make, backend, tmp_path):
     """Rows far larger than the footers say: the read-ahead's bundles and the window's runs are sized from the bytes
