@@ -129,3 +129,19 @@ def test_closing_while_a_worker_waits_for_its_turn_ends_it(late_long_rows):
                 next(batches)
             loader.close()
     assert threading.active_count() <= before
+
+
+@pytest.mark.parametrize("pool", [dict(workers_count=1, results_queue_size=1),
+                                  dict(workers_count=4, results_queue_size=1),
+                                  dict(reader_pool_type="process", workers_count=2), dict(reader_pool_type="dummy")])
+def test_parts_give_the_same_batches_whatever_the_pool(late_long_rows, pool):
+    """One worker waiting for its turn with a results queue of one, four, and the pools that do not cut (a process
+    pool's workers cannot wait on the consumer; the dummy pool runs in its thread): the batches are the same."""
+    plan = plan_shards(late_long_rows, 1, batch_size=50, engine="local")
+
+    def ids(**options):
+        with mock.patch.object(fragments, "BUNDLE_BYTES", TARGET), \
+                make_loader(0, 1, plan=plan, backend="petastorm", batch_format="numpy", shuffle_window=400,
+                            **options) as loader:
+            return [b["id"].tolist() for b in loader]
+    assert ids(**pool) == ids(workers_count=2)
