@@ -350,6 +350,33 @@ def test_list_values_built_from_flat_values_equal_to_pylist(data):
     assert [None if row is None else len(row) for row in got] == [None if row is None else len(row) for row in want]
 
 
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_list_values_cut_batch_by_batch_equal_to_pylist(data):
+    """``batch_values`` (a run's list column made one batch at a time from offsets and items read once) gives
+    each batch exactly ``to_pylist()`` of its rows: values, Python types, None for null lists, sliced arrays."""
+    from unittest import mock
+
+    from petastorm_balanced.reading.rows import fragments
+    item_type = data.draw(st.sampled_from(list(_LIST_ITEMS)))
+    items = _LIST_ITEMS[item_type] | st.none() if data.draw(st.booleans()) else _LIST_ITEMS[item_type]
+    batch_size = data.draw(st.integers(1, 4))
+    rows = data.draw(st.lists(st.none() | st.lists(items, max_size=5), max_size=20))
+    array = pa.array(rows, type=(pa.large_list if data.draw(st.booleans()) else pa.list_)(item_type))
+    begin = data.draw(st.integers(0, len(rows)))
+    array = array.slice(begin, (len(rows) - begin) // batch_size * batch_size)
+    fast = data.draw(st.booleans())  # the flat path, or to_pylist per batch (pyarrow 20 and later)
+    with mock.patch.object(fragments, "_FAST_TO_PYLIST", not fast):
+        cut = fragments.batch_values(array, batch_size)
+        got = [cut(b) for b in range(len(array) // batch_size)]
+    want = [array.slice(b * batch_size, batch_size).to_pylist() for b in range(len(array) // batch_size)]
+
+    def typed(batches):
+        return [[None if row is None else [(type(a), a if a == a else "nan") for a in row] for row in batch]
+                for batch in batches]
+    assert typed(got) == typed(want)
+
+
 def test_incompatible_types_across_files_are_refused_when_the_loader_is_made(tmp_path):
     root = _table_dataset(tmp_path, [pa.table({"id": [0, 1, 2], "x": [1, 2, 3]}),
                                      pa.table({"id": [3, 4, 5], "x": ["a", "b", "c"]})])

@@ -18,7 +18,7 @@ import pyarrow as pa
 from ...errors import MissingDependencyError
 from ..fields.schema import PADDING
 from ..options import NUMPY, TORCH
-from ..rows.fragments import as_list, is_text
+from ..rows.fragments import as_list, batch_values, is_text
 from ..stats import current
 
 torch: Any = None  # the torch module once require_torch() imported it
@@ -180,8 +180,10 @@ def _cutter(values, batch_size: int, batch_format: str = TORCH):
     if isinstance(values, pa.Array) and not is_text(values.type):
         # list columns: Python lists built per batch, so they die young instead of filling the run with thousands
         # of objects that every garbage collection scans (40% of an epoch over a list column, measured)
+        lists = batch_values(values, batch_size)
+
         def cut_lists(first, n):  # lazily, as zip asks: one batch's lists alive at a time, not GROUP batches'
-            return (as_list(values.slice((first + i) * batch_size, batch_size)) for i in range(n))
+            return map(lists, range(first, first + n))
         return cut_lists
     if isinstance(values, pa.Array) or values.dtype.kind in "OUS":  # text: the run's values made once, cut per batch
         # (text stays Arrow until here: a shuffle permutes offsets and bytes, where permuting Python strings
