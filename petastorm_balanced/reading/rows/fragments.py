@@ -224,23 +224,7 @@ def python_values(array: pa.Array) -> list:
     """``array.to_pylist()``, the same values, built faster for the common list column on older pyarrow: a list (or
     large list) of integers, floats or booleans with no null items is made from its flat values (one ``tolist``)
     cut at its offsets, 20 times faster than pyarrow 14's ``to_pylist`` (pyarrow 26's is twice as fast again)."""
-    kind = array.type
-    if _FAST_TO_PYLIST or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not len(array):
-        return array.to_pylist()
-    if not _flat_item(kind.value_type):
-        return array.to_pylist()
-    offsets = array.offsets.to_numpy()  # (rows + 1,), into array.values (the whole child, not sliced)
-    first, last = int(offsets[0]), int(offsets[-1])
-    flat = array.values.slice(first, last - first)
-    if flat.null_count:  # a null item: to_pylist gives None there, which no numpy array holds
-        return array.to_pylist()
-    items = flat.to_numpy(zero_copy_only=False).tolist()
-    bounds = (offsets - first).tolist()
-    out = [items[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    if array.null_count:
-        for row in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)).tolist():
-            out[row] = None
-    return out
+    return batch_values(array, len(array))(0)
 
 
 def batch_values(array: pa.Array, batch_size: int) -> Callable[[int], list]:
@@ -254,8 +238,8 @@ def batch_values(array: pa.Array, batch_size: int) -> Callable[[int], list]:
             and _flat_item(kind.value_type):
         offsets = array.offsets.to_numpy()  # (rows + 1,), into array.values (the whole child, not sliced)
         flat = array.values.slice(int(offsets[0]), int(offsets[-1]) - int(offsets[0]))
-    if flat is None or flat.null_count:  # a null item: python_values gives None there, per batch
-        return lambda batch: python_values(array.slice(batch * batch_size, batch_size))
+    if flat is None or flat.null_count:  # a null item: to_pylist gives None there, which no numpy array holds
+        return lambda batch: array.slice(batch * batch_size, batch_size).to_pylist()
     items = flat.to_numpy(zero_copy_only=False)
     bounds = offsets - offsets[0]
     nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
