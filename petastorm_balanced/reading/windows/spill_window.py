@@ -9,6 +9,7 @@ go beyond ``Placement.memory`` to disk. The window's rows, and so the order of e
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -34,7 +35,7 @@ def filling_for(placement: Placement):
     placement's memory (its bytes are exact: nothing to measure or place), else a ``SpillFilling``."""
     def filling(size: int, first: ColumnArrays):
         fixed = all(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in first.values())
-        row = sum(v.dtype.itemsize * int(np.prod(v.shape[1:], dtype=np.int64)) for v in first.values()) if fixed else 0
+        row = sum(v.dtype.itemsize * math.prod(v.shape[1:]) for v in first.values()) if fixed else 0
         if fixed and size * row <= placement.memory:
             return Filling(size, first)
         return SpillFilling(size, first, placement)
@@ -54,7 +55,7 @@ class SpillFilling:
         self._dtypes = {name: values.dtype for name, values in first.items() if isinstance(values, np.ndarray)}
         fixed = {name: values for name, values in first.items()
                  if isinstance(values, np.ndarray) and not values.dtype.hasobject}
-        row_fixed = sum(v.dtype.itemsize * int(np.prod(v.shape[1:], dtype=np.int64)) for v in fixed.values())
+        row_fixed = sum(v.dtype.itemsize * math.prod(v.shape[1:]) for v in fixed.values())
         large = size * row_fixed >= ROW_MAJOR_BYTES or size * row_fixed > placement.memory
         by_size: dict[int, list[str]] = {}
         for name, values in fixed.items():
