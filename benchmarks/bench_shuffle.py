@@ -225,6 +225,11 @@ def main():
     parser.add_argument("--spill-child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--steady-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--scales", default="1,10", help="spill: data sizes, as multiples of --rows")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="spill: pairs of epochs in one process (default 2 x (rounds // 2) + 1); at 100,000 rows "
+                             "an epoch is too short for a pair to mean much: use --rows 1000000 or more")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="spill: only the one-process throughput pairs (no quality, model, fresh processes)")
     args = parser.parse_args()
     if args.rss_child:
         return rss_child(args.rss_child)
@@ -236,7 +241,8 @@ def main():
     parts = set(args.parts.split(","))
     tmp = tempfile.mkdtemp(prefix="bench_shuffle_")
     if "spill" in parts:
-        spill(tmp, args.rows, [int(v) for v in args.scales.split(",")], max(1, args.rounds // 2))
+        spill(tmp, args.rows, [int(v) for v in args.scales.split(",")], max(1, args.rounds // 2), args.pairs,
+              args.speed_only)
         if parts == {"spill"}:
             return None
     sorted_50k = write_sorted(os.path.join(tmp, "sorted-50000"), args.rows, row_group=50_000)
@@ -329,7 +335,7 @@ def anon_bytes():
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
 
 
-def spill(tmp, rows, scales, rounds):
+def spill(tmp, rows, scales, rounds, pairs=None, speed_only=False):
     """At budgets of 1/8 and 1/64 of a slot's decoded rows, sorted data (row groups of 20,000 rows): quality, model
     accuracy, throughput, first-batch latency, memory and disk, with a spill folder against the memory window."""
     from petastorm_balanced import make_loader
@@ -350,30 +356,32 @@ def spill(tmp, rows, scales, rounds):
             folder = tempfile.mkdtemp(prefix="spill-", dir=tmp)
             kinds = {"memory": {"shuffle_spill_dir": False}, "spill": {"shuffle_spill_dir": folder}}
             line = [f"  {scale}x ({rows * scale:,} rows) budget 1/{fraction} ({budget / 2**20:.1f} MiB):"]
-            if scale == scales[0]:
+            if scale == scales[0] and not speed_only:
                 for name, kwargs in kinds.items():
                     per_rank = loader_labels(plan, 1, shuffle_budget=budget, **kwargs)
                     q = Quality.of(per_rank[0], reference)
                     line.append(f"{name} labels/batch {q.distinct / q.uniform_distinct:.2f}x TV {q.ratio:.2f}x")
                 line.append(accuracy_ratios(plan, budget, kinds))
             runs: dict = {name: [] for name in kinds}
-            for _ in range(rounds):  # interleaved, each a fresh process
+            for _ in range(0 if speed_only else rounds):  # interleaved, each a fresh process
                 for name, kwargs in kinds.items():
                     runs[name].append(rss_spill(path, budget, kwargs["shuffle_spill_dir"] or ""))
-            speed = np.median([s["rows_per_cpu_s"] / m["rows_per_cpu_s"]
-                               for s, m in zip(runs["spill"], runs["memory"], strict=True)])
             steady = subprocess.run([sys.executable, __file__, "--steady-child", path, str(budget),
-                                     tempfile.mkdtemp(prefix="spill-", dir=tmp), str(2 * rounds + 1)],
+                                     tempfile.mkdtemp(prefix="spill-", dir=tmp), str(pairs or 2 * rounds + 1)],
                                     capture_output=True, text=True, check=True)
             ratios = json.loads(steady.stdout.strip().splitlines()[-1])["ratios"]
-            for name, measured in runs.items():
-                last = measured[-1]
-                line.append(f"{name}: window {last['window']:,} rows, first batch {last['first_s']:.2f} s, peak anon "
-                            f"+{last['peak_anon_mib']:.0f} MiB, disk {last['disk_mib']:.0f} MiB")
-            line.append(f"spill / memory rows per CPU-second: fresh processes, one epoch each {speed:.2f}x (median of "
-                        f"{rounds} pairs); one process, epochs after the first {np.median(ratios):.2f}x (median of "
-                        f"{len(ratios)} pairs, {min(ratios):.2f}-{max(ratios):.2f}); load average "
-                        f"{os.getloadavg()[0]:.1f}")
+            fresh = ""
+            if not speed_only:
+                speed = np.median([s["rows_per_cpu_s"] / m["rows_per_cpu_s"]
+                                   for s, m in zip(runs["spill"], runs["memory"], strict=True)])
+                fresh = f"fresh processes, one epoch each {speed:.2f}x (median of {rounds} pairs); "
+                for name, measured in runs.items():
+                    last = measured[-1]
+                    line.append(f"{name}: window {last['window']:,} rows, first batch {last['first_s']:.2f} s, peak "
+                                f"anon +{last['peak_anon_mib']:.0f} MiB, disk {last['disk_mib']:.0f} MiB")
+            line.append(f"spill / memory rows per CPU-second: {fresh}one process, epochs after the first "
+                        f"{np.median(ratios):.2f}x (median of {len(ratios)} pairs, {min(ratios):.2f}-"
+                        f"{max(ratios):.2f}); load average {os.getloadavg()[0]:.1f}")
             print("\n    ".join(line))
 
 

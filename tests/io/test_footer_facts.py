@@ -71,3 +71,27 @@ def test_a_rewritten_file_is_judged_by_its_own_statistics(tmp_path):
     pq.write_table(pa.table({"x": np.sort(values)}), path, row_group_size=500)
     after = stats.value_ranges([pq.read_metadata(path)])["x"]
     assert (before[1] - before[0]).min() > 3000 and (after[1] - after[0]).max() < 500
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 9), st.text(max_size=6), st.lists(st.integers(0, 99), max_size=4)),
+                     min_size=1, max_size=60), group=st.integers(1, 20), files=st.integers(1, 3),
+       wanted=st.sets(st.sampled_from(["n", "s", "l", "st"]), min_size=1))
+def test_row_bytes_sums_the_variable_columns_chunks(tmp_path_factory, rows, group, files, wanted):
+    """Decoded bytes per row: fixed widths plus the uncompressed Parquet bytes per row of the other columns (nested
+    ones by their top-level name), read plainly chunk by chunk as the reference."""
+    folder = tmp_path_factory.mktemp("rb")
+    table = pa.table({"n": [r[0] for r in rows], "s": [r[1] for r in rows], "l": [r[2] for r in rows],
+                      "st": [{"a": r[0], "b": r[1]} for r in rows]})
+    metas = []
+    for f in range(files):
+        pq.write_table(table, folder / f"{f}.parquet", row_group_size=group)
+        metas.append(pq.ParquetFile(folder / f"{f}.parquet").metadata)
+    schema = pa.schema([table.schema.field(name) for name in sorted(wanted)])
+    fixed = sum(stats.fixed_width(field.type) or 0.0 for field in schema)
+    variable = {field.name for field in schema if stats.fixed_width(field.type) is None}
+    size = sum(meta.row_group(i).column(j).total_uncompressed_size for meta in metas
+               for i in range(meta.num_row_groups) for j in range(meta.num_columns)
+               if meta.row_group(i).column(j).path_in_schema.split(".")[0] in variable)
+    want = fixed + (size / (len(rows) * files) if variable else 0.0)
+    assert stats.row_bytes(schema, metas) == want

@@ -350,6 +350,61 @@ def test_list_values_built_from_flat_values_equal_to_pylist(data):
     assert [None if row is None else len(row) for row in got] == [None if row is None else len(row) for row in want]
 
 
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_list_values_cut_batch_by_batch_equal_to_pylist(data):
+    """``batch_values`` (a run's list column made one batch at a time from offsets and items read once) gives
+    each batch exactly ``to_pylist()`` of its rows: values, Python types, None for null lists, sliced arrays."""
+    from unittest import mock
+
+    from petastorm_balanced.reading.rows import fragments
+    item_type = data.draw(st.sampled_from(list(_LIST_ITEMS)))
+    items = _LIST_ITEMS[item_type] | st.none() if data.draw(st.booleans()) else _LIST_ITEMS[item_type]
+    batch_size = data.draw(st.integers(1, 4))
+    rows = data.draw(st.lists(st.none() | st.lists(items, max_size=5), max_size=20))
+    array = pa.array(rows, type=(pa.large_list if data.draw(st.booleans()) else pa.list_)(item_type))
+    begin = data.draw(st.integers(0, len(rows)))
+    array = array.slice(begin, (len(rows) - begin) // batch_size * batch_size)
+    fast = data.draw(st.booleans())  # the flat path, or to_pylist per batch (pyarrow 20 and later)
+    with mock.patch.object(fragments, "_FAST_TO_PYLIST", not fast):
+        cut = fragments.batch_values(array, batch_size)
+        got = [cut(b) for b in range(len(array) // batch_size)]
+    want = [array.slice(b * batch_size, batch_size).to_pylist() for b in range(len(array) // batch_size)]
+
+    def typed(batches):
+        return [[None if row is None else [(type(a), a if a == a else "nan") for a in row] for row in batch]
+                for batch in batches]
+    assert typed(got) == typed(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(1, 100), min_size=1, max_size=40), data=st.data(),
+       kind=st.sampled_from([pa.bool_(), pa.int8(), pa.int16(), pa.uint64(), pa.int64(), pa.date32(),
+                             pa.timestamp("ns")]))
+def test_nullable_values_and_masks_equal_arrow_at_any_offset(values, data, kind):
+    """A nullable bool, int or temporal column (sliced at any bit offset, whatever its null slots store) converts
+    to Arrow's values, False or 0 where null, and a ``__valid`` mask equal to ``is_valid()``: the bitmaps are
+    unpacked from their bytes."""
+    from petastorm_balanced.reading.fields.schema import column_schema
+    from petastorm_balanced.reading.rows.convert import to_values
+    valid = np.array(data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values))))
+    stored = np.array(values)  # null slots hold these too, as a writer may leave them
+    storage = pa.bool_() if kind == pa.bool_() else pa.int32() if kind == pa.date32() else kind
+    if pa.types.is_timestamp(kind):
+        storage = pa.int64()
+    payload = np.packbits(stored % 2 == 1, bitorder="little") if kind == pa.bool_() else \
+        stored.astype(storage.to_pandas_dtype())
+    array = pa.Array.from_buffers(kind, len(values), [pa.py_buffer(np.packbits(valid, bitorder="little")),
+                                                      pa.py_buffer(payload)])
+    array = array.slice(data.draw(st.integers(0, len(values))))
+    spec = column_schema("x", array.type, nullable=True)
+    out = to_values(array, spec)
+    as_stored = array.view(storage) if pa.types.is_temporal(kind) else array
+    assert out["x"].tolist() == as_stored.fill_null(False if kind == pa.bool_() else 0).to_pylist()
+    if spec.mask is not None and array.null_count:
+        assert out[spec.mask].dtype == np.bool_ and out[spec.mask].tolist() == array.is_valid().to_pylist()
+
+
 def test_incompatible_types_across_files_are_refused_when_the_loader_is_made(tmp_path):
     root = _table_dataset(tmp_path, [pa.table({"id": [0, 1, 2], "x": [1, 2, 3]}),
                                      pa.table({"id": [3, 4, 5], "x": ["a", "b", "c"]})])

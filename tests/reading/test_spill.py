@@ -196,12 +196,12 @@ def one_unsampled_file(path, files=112, long_file=19, long_groups=16):
     return str(path)
 
 
-# The Petastorm backend cuts its bundles when it sends them to its workers, from the bytes the bundles before measured,
-# and cannot cut one short once sent: where short rows turn long (late_long_strings), the workers_count + 2 bundles
-# sent before the first long one was measured hold up to BUNDLE_ROWS rows each (docs/shuffle.md, "The bound").
+# The Petastorm backend cuts its bundles when it sends them to its workers, from the bytes the bundles before measured;
+# where short rows turn long (late_long_strings), a bundle already sent comes back in parts (docs/shuffle.md).
 @pytest.mark.parametrize(("make", "backend"), [
     (dictionary_strings, "arrow"), (late_long_strings, "arrow"), (one_unsampled_file, "arrow"),
     pytest.param(dictionary_strings, "petastorm", marks=petastorm_only),
+    pytest.param(late_long_strings, "petastorm", marks=petastorm_only),
     pytest.param(one_unsampled_file, "petastorm", marks=petastorm_only)])
 def test_peak_memory_stays_within_the_budget_plus_the_constant(make, backend, tmp_path):
     """Rows far larger than the footers say: the read-ahead's bundles and the window's runs are sized from the bytes
@@ -365,3 +365,34 @@ def test_a_spilled_window_is_served_in_runs_its_memory_share_holds(tmp_path, mem
     assert [t for r in spilled for t in r["text"].to_pylist()] == [t for r in in_memory for t in r["text"].to_pylist()]
     placement.close()
     assert files_under(tmp_path) == []
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=5), st.integers(-1, 900), st.sampled_from([0, 2**20]),
+       st.integers(0, 2**32 - 1))
+def test_a_flag_column_with_no_true_is_neither_stored_nor_read_and_one_true_stores_it(tmp_path_factory, sizes,
+                                                                                     true_at, memory, seed):
+    """A boolean column (the padding flags) is kept only from its first True on, the rows before written False; a
+    window of no True gathers zeros. Either way the gathered rows are those of ``Filling``'s window."""
+    from petastorm_balanced.reading.batches.batching import Filling
+    from petastorm_balanced.reading.windows.spill_window import SpillFilling
+    rows = sum(sizes)
+    flags = np.zeros(rows, dtype=np.bool_)
+    if 0 <= true_at < rows:
+        flags[true_at:] = np.arange(rows - true_at) % 3 == 0
+    x = np.random.default_rng(seed).random((rows, 3))
+    columns = {"a": np.arange(rows), "b": np.arange(rows) * 2, "flag": flags, "x0": x[:, 0], "x1": x[:, 1]}
+    chunks = np.split(np.arange(rows), np.cumsum(sizes)[:-1])
+    folder = tmp_path_factory.mktemp("flags")
+    placement = spill.Placement(memory, spill.SpillFolder(str(folder)), 2**30)
+    fillings = [SpillFilling(rows, {k: v[chunks[0]] for k, v in columns.items()}, placement),
+                Filling(rows, {k: v[chunks[0]] for k, v in columns.items()})]
+    for filling in fillings:
+        for chunk in chunks:
+            filling.add({k: v[chunk] for k, v in columns.items()})
+    order = np.random.default_rng(seed).permutation(rows)
+    spilled, expected = (f.window().gather(order) for f in fillings)
+    assert list(spilled) == list(expected)
+    assert all(np.array_equal(spilled[k], expected[k]) and spilled[k].dtype == expected[k].dtype for k in expected)
+    assert np.array_equal(spilled["flag"], flags[order])
+    placement.close()

@@ -1,6 +1,7 @@
 """Peak anonymous memory of one loader epoch, in a fresh process: ``python -m tests.support.peak_memory PLAN_URL
 --budget 16MiB [--spill DIR] [--workers 2] [--backend
-arrow|petastorm]`` prints a JSON line with ``peak_anon`` (bytes of anonymous memory, the
+arrow|petastorm] [--sources N]`` (``--sources``: a mixture of the plan N times, equal weights)
+prints a JSON line with ``peak_anon`` (bytes of anonymous memory, the
 resident memory that is not a file's page: ``RssAnon`` in ``/proc/self/status``, sampled every millisecond by a
 thread) above ``baseline`` (after the loader was made, before its first batch), and the epoch's ``rows``.
 
@@ -48,10 +49,13 @@ def main(argv=None):
     parser.add_argument("--spill", default=None)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--backend", default="arrow")
+    parser.add_argument("--sources", type=int, default=0)
     args = parser.parse_args(argv)
     from petastorm_balanced import load_plan, make_loader
     plan = load_plan(args.plan)
-    kwargs = {} if args.spill is None else {"shuffle_spill_dir": args.spill}
+    kwargs: dict = {} if args.spill is None else {"shuffle_spill_dir": args.spill}
+    if args.sources:
+        plan, kwargs["weights"] = [plan] * args.sources, [1 / args.sources] * args.sources
     loader = make_loader(0, 1, plan=plan, shuffle_budget=args.budget, backend=args.backend, batch_format="numpy",
                          workers_count=args.workers, **kwargs)
     gc.collect()

@@ -5,12 +5,17 @@ would come in a different order on every run (G4 broken). Each ventilated item c
 number; ``OrderedResults`` keeps early arrivals in a small buffer and releases them in sequence. The buffer stays
 bounded because ``OrderedVentilator`` never sends fragment ``i`` before the consumer has taken fragment
 ``i - max_ahead``: at most ``max_ahead`` fragments are ever in flight or waiting, whatever the workers' speeds.
+
+An item may come back in parts (``Part``): a thread-pool worker whose item holds more bytes than its ``Cut`` allows
+publishes what it read so far and reads the rest only once the consumer took that part (``Gate.wait_for_turn``), so
+an item sent when rows were short holds at most ``Cut.limit`` bytes plus one fragment when they turn long.
 """
 from __future__ import annotations
 
 import queue
 import sys
 import threading
+from dataclasses import dataclass
 from traceback import format_exc
 from typing import Any
 
@@ -22,20 +27,36 @@ from ...errors import InvalidValueError
 
 
 class Gate:
-    """How far ventilation may run ahead of consumption; wakes the ventilator as soon as there is room."""
+    """How far ventilation may run ahead of consumption; wakes the ventilator as soon as there is room, and a worker
+    holding the rest of a cut item as soon as its turn comes."""
 
     def __init__(self, max_ahead: int):
         if max_ahead < 1:
             raise InvalidValueError(f"max_ahead={max_ahead} must be >= 1")
         self.max_ahead = max_ahead
         self._consumed = 0
+        self._parts = 0  # parts of item ``_consumed`` taken so far
         self._stopped = False
         self._cond = threading.Condition()
 
     def consumed(self, count: int) -> None:
         with self._cond:
-            self._consumed = count
+            self._consumed, self._parts = count, 0
             self._cond.notify_all()
+
+    def taken(self, sequence: int, parts: int) -> None:
+        """The consumer took the first ``parts`` parts of item ``sequence`` (not all of them)."""
+        with self._cond:
+            self._consumed, self._parts = sequence, parts
+            self._cond.notify_all()
+
+    def wait_for_turn(self, sequence: int, part: int) -> bool:
+        """Block until part ``part`` of item ``sequence`` may be read: the consumer took every part before it;
+        False when stopped."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopped or self._consumed > sequence
+                                or (self._consumed == sequence and self._parts >= part))
+            return not self._stopped
 
     def stop(self) -> None:
         with self._cond:
@@ -47,6 +68,27 @@ class Gate:
         with self._cond:
             self._cond.wait_for(lambda: self._stopped or sequence < self._consumed + self.max_ahead)
             return not self._stopped
+
+
+@dataclass(frozen=True)
+class Cut:
+    """What a thread-pool worker is told with its item: cut it into parts of about ``limit`` bytes (Arrow buffers),
+    reading each part after the one before it was taken (``gate``)."""
+
+    limit: int
+    gate: Gate
+
+
+@dataclass(frozen=True)
+class Part:
+    """Fragments ``[start, stop)`` of item ``sequence``, published by a worker that cut the item (``last``: the
+    item's end)."""
+
+    sequence: int
+    index: int
+    start: int
+    stop: int
+    last: bool
 
 
 class LazyItems:
@@ -123,33 +165,43 @@ class OrderedVentilator(Ventilator):
 
 
 class OrderedResults:
-    """Pulls ``(sequence, payload)`` results from a pool and returns them in sequence order."""
+    """Pulls ``(sequence, payload)`` or ``(Part, payload)`` results from a pool and returns them in order."""
 
     def __init__(self, pool, gate: Gate, count: int | LazyItems):
         self._pool, self._gate, self._count = pool, gate, count
-        self._next = 0
-        self._early: dict[int, Any] = {}
+        self._next, self._part = 0, 0  # the next item, and the next part of it
+        self._early: dict[tuple[int, int], tuple[Part | None, Any]] = {}
 
     @property
     def delivered(self) -> int:
         return self._next
 
-    def next(self) -> tuple[int, Any]:
-        """The next fragment's payload; ``EmptyResultError`` once every fragment was delivered."""
+    def next(self) -> tuple[int, Any, Part | None]:
+        """The next item's payload (or the next part of it: ``Part``, else None); ``EmptyResultError`` once every
+        item was delivered."""
         count = self._count.count if isinstance(self._count, LazyItems) else self._count
         if count is not None and self._next >= count:
             raise EmptyResultError()
-        while self._next not in self._early:
+        key = (self._next, self._part)
+        while key not in self._early:
             try:
-                sequence, payload = self._pool.get_results()
+                head, payload = self._pool.get_results()
             except EmptyResultError:
                 raise RuntimeError(f"the worker pool ended after {self._next} of {count or 'more'} items; "
                                    "a worker died or the reader was stopped") from None
-            self._early[sequence] = payload
-        payload = self._early.pop(self._next)
-        self._next += 1
-        self._gate.consumed(self._next)
-        return self._next - 1, payload
+            if isinstance(head, Part):
+                self._early[(head.sequence, head.index)] = (head, payload)
+            else:
+                self._early[(head, 0)] = (None, payload)
+        part, payload = self._early.pop(key)
+        sequence = self._next
+        if part is None or part.last:
+            self._next, self._part = sequence + 1, 0
+            self._gate.consumed(self._next)
+        else:
+            self._part += 1
+            self._gate.taken(sequence, self._part)
+        return sequence, payload, part
 
     def get_results(self):
         """Pool interface for Petastorm's results-queue readers: payloads only, in order."""

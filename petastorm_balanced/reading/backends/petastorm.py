@@ -34,6 +34,7 @@ try:
     from petastorm.reader import Reader
     from petastorm.utils import decode_row
     from petastorm.workers_pool import EmptyResultError
+    from petastorm.workers_pool.thread_pool import ThreadPool, WorkerTerminationRequested
 except ImportError as _missing:
     raise MissingDependencyError("make_reader returns a Petastorm reader and the Petastorm backend reads through one, "
                                  f"but Petastorm cannot be imported here ({_missing}; Petastorm needs pyarrow < 15). "
@@ -55,7 +56,7 @@ from ..rows.read_ahead import BundleSizes
 from ..rows.transform import checked
 from ..source import stream
 from ..windows.spill import nbytes
-from .ordering import BlockingThreadPool, Gate, LazyItems, OrderedResults, OrderedVentilator
+from .ordering import BlockingThreadPool, Cut, Gate, LazyItems, OrderedResults, OrderedVentilator, Part
 from .reader_arguments import check_petastorm_kwargs, check_pool_options, planned_rows
 from .reader_keeper import ReaderKeeper
 
@@ -140,6 +141,30 @@ class _PlannedWorkerMixin:
         except (OSError, pa.ArrowException) as exc:  # name the file and row group (StalePlanError passes as is)
             raise fr.read_error(fragment, exc) from exc
 
+    def _parts(self, piece_indexes, sequence, fragments, task, cut: Cut | None):
+        """The item's rows as ``(head, fragments, table)``: one table of them all (head: ``sequence``), or with
+        ``cut``, parts up to the first fragment that takes their Arrow bytes past ``cut.limit`` (head: a ``Part``),
+        each read once the consumer took the one before: rows far longer than when the item was cut wait in the
+        files, not in memory."""
+        if cut is None:
+            yield sequence, fragments, fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
+                                                         zip(piece_indexes, fragments, strict=True)])
+            return
+        start, index = 0, 0
+        while start < len(fragments):
+            if index and not cut.gate.wait_for_turn(sequence, index):
+                raise WorkerTerminationRequested()
+            tables: list[pa.Table] = []
+            held, stop = 0, start
+            while stop < len(fragments) and (not tables or held <= cut.limit):
+                tables.append(self._read_planned(piece_indexes[stop], sequence, fragments[stop], task))
+                held += tables[-1].get_total_buffer_size()  # not nbytes: that walks the offsets
+                stop += 1
+            whole = start == 0 and stop == len(fragments)
+            head = sequence if whole else Part(sequence, index, start, stop, stop == len(fragments))
+            yield head, fragments[start:stop], fr.concat_tables(tables)
+            start, index = stop, index + 1
+
     def _files(self) -> fr.FileCache:
         if getattr(self, "_file_cache", None) is None:
             filesystem = self.args[0]
@@ -161,18 +186,17 @@ class PlannedArrowWorker(_PlannedWorkerMixin, ArrowReaderWorker):
     _transform_spec: Any  # Petastorm's worker argument (make_reader's transform_spec), wrapped on first use
 
     # pylint: disable=arguments-differ
-    def process(self, piece_indexes, sequence, fragments, task):
-        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
-                                  zip(piece_indexes, fragments, strict=True)])
-        if task.mode == "columns" and task.transform is not None:  # the loader's transform, here in the worker
-            self.publish_func((sequence, task.transform.apply(table, fragments)))
-            return
-        if task.mode == "batches" and self._transform_spec:
-            if not getattr(self._transform_spec, "rows_checked", False):  # same rows, same order (transform.RULE)
-                self._transform_spec = _checked_spec(self._transform_spec)
-            self._pending = table
-            table = self._load_rows(None, self._split_pieces[piece_indexes[0]], (0, 1))  # Petastorm's transform
-        self.publish_func((sequence, table))
+    def process(self, piece_indexes, sequence, fragments, task, cut=None):
+        for head, held, table in self._parts(piece_indexes, sequence, fragments, task, cut):
+            if task.mode == "columns" and task.transform is not None:  # the loader's transform, here in the worker
+                self.publish_func((head, task.transform.apply(table, held)))
+                continue
+            if task.mode == "batches" and self._transform_spec:
+                if not getattr(self._transform_spec, "rows_checked", False):  # same rows, order (transform.RULE)
+                    self._transform_spec = _checked_spec(self._transform_spec)
+                self._pending = table
+                table = self._load_rows(None, self._split_pieces[piece_indexes[0]], (0, 1))  # Petastorm's
+            self.publish_func((head, table))
 
     def _read_with_shuffle_row_drop(self, piece, pq_file, column_names, shuffle_row_drop_partition):
         table, self._pending = self._pending, None
@@ -183,19 +207,18 @@ class PlannedPyDictWorker(_PlannedWorkerMixin, PyDictReaderWorker):
     """Petastorm (Unischema) datasets: decoded rows (make_reader) or decoded column arrays (the loader)."""
 
     # pylint: disable=arguments-differ
-    def process(self, piece_indexes, sequence, fragments, task):
-        table = fr.concat_tables([self._read_planned(p, sequence, f, task) for p, f in
-                                  zip(piece_indexes, fragments, strict=True)])
-        if task.mode == "columns" and task.transform is not None:
-            payload: dict[str, Any] | list[dict] = task.transform.apply(table, fragments)
-        elif task.mode == "columns":
-            payload = fr.to_columns(table, self._schema.fields, task.schemas, fragments)
-        else:
-            fr.check_declared(table, self._schema.fields)
-            payload = [decode_row(row, self._schema) for row in table.to_pylist()]
-            if self._transform_spec:
-                payload = _apply_transform_spec(payload, self._transform_spec)
-        self.publish_func((sequence, payload))
+    def process(self, piece_indexes, sequence, fragments, task, cut=None):
+        for head, held, table in self._parts(piece_indexes, sequence, fragments, task, cut):
+            if task.mode == "columns" and task.transform is not None:
+                payload: dict[str, Any] | list[dict] = task.transform.apply(table, held)
+            elif task.mode == "columns":
+                payload = fr.to_columns(table, self._schema.fields, task.schemas, held)
+            else:
+                fr.check_declared(table, self._schema.fields)
+                payload = [decode_row(row, self._schema) for row in table.to_pylist()]
+                if self._transform_spec:
+                    payload = _apply_transform_spec(payload, self._transform_spec)
+            self.publish_func((head, payload))
 
 
 def _checked_spec(spec):
@@ -243,7 +266,9 @@ class BalancedReader(Reader):
     cut when the ventilator has room for it, to about ``BUNDLE_BYTES`` of the decoded bytes the bundles before it
     measured (``sizes``, told by the consumer, ``petastorm_chunks``; one fragment each until the first measure), as
     the Arrow backend's: a footer's estimate misses dictionary-encoded strings, and 8,192 rows of 4 KB strings
-    made 32 MB bundles, ``workers_count + 2`` of them in flight.
+    made 32 MB bundles, ``workers_count + 2`` of them in flight. Where rows grow after a bundle was cut, a
+    thread-pool worker hands it back in parts of at most ``sizes.limit`` Arrow bytes plus one fragment, reading each
+    part once the one before was taken (``ordering.Cut``), as the Arrow backend's reading threads stop a bundle.
     """
 
     _results_queue_reader: Any  # Petastorm's; _create_ventilator wraps it in an _InOrder
@@ -270,15 +295,21 @@ class BalancedReader(Reader):
         pieces = iter(row_group_indexes)
         fragments, bundles = self.fragments, []
         groups = self.sizes.bundles(fragments) if self.sizes is not None else iter([f] for f in fragments)
-        cut = [0]  # fragments cut into bundles so far
+        made = [0]  # fragments cut into bundles so far
+        # Parts need a worker that may wait for the consumer: a thread pool's (a process pool's cannot see the
+        # gate, the dummy pool's runs in the consumer's thread).
+        cut = Cut(self.sizes.limit, gate) if self.sizes is not None and isinstance(self._workers_pool, ThreadPool) \
+            else None
 
         def make(sequence: int) -> tuple[dict, bool]:
             bundle = next(groups)
             bundles.append(bundle)
-            cut[0] += len(bundle)
+            made[0] += len(bundle)
             item = dict(piece_indexes=[next(pieces) for _ in bundle], sequence=sequence, fragments=bundle,
                         task=self._task)
-            return item, cut[0] >= len(fragments)
+            if cut is not None:
+                item["cut"] = cut
+            return item, made[0] >= len(fragments)
         self.bundles = bundles
         items = LazyItems(make, empty=not fragments)
         self.ordered = OrderedResults(self._workers_pool, gate, items)
@@ -476,20 +507,21 @@ def petastorm_chunks(plan: ShardPlan, columns: Columns, reader_options: dict,
                 if cell is not None:
                     start, inner = perf_counter(), cell.inner
                 try:
-                    sequence, payload = next(results)
+                    sequence, payload, part = next(results)
                 except StopIteration:
                     break
                 if cell is not None:
                     cell.since("read", start, inner)
                     start, inner = perf_counter(), cell.inner
+                held = reader.bundles[sequence] if part is None else reader.bundles[sequence][part.start:part.stop]
                 if not isinstance(payload, dict):
-                    payload = fr.to_columns(payload, None, columns.schemas, reader.bundles[sequence])
+                    payload = fr.to_columns(payload, None, columns.schemas, held)
                 if reader.sizes is not None:  # the next bundles are cut from what this one weighs
-                    reader.sizes.measure(rows=sum(f.num_rows for f in reader.bundles[sequence]),
+                    reader.sizes.measure(rows=sum(f.num_rows for f in held),
                                          nbytes=sum(nbytes(v) for v in payload.values()))
                 if cell is not None:
                     cell.since("decode", start, inner)
-                yield reader.bundles[sequence], payload
+                yield held, payload
             finished = True
         finally:
             if not finished or slot is None:

@@ -20,7 +20,8 @@ cost-dealt row group order and arranges each shuffle window into the pieces its 
 (``core/cost/pieces.py``), so every rank's part of a batch from it costs about the same.
 
 **A spill folder** (``shuffle_spill_dir``): each source's window is its whole share of a pass where the spill
-budget holds it (``mixture_spill.py``), its rows beyond its part of the memory budget on local disk.
+budget holds it (``mixture_spill.py``), its rows beyond its part of the memory budget on local disk. Without one,
+as for one plan, rows beyond that part (larger than the footers said) wait in the system temp folder.
 
 What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), token budgets
 (``max_batch_cost``: a batch's rows are decided by the weights), ``transform_spec``.
@@ -114,8 +115,10 @@ class MixtureSettings:
             row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
             self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
         self.shuffle_spill_budget = int(options.shuffle_spill_budget)
-        # each source's window and spill bytes: with a spill folder, its whole share where the disk holds it
-        windows, self.spill_bytes = (self.shuffle_window,) * len(self.plans), (self.shuffle_spill_budget,) * len(rows)
+        # each source's window and spill bytes: with a spill folder, its whole share where the disk holds it; else
+        # an equal part of the spill budget for rows larger than measured (the system temp folder by default)
+        windows = (self.shuffle_window,) * len(self.plans)
+        self.spill_bytes = (self.shuffle_spill_budget // len(rows),) * len(rows)
         if mixture_spill.spilled(options) and not given:
             windows, self.spill_bytes = mixture_spill.source_windows(
                 self.shuffle_window, [s.columns.row_bytes + EXTRA_ROW_BYTES for s in self.sources], rows,
@@ -186,8 +189,8 @@ class MixtureSettings:
         return self.layouts[index]
 
     def placement(self, index: int):
-        """Where source ``index``'s window holds its rows in this slot (``mixture_spill.source_placement``): a
-        new one for each pass it reads; None without a spill folder."""
+        """Where source ``index``'s window holds its rows in this slot (``mixture_spill.source_placement``, one
+        plan's rule): a new one for each pass it reads; None with ``shuffle_spill_dir=False``."""
         return mixture_spill.source_placement(self.options, len(self.plans), self.spill_bytes[index], self.workers)
 
     def identity(self) -> dict:

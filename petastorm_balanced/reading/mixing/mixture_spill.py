@@ -7,17 +7,19 @@ pass on this rank where the spill budget holds it. The spill budget is shared by
 share needs, up to an equal part of what is left, the smallest needs first, so no byte of it is left unused while a
 source wants more); the memory budget is shared equally, as without a folder. The windows come from the plans and
 the options alone, the same on every rank, DataLoader worker and resumed run (G6, G10), so they are part of the
-state's identity. A source's rows are placed by the single plan's ``spill.Placement``: memory up to its share of
-the budget, the rest in its own folder, removed when its pass (the stream that read it) ends or is closed.
+state's identity. A source's rows are placed by the single plan's rule (``window_budget.placement``): memory up to
+its share of the budget, the rest in its own folder, removed when its pass (the stream that read it) ends or is
+closed; without a spill folder, as for one plan, that folder is under the system temp folder and holds only rows
+larger than the footers said, within the source's equal part of ``shuffle_spill_budget``.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from ...core.shuffle import WINDOW_COPIES, spill_window
-from ..windows.spill import Placement, SpillFolder
-from ..windows.window_budget import spill_folder
+from ...core.shuffle import spill_window
+from ..windows.spill import Placement
+from ..windows.window_budget import placement
 
 
 def spilled(options) -> bool:
@@ -55,9 +57,7 @@ def source_windows(memory_window: int, row_bytes: Sequence[float], rank_rows: Se
 
 def source_placement(options, sources: int, spill_bytes: int, workers: int = 1) -> Placement | None:
     """Where one source's window holds its rows in one slot (a DataLoader worker's share of the rank's): memory up
-    to its part of the window memory, the rest in a folder of its own under the spill folder; None without one."""
-    base = spill_folder(options)
-    if base is None or not spilled(options):
-        return None
-    memory = int(options.shuffle_budget) // WINDOW_COPIES // sources // max(1, workers)
-    return Placement(memory, SpillFolder(base), spill_bytes // max(1, workers))
+    to its part of the window memory, the rest in a folder of its own under the spill folder (the system temp
+    folder without ``shuffle_spill_dir``, as for one plan: only rows larger than measured go there then); None with
+    ``shuffle_spill_dir=False`` or unshuffled."""
+    return placement(options, workers, sources=sources, disk=spill_bytes)

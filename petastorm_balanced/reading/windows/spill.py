@@ -18,6 +18,7 @@ is held, with ``fcntl.flock``, for as long as its owner lives; the kernel releas
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import shutil
@@ -130,7 +131,7 @@ class Placement:
     def allocate(self, shape: tuple, dtype, held: int):
         """An array for a window's fixed-width column(s): in memory (``np.ndarray``) if it fits beside ``held``
         bytes, else a ``DiskArray``."""
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if self.folder is None or held + nbytes <= self.memory or nbytes == 0:
             return np.empty(shape, dtype=dtype)
         self.count(nbytes)

@@ -48,10 +48,14 @@ def spill_folder(options) -> str | None:
     return tempfile.gettempdir() if options.shuffle_spill_dir is None else str(options.shuffle_spill_dir)
 
 
-def placement(options, num_workers: int = 1) -> Placement | None:
-    """A slot's placement: a ``num_workers``-th of the rank's window memory and of its spill budget."""
+def placement(options, num_workers: int = 1, *, sources: int = 1, disk: int | None = None) -> Placement | None:
+    """A slot's placement: a ``num_workers``-th of the rank's window memory and of its spill budget. A mixture's
+    source (``sources``: how many share the rank's window memory; ``disk``: the source's part of the spill budget)
+    takes the same rule, so its windows overflow to the same folder (the system temp folder by default)."""
     base = spill_folder(options)
     if base is None or not options.shuffle:
         return None
-    memory = int(options.shuffle_budget) // WINDOW_COPIES // max(1, num_workers)
-    return Placement(memory, SpillFolder(base), int(options.shuffle_spill_budget) // max(1, num_workers))
+    workers = max(1, num_workers)
+    memory = int(options.shuffle_budget) // WINDOW_COPIES // max(1, sources) // workers
+    spill = int(options.shuffle_spill_budget) if disk is None else int(disk)
+    return Placement(memory, SpillFolder(base), spill // workers)
