@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sized
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from time import perf_counter
@@ -39,6 +40,7 @@ from ...plan.model import Fragment, ShardPlan
 from .. import stats
 from ..rows import fragments as fr
 from ..rows.read_ahead import BundleSizes
+from .arrow_memory import give_back
 
 # Requests in flight per process on a remote filesystem: the fragments of the bundles read ahead are read side by
 # side in this many threads (and pyarrow's I/O pool and the S3 client's connections match), since each read waits a
@@ -48,29 +50,9 @@ REMOTE_READS = fsutil.REMOTE_REQUESTS
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
-# Bytes a reading thread reads between two hand-backs of Arrow's freed memory to the system (``give_back``).
-RELEASE_BYTES = 8 << 20
-_READ_SINCE_RELEASE = threading.local()
-
-
-def give_back(nbytes: int) -> None:
-    """Count ``nbytes`` read by this thread; past ``RELEASE_BYTES`` since the last time, hand the memory of the
-    bundles it read before, freed by the batcher since, back to the system.
-
-    Why: Arrow's allocator (mimalloc on recent pyarrow) otherwise keeps it per thread, and with rows of kilobytes
-    that came to twice what Arrow held (+119 against +65 MiB, 2 threads, 8 MiB budget). Why not after every bundle:
-    each page handed back is faulted in and zeroed again by the next bundles; over 64k-row row groups of numbers
-    that cost about 25 ms of a 102 ms epoch (9,750 page faults against 3,130, pyarrow 26, one process, load 6).
-    The peaks of ``tests/reading/test_spill.py``'s three cases: 36, 78, 92 MiB at 8 MiB, 38, 79, 85 after every
-    bundle, 53, 88, 112 never (bound 120).
-    """
-    since = getattr(_READ_SINCE_RELEASE, "nbytes", 0) + nbytes
-    if since >= RELEASE_BYTES:
-        pa.default_memory_pool().release_unused()
-        since = 0
-    _READ_SINCE_RELEASE.nbytes = since
-
-
+# Idle reading pools kept per process and size for the next epoch (``_take_pool``), at most this many of a size.
+IDLE_POOLS = 4
+_IDLE: dict[tuple[int, int], deque[_Pool]] = {}
 def remote_pool() -> ThreadPoolExecutor:
     """The process's ``REMOTE_READS`` threads for remote fragment reads, started once (not per epoch: starting 32
     threads took a tenth of a second), per process id (a forked DataLoader worker has no threads of its parent);
@@ -386,8 +368,10 @@ def in_order(function: Callable, items: Iterable, *, workers_count: int, ahead: 
                 if isinstance(item, Started):
                     item.cancel()
         return
-    threads = min(workers_count, len(items)) if isinstance(items, Sized) else workers_count
-    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="pb-arrow")
+    # a pool of workers_count threads whatever the items: it starts a thread only for an item submitted while none
+    # is idle, and one size per workers_count keeps few idle pools (``_take_pool``)
+    held = _take_pool(workers_count)
+    pool = held.executor
     pending: deque = deque()  # (future of function, what start returned)
     try:
         upcoming = iter(items)
@@ -411,7 +395,50 @@ def in_order(function: Callable, items: Iterable, *, workers_count: int, ahead: 
         # No join here: this finally may run inside a garbage collection that interrupted threading's own locked
         # bookkeeping (a generator dropped unclosed), where joining deadlocks every later Thread.start. A read in
         # flight (at most one item per thread) finishes in the background and its result is dropped.
-        pool.shutdown(wait=False, cancel_futures=True)
+        _put_back(held, workers_count)
+
+
+class _Pool:
+    """A reading pool and a weak reference to it made with it: a garbage collection that finds the pool unreachable
+    (an unclosed ``in_order`` dropped) clears it, and with it the one by which the pool's threads know it is alive,
+    so they end, even when ``in_order``'s ``finally`` then puts the pool back (``_take_pool`` drops it then)."""
+
+    __slots__ = ("executor", "alive")
+
+    def __init__(self, threads: int):
+        self.executor = ThreadPoolExecutor(threads, thread_name_prefix="pb-arrow")
+        self.alive = weakref.ref(self.executor)
+
+
+def _take_pool(threads: int) -> _Pool:
+    """An idle pool of ``threads`` threads this process made for an earlier ``in_order``, or a new one.
+
+    Why not a new one each time: ``in_order`` runs once per epoch, and the threads' allocator heaps die with them
+    (mimalloc, pyarrow 26's default pool, keeps freed memory per thread): over 64k-row row groups of numbers the
+    memory the allocator held but Arrow did not grew by about 50 MiB an epoch with new threads, and each hand-back
+    of it (``arrow_memory.give_back``) costs page faults in the epochs after. Each ``in_order`` holds its own pool
+    while it runs (loaders side by side never share threads). No locks: ``_put_back`` may run inside a garbage
+    collection (see ``in_order``), and a deque's ``append`` and ``pop`` are atomic."""
+    idle = _IDLE.setdefault((os.getpid(), threads), deque())  # by process: a forked child has none of its threads
+    while idle:
+        try:
+            pool = idle.pop()
+        except IndexError:  # taken by another thread since
+            break
+        if pool.alive() is not None:
+            return pool
+        pool.executor.shutdown(wait=False, cancel_futures=True)  # its threads ended (class docstring)
+    return _Pool(threads)
+
+
+def _put_back(pool: _Pool, threads: int) -> None:
+    """``pool`` kept for the next ``in_order`` (its queued items were cancelled; one in flight finishes first), or
+    shut down (no join) when ``IDLE_POOLS`` of its size wait already."""
+    idle = _IDLE.setdefault((os.getpid(), threads), deque())
+    if len(idle) < IDLE_POOLS:
+        idle.append(pool)
+    else:
+        pool.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _until(limit: int | None, tables: Iterable[pa.Table]) -> list[pa.Table]:
