@@ -67,9 +67,10 @@ def test_epochs_one_after_another_reuse_the_threads_and_streams_side_by_side_do_
             marks.number = next(numbers)
         return marks.number
 
-    first = set(in_order(where, list(range(40)), workers_count=2, ahead=3))
-    again = set(in_order(where, list(range(40)), workers_count=2, ahead=3))
-    assert again <= first
+    # a pool starts a thread only when no thread of it is idle, so one epoch may use one thread and the next two:
+    # what holds with kept threads is that five epochs never see more threads than one pool of 2 has
+    epochs = [set(in_order(where, list(range(40)), workers_count=2, ahead=3)) for _ in range(5)]
+    assert len(set().union(*epochs)) <= 2, epochs
     one, two = in_order(where, list(range(40)), workers_count=2, ahead=3), in_order(
         where, list(range(40)), workers_count=2, ahead=3)
     seen_one, seen_two = {next(one)}, {next(two)}
