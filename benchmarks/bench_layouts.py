@@ -12,6 +12,8 @@ Each is read with its numeric columns and with all columns, world size 1, by
 
 - ``hand``: the hand loop, unshuffled: ``read_row_group`` of every row group, ``to_numpy`` per numeric column,
   ``to_pylist`` per text column (pyarrow's defaults);
+- ``hand_batches`` (no goal): the hand loop that also cuts the batches the loader hands out, one view per column
+  and batch (torch tensors; ``hand_batches_numpy``: numpy arrays), so the ratio says what the loader adds;
 - ``bulk``: the bulk reference, shuffled: every row group read, one uniform permutation of all rows, one ``take``,
   one conversion per column as in ``hand``;
 - ``loader``: ``make_loader`` (Arrow backend, ``--workers`` reading threads, torch batches), made once, one epoch
@@ -99,6 +101,28 @@ def hand_loop(plan, columns) -> int:
     return sum(_convert(table) for table in _tables(plan, columns))
 
 
+def hand_batches(plan, columns, batch: int, batch_format: str = "torch") -> int:
+    """The hand loop that also hands out batches of ``batch`` rows as the loader does: a dict of one view per column
+    (``torch.from_numpy(...).split``, or numpy slices; text as list slices), the least a training loop over these
+    row groups does. Each row group is cut alone (a short last batch where ``batch`` does not divide it)."""
+    import pyarrow as pa
+    import torch
+    rows = 0
+    for table in _tables(plan, columns):
+        cut = {}
+        for name, column in zip(table.column_names, table.columns, strict=True):
+            values = column.to_pylist() if pa.types.is_string(column.type) else column.to_numpy()
+            if batch_format == "torch" and isinstance(values, np.ndarray):
+                cut[name] = torch.from_numpy(values).split(batch)
+            else:
+                cut[name] = [values[i:i + batch] for i in range(0, len(values), batch)]
+        names = list(cut)
+        for parts in zip(*cut.values(), strict=True):
+            dict(zip(names, parts, strict=True))
+        rows += table.num_rows
+    return rows
+
+
 def bulk_reference(plan, columns) -> int:
     """Shuffled: all row groups read, one uniform permutation, one ``take``, one conversion."""
     import pyarrow as pa
@@ -142,7 +166,9 @@ def layout(url: str, columns, args) -> dict:
     """Ratios per CPU-second of one dataset and column set (``columns=None``: all)."""
     from petastorm_balanced import plan_shards
     plan = plan_shards(url, 1, batch_size=args.batch, engine="local")
-    contenders = {"hand": lambda: hand_loop(plan, columns), "bulk": lambda: bulk_reference(plan, columns)}
+    contenders = {"hand": lambda: hand_loop(plan, columns), "bulk": lambda: bulk_reference(plan, columns),
+                  "hand_batches": lambda: hand_batches(plan, columns, args.batch),
+                  "hand_batches_numpy": lambda: hand_batches(plan, columns, args.batch, "numpy")}
     for shuffle, suffix in ((False, ""), (True, "_shuffled")):
         contenders[f"loader{suffix}"] = loader_epochs(plan, columns, shuffle=shuffle, workers=args.workers,
                                                       batch=args.batch, backend=args.backend)
@@ -161,11 +187,14 @@ def layout(url: str, columns, args) -> dict:
     out = {"rows": plan.total_rows, "row_groups": len(plan.catalog.row_groups),
            "M rows per CPU-second": {name: round(float(np.median(r)) / 1e6, 2) for name, r in cpu.items()}}
     for name in contenders:
-        if name not in ("hand", "bulk"):
+        if name not in ("hand", "bulk") and not name.startswith("hand_"):
             base = "bulk" if name.endswith("_shuffled") else "hand"
             value = bench_read.ratio(cpu, name, base)
             met = "met" if value >= GOAL or not name.startswith("loader") else "NOT met"
             out[f"{name} / {base}"] = f"{value:.2f}x" + (f" ({met})" if name.startswith("loader") else "")
+    # no goal: against the hand loop that makes the same batches (what the loader adds to the least a loop does)
+    for name, base in (("loader", "hand_batches"), ("loader_numpy", "hand_batches_numpy")):
+        out[f"{name} / {base}"] = f"{bench_read.ratio(cpu, name, base):.2f}x"
     return out
 
 
