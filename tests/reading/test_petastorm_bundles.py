@@ -41,20 +41,26 @@ def read(plan, **options):
         return [{"id": b["id"].tolist(), "text": list(b["text"])} for b in loader]
 
 
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_bundles_hold_about_their_target_of_measured_bytes_and_give_the_same_batches(long_rows, shuffle):
-    plan = plan_shards(long_rows, 1, batch_size=50, engine="local")
-    sent: list[tuple[int, int]] = []  # (rows, decoded bytes) of each bundle a worker read
+def read_recording(plan, **options):
+    """The batches of ``read`` at a bundle target of ``TARGET`` bytes, and (rows, decoded bytes) of each bundle a
+    worker read."""
+    sent: list[tuple[int, int]] = []
     real = fragments.concat_tables
 
     def concat_tables(tables):
         table = real(tables)
         sent.append((table.num_rows, table.get_total_buffer_size()))
         return table
-    options = dict(shuffle=shuffle, shuffle_window=400)
     with mock.patch.object(fragments, "BUNDLE_BYTES", TARGET), mock.patch.object(fragments, "concat_tables",
                                                                                  concat_tables):
-        delivered = read(plan, **options)
+        return read(plan, **options), sent
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_bundles_hold_about_their_target_of_measured_bytes_and_give_the_same_batches(long_rows, shuffle):
+    plan = plan_shards(long_rows, 1, batch_size=50, engine="local")
+    options = dict(shuffle=shuffle, shuffle_window=400)
+    delivered, sent = read_recording(plan, **options)
     # one fragment a bundle until the first measure, then about TARGET bytes: never past it by more than a fragment
     assert all(nbytes <= TARGET + GROUP * (STRING + 64) for _, nbytes in sent), sent
     assert max(rows for rows, _ in sent) > GROUP  # several fragments a bundle where rows are short
@@ -93,17 +99,8 @@ def test_a_bundle_sent_while_rows_were_short_comes_back_in_parts(late_long_rows,
     reads the rest once the consumer took it: the batches and values are those of one fragment per bundle."""
     from petastorm_balanced.reading.rows.read_ahead import LIMIT_FACTOR
     plan = plan_shards(late_long_rows, 1, batch_size=50, engine="local")
-    sent: list[tuple[int, int]] = []
-    real = fragments.concat_tables
-
-    def concat_tables(tables):
-        table = real(tables)
-        sent.append((table.num_rows, table.get_total_buffer_size()))
-        return table
     options = dict(shuffle=shuffle, shuffle_window=400)
-    with mock.patch.object(fragments, "BUNDLE_BYTES", TARGET), mock.patch.object(fragments, "concat_tables",
-                                                                                 concat_tables):
-        delivered = read(plan, **options)
+    delivered, sent = read_recording(plan, **options)
     assert max(rows for rows, _ in sent) > 1_000  # bundles of many short rows were sent
     assert all(nbytes <= LIMIT_FACTOR * TARGET + GROUP * (STRING + 64) for _, nbytes in sent), sent
     assert sum(rows for rows, _ in sent) == 12_000
