@@ -11,6 +11,7 @@ import pytest
 
 from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.reading.rows import fragments
+from tests.reading.test_spill import late_long_strings
 from tests.support.stacks import petastorm_only
 
 pytestmark = petastorm_only
@@ -78,19 +79,8 @@ def test_bundles_hold_about_their_target_of_measured_bytes_and_give_the_same_bat
 def late_long_rows(tmp_path_factory):
     """Short strings in the first 16 files, unique 4 KB ones in the 8 after: bundles cut while rows were short
     (BUNDLE_ROWS rows each) reach the long ones."""
-    path = tmp_path_factory.mktemp("late") / "ds"
-    path.mkdir()
-    rng = np.random.default_rng(1)
-    for f in range(24):
-        ids = np.arange(f * 500, (f + 1) * 500)
-        if f < 16:
-            text = [f"r{i}" for i in ids]
-        else:
-            blob = rng.integers(65, 90, STRING + len(ids), dtype=np.uint8).tobytes().decode()
-            text = [blob[i:i + STRING] for i in range(len(ids))]
-        pq.write_table(pa.table({"id": ids, "text": pa.array(text)}), path / f"part-{f:03d}.parquet",
-                       row_group_size=GROUP)
-    return str(path)
+    return late_long_strings(tmp_path_factory.mktemp("late") / "ds", files=24, rows=500, row_group_size=GROUP,
+                             seed=1)
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

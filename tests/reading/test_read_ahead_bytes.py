@@ -4,10 +4,7 @@ one fragment (the rest of it is read fragment by fragment), and the rows deliver
 plan order, whatever the bundles' cut."""
 from unittest import mock
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +12,7 @@ from hypothesis import strategies as st
 from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.reading.backends import arrow
 from petastorm_balanced.reading.rows import fragments, read_ahead
+from tests.reading.test_spill import late_long_strings
 
 STRING, TARGET = 4096, 1 << 20
 
@@ -22,19 +20,7 @@ STRING, TARGET = 4096, 1 << 20
 @pytest.fixture(scope="module")
 def growing(tmp_path_factory):
     """Short strings in the first 8 files, 4 KB ones in the 8 after (a row group of those: 1 MB, the target)."""
-    path = tmp_path_factory.mktemp("grow") / "ds"
-    path.mkdir()
-    rng = np.random.default_rng(0)
-    for f in range(16):
-        ids = np.arange(f * 1_000, (f + 1) * 1_000)
-        if f < 8:
-            text = [f"r{i}" for i in ids]
-        else:
-            blob = rng.integers(65, 90, STRING + len(ids), dtype=np.uint8).tobytes().decode()
-            text = [blob[i:i + STRING] for i in range(len(ids))]
-        pq.write_table(pa.table({"id": ids, "text": pa.array(text)}), path / f"part-{f:03d}.parquet",
-                       row_group_size=250)
-    return str(path)
+    return late_long_strings(tmp_path_factory.mktemp("grow") / "ds", files=16, short_files=8, row_group_size=250)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

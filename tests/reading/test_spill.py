@@ -161,19 +161,20 @@ def dictionary_strings(path, rows=24_000):
     return str(path)
 
 
-def late_long_strings(path, files=32, rows=1_000):
-    """Short strings in the first 16 files (the footers once sampled), 4 KB ones in every file after."""
+def late_long_strings(path, files=32, rows=1_000, *, short_files=16, row_group_size=500, seed=0):
+    """Short strings in the first ``short_files`` files (16: the footers once sampled), unique 4 KB ones in every
+    file after."""
     path.mkdir()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for f in range(files):
         ids = np.arange(f * rows, (f + 1) * rows)
-        if f < 16:
+        if f < short_files:
             text = [f"r{i}" for i in ids]
         else:
             blob = rng.integers(65, 90, STRING + rows, dtype=np.uint8).tobytes().decode()
             text = [blob[i:i + STRING] for i in range(rows)]
         pq.write_table(pa.table({"id": ids, "text": pa.array(text)}), path / f"part-{f:03d}.parquet",
-                       row_group_size=500)
+                       row_group_size=row_group_size)
     return str(path)
 
 

@@ -53,6 +53,8 @@ _POOLS_LOCK = threading.Lock()
 # Idle reading pools kept per process and size for the next epoch (``_take_pool``), at most this many of a size.
 IDLE_POOLS = 4
 _IDLE: dict[tuple[int, int], deque[_Pool]] = {}
+
+
 def remote_pool() -> ThreadPoolExecutor:
     """The process's ``REMOTE_READS`` threads for remote fragment reads, started once (not per epoch: starting 32
     threads took a tenth of a second), per process id (a forked DataLoader worker has no threads of its parent);
