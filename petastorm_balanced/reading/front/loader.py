@@ -22,6 +22,7 @@ from ..backends import BACKENDS
 from ..backends.reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
 from ..backends.reader_keeper import ReaderKeeper
 from ..batches import packing
+from ..batches.spare_matrices import SpareMatrices
 from ..formats.device import NO_FEED, Feed, check_feed, close_iterator, delivered
 from ..formats.tensors import TORCH, format_batches, format_groups
 from ..mixing.mixture import MixtureLoader
@@ -67,6 +68,7 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
         self._reader = ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
+        self._spares = SpareMatrices()  # its last shuffle window's matrices, filled again by the next window
         self._finalizer = weakref.finalize(self, self._reader.close)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -91,7 +93,8 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
                                 shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
                                 key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
                                 cost=settings.cost_of(epoch, run.stages), drop=settings.drop,
-                                cost_lengths=settings.cost_lengths, placement=settings.placement())
+                                cost_lengths=settings.cost_lengths, placement=settings.placement(),
+                                spares=self._spares)
         if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/batches/packing.py)
             runs = packing.packed_runs(runs, settings.packing, settings.schema)
 
