@@ -77,6 +77,8 @@ from .mixture_elastic import Head
 from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
 
 RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
+WORKER_STATES = ("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported for a mixture; "
+                 "use ds.dataloader(num_workers=K) and its state_dict()")
 
 
 class MixtureSettings:
@@ -220,6 +222,8 @@ class MixturePosition:
     ``b % workers``'s batch ``b // workers``: ``anchor`` is where every slot stood at rank batch ``start`` (all
     slots alike), ``batches`` the rank's batches of the epoch; a state names the point of the slots behind."""
 
+    counts_lists = False  # a run counts its batches one at a time (``Position.counts_lists``)
+
     def __init__(self, settings: MixtureSettings, epoch: int, workers: int = 1):
         self.base = settings  # the rank's settings (what a state is valid for)
         self.resumed = False
@@ -276,9 +280,10 @@ class MixturePosition:
         self._roll()
         return self._steps
 
-    def to_workers(self, workers: int) -> None:
-        """The position for ``workers`` DataLoader workers (slots): a fresh one starts their timeline at its
-        epoch, else the position continues elastically (the slots are the ranks of a larger world)."""
+    def to_workers(self, workers: int, saved: int | None = None) -> None:
+        """The position for ``workers`` DataLoader workers (slots; ``saved`` is not needed: the position knows its
+        own): a fresh one starts their timeline at its epoch, else it continues elastically (the slots are the
+        ranks of a larger world)."""
         if workers == self.workers:
             return
         resumed = self.resumed
@@ -316,6 +321,10 @@ class MixturePosition:
 
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
+
+    def worker_state(self, *_) -> dict:
+        """Refused: the slots' counters are the rank's, which only the DataLoader's main process counts."""
+        raise InvalidValueError(WORKER_STATES)
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int | None = None,
                         into: int | None = None) -> None:

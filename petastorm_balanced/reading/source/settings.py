@@ -94,13 +94,6 @@ class Settings:
     reshuffle = property(lambda self: self.layout.reshuffle)
     partition_epoch = property(lambda self: self.layout.partition_epoch)
 
-    def placement(self, num_workers: int = 1):
-        """Where a slot keeps its windows' rows (``window_budget.placement``): a new one per epoch's iteration."""
-        return window_budget.placement(self.options, num_workers)
-
-    def key(self, epoch: int, slot: int = 0, stage: int = 0):
-        return self.layout.key(epoch, slot, stage)
-
     def steps_of(self, epoch: int, stages=()) -> int:
         return self.layout.steps_of(epoch, stages)
 
@@ -120,8 +113,19 @@ class Settings:
         cost = self.cost_of(epoch)
         return 0 if cost is None or cost.pack is None else sum(cost.pack.window_steps or ())
 
-    def fragments(self, epoch: int, num_workers: int = 1, stages=()):
-        return self.plan.assignment(self.rank, **self.layout.pieces_args(epoch, num_workers, stages))
+    def slot_runs(self, chunks: stream.Chunks, epoch: int, stages=(), *, batches_done: int, slot: int = 0,
+                  num_workers: int = 1):
+        """Runs of whole numpy batches of slot ``slot`` of ``num_workers`` on this rank in ``epoch`` (after
+        ``stages``: an elastic resume's earlier worlds), from batch ``batches_done`` on, read by ``chunks`` (a
+        backend's): ``stream.slot_runs`` with this loader's layout, cost and columns, and a new placement of the
+        slot's windows (``window_budget.placement``)."""
+        fragments = [f for f in self.plan.assignment(self.rank, **self.layout.pieces_args(epoch, num_workers, stages))
+                     if f.worker == slot]
+        return stream.slot_runs(fragments, chunks, batch_size=self.batch_size, shuffle=self.shuffle,
+                                shuffle_window=self.shuffle_window, key=self.layout.key(epoch, slot, len(stages)),
+                                batches_done=batches_done, cost=self.cost_of(epoch, stages), drop=self.drop,
+                                cost_lengths=self.cost_lengths, placement=window_budget.placement(self.options,
+                                                                                                  num_workers))
 
     def identity(self) -> dict:
         """What a saved position is only valid for."""
