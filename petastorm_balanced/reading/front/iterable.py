@@ -155,9 +155,8 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         return ((batch, 1) for batch in batches) if in_worker and numpy_out else batches
 
     def _slot(self, num_workers, worker, numpy_out, in_worker):
-        settings, position = self._settings, self._position
-        if not isinstance(settings, Settings) or not isinstance(position, Position):
-            raise TypeError("a mixture's batches come from mixture_slot")  # __iter__ sends mixtures there
+        """One plan's batches for this slot (a mixture's: ``_mixture_slot``)."""
+        settings, position = cast(Settings, self._settings), cast(Position, self._position)
         batch_size = settings.batch_size
         if batch_size is None:  # Settings leaves it None only for a token budget, which this dataset never asks for
             raise RuntimeError("BalancedIterableDataset has no batch size")
