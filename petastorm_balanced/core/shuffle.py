@@ -39,6 +39,8 @@ def window_rows(batch_size: int, shuffle_window: int, shuffle: bool = True) -> i
 # would change the default window, and so the order of every default loader.
 WINDOW_COPIES = 6
 DEFAULT_BUDGET = 512 * 2**20  # default bytes of decoded rows one slot's shuffle may hold (``shuffle_budget``)
+EXTRA_ROW_BYTES = 9.0  # what a loader carries beside each row's columns (the padding flag, the cost): sizes windows
+MEMORY_ADVICE = 4 * 2**30  # a shuffle_budget past this is no advice: a spill folder (local disk) holds the window
 
 
 def budget_window(budget_bytes: int, row_bytes: float, batch_size: int) -> int:

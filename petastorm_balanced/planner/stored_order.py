@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.quality import clustered_columns
-from ..core.shuffle import DEFAULT_BUDGET, budget_window
+from ..core.shuffle import DEFAULT_BUDGET, EXTRA_ROW_BYTES, MEMORY_ADVICE, budget_window
 from ..errors import ShuffleQualityWarning
 from ..io import fs as fsutil
 from ..io.footer import footer_at
@@ -24,8 +24,6 @@ from ..io.stats import row_bytes, value_ranges
 from ..plan.model import ShardPlan
 
 SAMPLE_FILES = 16  # footers read (the first planned files in path order): statistics only, no data
-EXTRA_ROW_BYTES = 9.0  # what the loader carries beside each row (``reading/source/settings.EXTRA_ROW_BYTES``)
-MEMORY_ADVICE = 4 * 2**30  # a budget past this is no advice: a spill folder (``reading/source/settings.MEMORY_ADVICE``)
 GiB, MiB = 2**30, 2**20
 
 

@@ -33,17 +33,6 @@ ENABLED = os.environ.get("PB_STATS", "1") != "0"  # PB_STATS=0: nothing timed (t
 STALL = 0.2  # the loop waited at least this share of its time: the input pipeline bounded throughput
 TRAINING = "training"
 STAGES = ("list", "read", "decode", "transform", "batch", "convert", "device")
-# what each stage measures (docs/stats.md)
-MEANING = {
-    "list": "opening files: listings, footers read and checked (not cached: once per file and epoch)",
-    "read": "row group requests and bytes: Parquet pages fetched and decoded into Arrow (retries included)",
-    "decode": "Arrow to numpy: values, nulls, lists, Unischema codecs",
-    "transform": "the TransformSpec: rows to pandas, func, back to columns",
-    "batch": "shuffle windows and batching: permuting, arranging by cost, cutting runs of batches",
-    "convert": "runs of numpy batches into tensors (or numpy batch dicts)",
-    "device": "pinning and copies to the device",
-    TRAINING: "the training loop's own time between batches",
-}
 FILL_LOG_S = 10.0  # a first window filling longer than this says how far it got, every FILL_LOG_S (remote storage)
 PROGRESS = logging.getLogger("petastorm_balanced.progress")
 _LOCAL = threading.local()  # .recorder: the recorder of the next() running in this thread

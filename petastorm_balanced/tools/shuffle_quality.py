@@ -20,7 +20,7 @@ from ..plan.load import resolve_plan
 from ..reading.front.loader import make_loader
 from ..reading.mixing.mixture import MixtureSettings
 from ..reading.options import SHUFFLE_BUDGET, LoaderOptions
-from ..reading.source.settings import EXTRA_ROW_BYTES, Settings
+from ..reading.source.settings import Settings
 from ..world import World
 
 BINS = 64  # quantile bins for a numeric column of many distinct values (a histogram of raw floats says nothing)
@@ -117,14 +117,14 @@ def shuffle_quality(plan, column: str, *, world_size: int | None = None, batch_s
     binned = _binner(reference)
     spill: tuple = (None,) * 4
     folder = tempfile.gettempdir()
-    if mixture and workers == 1:  # each source's window with a spill folder (mixing/mixture_spill.py): measure it
+    if mixture and workers == 1:  # each source's window with a spill folder (window_budget.mixture_windows): measure it
         blend = MixtureSettings(plan, weights, World(0, world), replace(options, shuffle_spill_dir=folder),
                                 epoch_steps=epoch_steps, backend="arrow")
         windows = [layout.shuffle_window for layout in blend.layouts]
         if max(windows) > settings.shuffle_window:
             rows = _read(plan, world, column, settings, epoch, options.shuffle_window,
                          {**mixing, "shuffle_spill_dir": folder})
-            disk = sum(min(n, w) * (s.columns.row_bytes + EXTRA_ROW_BYTES) for n, w, s in
+            disk = sum(min(n, w) * s.row_bytes for n, w, s in
                        zip(settings.mixture.rows_per_pass, windows, blend.sources, strict=True))
             spill = (max(windows), *_qualities(rows, binned, reference, seed), int(disk))
     elif not mixture and rank_rows > settings.shuffle_window:  # a spill folder's window would hold more: measure it

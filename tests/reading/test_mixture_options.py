@@ -122,6 +122,26 @@ def test_a_mixture_delivers_lists_as_one_plan_does(list_plans, options):
     assert checked >= 40
 
 
+def test_padded_lists_as_the_cost_cost_their_lengths_in_a_mixture_as_for_one_plan(tmp_path):
+    """Sources whose plans cost size(tok), read with list_format="padded": a row's cost is its list's length (the
+    lengths column), as one plan's is, not the padded width, so the cost arrangement delivers the rows in the order
+    it gives with Python lists."""
+    plans = []
+    for s, n in enumerate((96, 80)):
+        tok = [list(range((i * (s + 3)) % 7 + 1)) for i in range(n)]
+        table = pa.table({"id": np.arange(n), "tok": pa.array(tok, pa.list_(pa.int32()))})
+        plans.append(plan_shards(write(tmp_path / f"s{s}", table), 2, batch_size=8, engine="local",
+                                 cost="size(tok)", seed=s))
+    for plan in (plans[0], plans):
+        orders = []
+        for list_format in ("python", "padded"):
+            loader = make_loader(0, 2, plan=plan, weights=[1, 1] if isinstance(plan, list) else None,
+                                 backend="arrow", batch_format="numpy", list_format=list_format)
+            orders.append([(int(s), int(i)) for b in loader
+                           for s, i in zip(b.get("_source", [0] * len(b["id"])), b["id"], strict=True)])
+        assert len(orders[0]) >= 40 and orders[0] == orders[1]
+
+
 def test_tensor_lists_of_other_lengths_are_refused_for_a_mixture_as_for_one_plan(list_plans):
     for plan in (list_plans[0], list_plans):
         with pytest.raises(ValueError, match=r"list_format='tensor': column 'tok' holds lists of \d+ to \d+ items"):

@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 
 from petastorm_balanced import make_loader, plan_shards
 from petastorm_balanced.core.quality import Quality, clustered_columns, mean_tv, uniform_batches
-from petastorm_balanced.core.shuffle import WINDOW_COPIES, budget_window
+from petastorm_balanced.core.shuffle import EXTRA_ROW_BYTES, WINDOW_COPIES, budget_window
 from petastorm_balanced.errors import InvalidTypeError, InvalidValueError, ShuffleQualityWarning
-from petastorm_balanced.reading.source.settings import EXTRA_ROW_BYTES
 from petastorm_balanced.tools.cli import main as cli_main
 from petastorm_balanced.tools.shuffle_quality import shuffle_quality
 from tests.support.resume_contract import check_resume_contract, take

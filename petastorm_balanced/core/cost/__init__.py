@@ -9,5 +9,5 @@
 - ``options.py``: ``CostOptions``, how a loader arranges its windows, built once from its checked arguments.
 
 The statistics a plan records are read by the planner (``planner/cost_stats.py``, ``planner/engines/spark_cost.py``)
-and the loader's arguments are checked at the boundary (``reading/source/settings.resolve_cost``).
+and the loader's arguments are checked at the boundary (``reading/source/resolve.resolve_cost``).
 """

@@ -17,7 +17,7 @@ from .budget import arrange_budget, budget_batches
 @dataclass(frozen=True)
 class CostOptions:
     """How a loader arranges batches by cost; built once, from the loader's checked arguments, by
-    ``reading/source/settings.resolve_cost``."""
+    ``reading/source/resolve.resolve_cost``."""
 
     cost: str  # the plan's cost text
     column: str  # the source column the loader reads to compute it

@@ -23,9 +23,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from multiprocessing.context import get_spawning_popen
 from types import FrameType
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import InvalidTypeError, InvalidValueError
 from .. import state as loader_state
@@ -39,8 +37,6 @@ from ..mixing.mixture import MixturePosition, MixtureRun, MixtureSettings
 from ..mixing.mixture_workers import mixture_slot
 from ..options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from ..planned_view import EpochSampler, PlannedView
-from ..rows.fragments import as_list
-from ..source import stream
 from ..source.position import Position, Run
 from ..source.settings import Settings
 from .request import mixture_settings, resolve_request
@@ -99,15 +95,16 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         options = LoaderOptions.of(locals())  # the options among the arguments, checked once (options.py)
         request = resolve_request(plan, rank, world, options, weights=weights, epoch_steps=epoch_steps,
                                   backend=backend)
-        # plan=[...]: a mixture (reading/mixing/mixture.py)
-        self._mixture, self.backend = request.mixture, request.backend
-        if request.mixture:
+        self.backend = request.backend
+        if request.mixture:  # plan=[...]: a mixture (reading/mixing/mixture.py), its slots mixed by its workers
             settings = mixture_settings(request, reader_pool_type="dummy")
             self._settings = settings
             self._position = MixturePosition(settings, epoch)
+            self._read_slot = self._mixture_slot
         else:
             self._settings = Settings(request.plan, request.world, options)
             self._position = Position(self._settings, epoch)
+            self._read_slot = self._slot
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
         self._in_worker: list[int] | None = None  # inside a DataLoader worker: [epoch, start, batches delivered]
@@ -133,20 +130,9 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         if wrapper is not None:
             raise RuntimeError(rewrapped_message(wrapper))
         num_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        position = self._position
-        batches: Iterator[Any]
-        if isinstance(position, MixturePosition):
-            progress: list[int] | None = None if info is None else []
-            if progress is not None:
-                self._in_worker = progress
-            batches = mixture_slot(position, num_workers, worker, self._numpy_out, progress,
-                                   self._worker_resume is not None, self.recorder.begin)
-        else:
-            batches = self._slot(num_workers, worker, self._numpy_out, info is not None)
-        # runs of batches, one message each (reading/formats/worker_packets.py)
-        if info is not None and self._numpy_out:
-            parts: Iterator[Any] = ((b, 1) for b in batches) if self._mixture else batches  # (columns, batches)
-            batches = worker_packets.packets(parts, worker)
+        batches = self._read_slot(num_workers, worker, self._numpy_out, info is not None)
+        if info is not None and self._numpy_out:  # runs of batches, one message each (formats/worker_packets.py)
+            batches = worker_packets.packets(batches, worker)
         return worker_stats.in_worker(self, batches) if info is not None else self.recorder.measured(batches)
 
     def __getstate__(self):
@@ -158,10 +144,19 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
             del state["_stats_queue"]
         return state
 
+    def _mixture_slot(self, num_workers: int, worker: int, numpy_out: bool, in_worker: bool) -> Iterator[Any]:
+        """A mixture's batches for this slot (``mixture_workers.mixture_slot``); in a worker sending numpy, as
+        (columns, batches) pieces of one batch each, as ``_slot`` sends them."""
+        progress: list[int] | None = [] if in_worker else None
+        if progress is not None:
+            self._in_worker = progress
+        batches = mixture_slot(cast(MixturePosition, self._position), num_workers, worker, numpy_out, progress,
+                               self._worker_resume is not None, self.recorder.begin)
+        return ((batch, 1) for batch in batches) if in_worker and numpy_out else batches
+
     def _slot(self, num_workers, worker, numpy_out, in_worker):
-        settings, position = self._settings, self._position
-        if not isinstance(settings, Settings) or not isinstance(position, Position):
-            raise TypeError("a mixture's batches come from mixture_slot")  # __iter__ sends mixtures there
+        """One plan's batches for this slot (a mixture's: ``_mixture_slot``)."""
+        settings, position = cast(Settings, self._settings), cast(Position, self._position)
         batch_size = settings.batch_size
         if batch_size is None:  # Settings leaves it None only for a token budget, which this dataset never asks for
             raise RuntimeError("BalancedIterableDataset has no batch size")
@@ -179,22 +174,14 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
             run = position.begin()
             epoch, done, own, stages = run.epoch, run.start, 0, run.stages
             self.recorder.begin(epoch)
-        slot = (worker + done) % num_workers
-        fragments = [f for f in settings.fragments(epoch, num_workers, stages) if f.worker == slot]
         # read in this process ("dummy" pool): the DataLoader's workers are the parallelism
         chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, {"reader_pool_type": "dummy"},
                                             transform=settings.transform)
-        runs = stream.slot_runs(fragments, chunks,
-                                batch_size=settings.batch_size, shuffle=settings.shuffle,
-                                shuffle_window=settings.shuffle_window, key=settings.key(epoch, slot, len(stages)),
-                                batches_done=(done + worker) // num_workers + own, cost=settings.cost,
-                                drop=settings.drop, cost_lengths=settings.cost_lengths,
-                                placement=settings.placement(num_workers))
+        runs = settings.slot_runs(chunks, epoch, stages, batches_done=(done + worker) // num_workers + own,
+                                  slot=(worker + done) % num_workers, num_workers=num_workers)
         for batch_run in runs:
             if numpy_out:  # BalancedDataLoader makes the tensors in the main process
-                # Arrow slices pickle their whole parent buffers: send each run's strings as objects instead.
-                keep = {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
-                        for k, v in batch_run.items() if k != stream.PADDING or settings.padding_mask}
+                keep = worker_packets.picklable(batch_run, settings.padding_mask)
                 if run is None:  # a worker: pieces of whole batches, packed by __iter__
                     for piece in worker_packets.pieces(keep, batch_size):
                         progress[2] += piece[1]
@@ -224,12 +211,8 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         info = torch.utils.data.get_worker_info()
         if info is None:
             return self._position.state_dict({self.NUM_WORKERS: self._num_workers})
-        if self._mixture:
-            raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
-                                    "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
         epoch, start, own = self._in_worker or (*self._position.current(), 0)
-        return loader_state.nest({**self._position.values({self.NUM_WORKERS: info.num_workers}), self.EPOCH: epoch,
-                          self.BATCHES: start, self.WORKER: info.id, self.WORKER_BATCHES: own})
+        return self._position.worker_state({self.NUM_WORKERS: info.num_workers}, epoch, start, info.id, own)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``. With another world size, or another number of DataLoader workers than the state
@@ -268,10 +251,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         """While a DataLoader starts ``slots`` workers on this dataset (``BalancedDataLoader``): a pending position
         saved with other slots continues elastically, and the workers copy the dataset with ``numpy_out`` (their
         batches go to the main process as numpy, made tensors there)."""
-        if isinstance(self._position, MixturePosition):  # each worker reads its own share of every source
-            self._position.to_workers(slots)
-        elif self._position.resumed and self._num_workers != slots:
-            self._position.rebase(self._num_workers)  # the pending position, for slots of another layout
+        self._position.to_workers(slots, self._num_workers)  # (a mixture's workers each read their share)
         self._num_workers, self._numpy_out = slots, numpy_out
         try:
             yield
@@ -333,15 +313,15 @@ class BalancedDataLoader(_Loader):
         if self._tensors_here:
             kwargs["collate_fn"] = _as_is
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
-        if isinstance(dataset._position, MixturePosition):  # len(): a mixture's epoch is its workers' (mixture_workers)
-            dataset._position.to_workers(max(1, num_workers))
+        dataset._position.to_workers(max(1, num_workers))  # len(): a mixture's epoch is its workers' (mixture_workers)
         if num_workers > 0:
             _check_picklable_transform(dataset, self.multiprocessing_context)
         # The DataLoader's own sampler for iterable datasets, plus set_epoch (how Lightning tells the epoch).
         object.__setattr__(self, "sampler", _EpochSampler(dataset))  # DataLoader forbids setting it normally
 
     def __iter__(self):
-        if self._tensors_here and self.num_workers > 0 and not self._feed.active and not self.dataset._mixture:
+        lists = self.dataset._position.counts_lists  # (a mixture's runs count batch by batch)
+        if self._tensors_here and self.num_workers > 0 and not self._feed.active and lists:
             # lists of batches handed out in C, timed and counted per list (Recorder.grouped, Position.handing)
             return self.dataset.recorder.grouped(self._groups(), length=lambda: len(self))
         return _Counted(self)

@@ -89,12 +89,7 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
         self.recorder.begin(epoch)
         chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader,
                                             transform=settings.transform)
-        runs = stream.slot_runs(settings.fragments(epoch, 1, run.stages), chunks, batch_size=settings.batch_size,
-                                shuffle=settings.shuffle, shuffle_window=settings.shuffle_window,
-                                key=settings.key(epoch, 0, len(run.stages)), batches_done=run.start,
-                                cost=settings.cost_of(epoch, run.stages), drop=settings.drop,
-                                cost_lengths=settings.cost_lengths, placement=settings.placement(),
-                                spares=self._spares)
+        runs = settings.slot_runs(chunks, epoch, run.stages, batches_done=run.start, spares=self._spares)
         if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/batches/packing.py)
             runs = packing.packed_runs(runs, settings.packing, settings.schema)
 

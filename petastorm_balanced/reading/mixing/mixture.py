@@ -20,8 +20,8 @@ cost-dealt row group order and arranges each shuffle window into the pieces its 
 (``core/cost/pieces.py``), so every rank's part of a batch from it costs about the same.
 
 **A spill folder** (``shuffle_spill_dir``): each source's window is its whole share of a pass where the spill
-budget holds it (``mixture_spill.py``), its rows beyond its part of the memory budget on local disk. Without one,
-as for one plan, rows beyond that part (larger than the footers said) wait in the system temp folder.
+budget holds it (``window_budget.mixture_windows``), its rows beyond its part of the memory budget on local disk.
+Without one, as for one plan, rows beyond that part (larger than the footers said) wait in the system temp folder.
 
 What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), token budgets
 (``max_batch_cost``: a batch's rows are decided by the weights), ``transform_spec``.
@@ -35,12 +35,10 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from ...core import balance
 from ...core import shuffle as shuffle_rule
 from ...core.cost.spec import COST_COLUMN
 from ...core.mixture import Mixture, Point, make_schedule, parse_weights
 from ...core.params import check_int
-from ...core.shuffle import budget_window
 from ...errors import InvalidTypeError, InvalidValueError
 from ...plan.model import ShardPlan
 from ...world import World
@@ -50,11 +48,10 @@ from ..formats.device import NO_FEED, Feed, delivered
 from ..formats.tensors import format_batches
 from ..options import LoaderOptions
 from ..planned_view import PlannedLoader
-from ..rows.columns import with_cost_source
+from ..rows.columns import Columns
 from ..source import stream
-from ..source.layout import Layout
 from ..source.position import check_arrangement
-from ..source.settings import EXTRA_ROW_BYTES, resolve_cost
+from ..source.resolve import Source, resolve_source
 from ..state import (
     BALANCE,
     BATCH_SIZE,
@@ -74,15 +71,20 @@ from ..state import (
     WEIGHTS,
     WORLD_SIZE,
 )
-from . import mixture_elastic, mixture_spill
+from ..windows import window_budget
+from . import mixture_elastic
 from .mixture_elastic import Head
-from .mixture_rows import SOURCE, SourceColumns, mixed_run, mixture_columns, open_sources
+from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
 
 RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
+WORKER_STATES = ("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported for a mixture; "
+                 "use ds.dataloader(num_workers=K) and its state_dict()")
 
 
 class MixtureSettings:
-    """Checked settings of a mixture loader: the plans, the schedule, the columns and how sources are read."""
+    """Checked settings of a mixture loader: its plans, each resolved as one plan is (``sources``: a
+    ``resolve.Source`` each, read at one row per batch through its ``layouts``), plus the schedule that mixes them
+    (``mixture``) and the columns every source delivers (``schema``)."""
 
     def __init__(self, plans: Sequence[ShardPlan], weights, world: World, options: LoaderOptions, *,
                  epoch_steps: int | None = None, backend: str = "arrow", reader_options: Mapping | None = None):
@@ -102,34 +104,26 @@ class MixtureSettings:
         self.backend = backend
         self.reader_options = dict(reader_options or {})
         self.workers = 1  # DataLoader workers this rank's batches are split over (``slots``)
-        rows = []
-        for plan in self.plans:
-            balance.check_fills_a_step(plan.total_rows, self.world_size, 1)
-            rows.append(plan.rows_per_rank(self.world_size, 1))
-        self.mixture = Mixture(make_schedule(self.weights, self.batch_size), tuple(rows), self.epoch_steps)
-        self.sources, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
-        self.sources = [self._with_cost(i, source) for i, source in enumerate(self.sources)]
+        schedule = make_schedule(self.weights, self.batch_size)
+        # every source read as one plan is (``resolve.Source``), its columns those every source delivers
+        each, fills, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
+        self.sources = [self._source(i, c, f) for i, (c, f) in enumerate(zip(each, fills, strict=True))]
+        self.mixture = Mixture(schedule, tuple(s.rank_rows(self.world_size, 1) for s in self.sources),
+                               self.epoch_steps)
         self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
-        given = self.shuffle_window is not None
-        if self.shuffle_window is None:  # the budget shared by the sources, each read as a slot with its own window
-            row = max(source.columns.row_bytes for source in self.sources) + EXTRA_ROW_BYTES
-            self.shuffle_window = budget_window(int(options.shuffle_budget) // len(self.plans), row, 1)
         self.shuffle_spill_budget = int(options.shuffle_spill_budget)
-        # each source's window and spill bytes: with a spill folder, its whole share where the disk holds it; else
-        # an equal part of the spill budget for rows larger than measured (the system temp folder by default)
-        windows = (self.shuffle_window,) * len(self.plans)
-        self.spill_bytes = (self.shuffle_spill_budget // len(rows),) * len(rows)
-        if mixture_spill.spilled(options) and not given:
-            windows, self.spill_bytes = mixture_spill.source_windows(
-                self.shuffle_window, [s.columns.row_bytes + EXTRA_ROW_BYTES for s in self.sources], rows,
-                self.shuffle_spill_budget, [plan.rows_per_rank(1, 1) for plan in self.plans])
+        # the budget shared by the sources, each read as a slot with its own window; with a spill folder, its whole
+        # share where the disk holds it, else an equal part of the spill budget for rows larger than measured
+        self.shuffle_window, windows, self.spill_bytes = window_budget.mixture_windows(
+            options, [s.row_bytes for s in self.sources], self.mixture.rows_per_pass,
+            [plan.rows_per_rank(1, 1) for plan in self.plans])
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             [extra_column(SOURCE, "int64")]
         self.schema = batch_schema(schemas, extras, (COST_COLUMN,) if self.balanced_cost else ())
-        self.layouts = [Layout(plan, self.world_size, self.rank, batch_size=1, shuffle=self.shuffle,
-                               shuffle_window=window, reshuffle=self.reshuffle,
-                               balance_by="rows" if source.cost is None else "cost")
-                        for plan, source, window in zip(self.plans, self.sources, windows, strict=True)]
+        # how each source is read by every rank: its plan at one row per batch, a pass being the layout's epoch
+        # ``mixture_elastic.plan_epoch(pass)``, with the single plan's elastic stages
+        self.layouts = [source.layout(self.world_size, self.rank, batch_size=1, shuffle_window=window)
+                        for source, window in zip(self.sources, windows, strict=True)]
         self.names = tuple(n for n in self.schema.names if n not in (stream.PADDING, SOURCE))
 
     def slots(self, workers: int, slot: int = 0) -> MixtureSettings:
@@ -148,30 +142,28 @@ class MixtureSettings:
         assert self.workers == 1, "slots() of a rank's settings"
         copy = _copy.copy(self)
         copy.rank, copy.world_size, copy.workers = self.rank * workers + slot, self.world_size * workers, workers
-        for index, plan in enumerate(self.plans):
+        rows = []
+        for index, source in enumerate(self.sources):
             try:
-                balance.check_fills_a_step(plan.total_rows, copy.world_size, 1)
+                rows.append(source.rank_rows(copy.world_size, 1))
             except InvalidValueError as exc:
                 raise InvalidValueError(f"source {index} with num_workers={workers} (each DataLoader worker reads "
                                         f"its own share of every source): {exc}; use fewer workers") from None
-        copy.mixture = Mixture(self.mixture.schedule, tuple(p.rows_per_rank(copy.world_size, 1) for p in self.plans),
+        copy.mixture = Mixture(self.mixture.schedule, tuple(rows),
                                None if self.epoch_steps is None else self.epoch_steps // workers)
         copy.layouts = [layout.moved(copy.world_size, copy.rank) for layout in self.layouts]
         return copy
 
-    def _with_cost(self, index: int, source: SourceColumns) -> SourceColumns:
-        """A source balanced by cost (``balance="auto"`` and a plan with a cost, or ``"cost"``): its cost's
-        source column read along, each window arranged into the pieces its batches take."""
-        plan, options = self.plans[index], self.options
+    def _source(self, index: int, columns: Columns, fill_masks: Sequence[str]) -> Source:
+        """Source ``index`` read as one plan is, at one row per batch: a source balanced by cost (``balance="auto"``
+        and a plan with a cost, or ``"cost"``) reads its cost's source column along, each window arranged into the
+        pieces its batches take."""
+        plan = self.plans[index]
         try:
-            cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce, max_batch_cost=None,
-                                batch_size=self.batch_size, shuffle=self.shuffle)
+            return resolve_source(plan, self.options, batch_size=self.batch_size, columns=columns,
+                                  fill_masks=fill_masks)
         except InvalidValueError as exc:
             raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
-        if cost is None:
-            return source
-        columns, drop = with_cost_source(source.columns, plan, cost)
-        return replace(source, columns=columns, cost=cost, drop=tuple(drop))
 
     def _batch_size(self, batch_size: int | None) -> int:
         if batch_size is not None:
@@ -183,15 +175,13 @@ class MixtureSettings:
                                     "batch_size=")
         return size
 
-    def layout(self, index: int) -> Layout:
-        """How source ``index`` is read by every rank: its plan at one row per batch, a pass being the layout's
-        epoch ``mixture_elastic.plan_epoch(pass)``, with the single plan's elastic stages."""
-        return self.layouts[index]
-
     def placement(self, index: int):
-        """Where source ``index``'s window holds its rows in this slot (``mixture_spill.source_placement``, one
-        plan's rule): a new one for each pass it reads; None with ``shuffle_spill_dir=False``."""
-        return mixture_spill.source_placement(self.options, len(self.plans), self.spill_bytes[index], self.workers)
+        """Where source ``index``'s window holds its rows in this slot, by one plan's rule (``window_budget``): memory
+        up to its part of the window memory, the rest in a folder of its own under the spill folder (the system temp
+        folder without ``shuffle_spill_dir``: only rows larger than measured go there then), within its part of the
+        spill budget; a new one for each pass it reads; None with ``shuffle_spill_dir=False`` or unshuffled."""
+        return window_budget.placement(self.options, self.workers, sources=len(self.plans),
+                                       disk=self.spill_bytes[index])
 
     def identity(self) -> dict:
         """What a saved position is only valid for (the weights and ``epoch_steps`` may change: a curriculum)."""
@@ -231,6 +221,8 @@ class MixturePosition:
     With ``workers`` DataLoader workers (``MixtureSettings.slots``) the rank's batch ``b`` of an epoch is slot
     ``b % workers``'s batch ``b // workers``: ``anchor`` is where every slot stood at rank batch ``start`` (all
     slots alike), ``batches`` the rank's batches of the epoch; a state names the point of the slots behind."""
+
+    counts_lists = False  # a run counts its batches one at a time (``Position.counts_lists``)
 
     def __init__(self, settings: MixtureSettings, epoch: int, workers: int = 1):
         self.base = settings  # the rank's settings (what a state is valid for)
@@ -288,9 +280,10 @@ class MixturePosition:
         self._roll()
         return self._steps
 
-    def to_workers(self, workers: int) -> None:
-        """The position for ``workers`` DataLoader workers (slots): a fresh one starts their timeline at its
-        epoch, else the position continues elastically (the slots are the ranks of a larger world)."""
+    def to_workers(self, workers: int, saved: int | None = None) -> None:
+        """The position for ``workers`` DataLoader workers (slots; ``saved`` is not needed: the position knows its
+        own): a fresh one starts their timeline at its epoch, else it continues elastically (the slots are the
+        ranks of a larger world)."""
         if workers == self.workers:
             return
         resumed = self.resumed
@@ -328,6 +321,10 @@ class MixturePosition:
 
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
+
+    def worker_state(self, *_) -> dict:
+        """Refused: the slots' counters are the rank's, which only the DataLoader's main process counts."""
+        raise InvalidValueError(WORKER_STATES)
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int | None = None,
                         into: int | None = None) -> None:
@@ -380,7 +377,7 @@ class MixturePosition:
             _check_relayout(batch, saved_world, workers, round_, settings, into)
         counters, heads = [], []
         for i, entry in enumerate(sources):
-            counter, head = mixture_elastic.resume(entry, i, SOURCES, now.layout(i), saved_world, len(sources),
+            counter, head = mixture_elastic.resume(entry, i, SOURCES, now.layouts[i], saved_world, len(sources),
                                                    round_)
             counters.append(counter)
             heads.append(head)

@@ -32,22 +32,11 @@ from ..rows.columns import Columns, dataset_columns
 from ..rows.convert import concat_arrays
 from ..source import stream
 from ..source.layout import Layout
+from ..source.resolve import Source
 from ..windows.spill import Placement
 from .mixture_elastic import Head, plan_epoch
 
 SOURCE = "_source"  # the column naming each row's source (its index in plan=[...])
-
-
-@dataclass(frozen=True)
-class SourceColumns:
-    """The columns one source reads, and the masks it must add (the mixture's column is nullable, its is not);
-    with ``cost`` (a source balanced by cost) the columns include the cost's source column, ``drop`` when not
-    delivered."""
-
-    columns: Columns
-    fill_masks: tuple[str, ...] = ()
-    cost: CostOptions | None = None
-    drop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,13 +51,13 @@ class PieceCost(CostOptions):
         return arrange_pieces(costs, self.pieces(int(key[-1]), len(costs)), self.reduce, key), None
 
 
-def mixture_columns(plans: Sequence[ShardPlan], schema_fields,
-                    lists: ListOptions = PYTHON_LISTS) -> tuple[list[SourceColumns], list[ColumnSchema]]:
-    """The columns every source delivers: those named by ``schema_fields`` (every source must have them), else
-    those all sources share, in the first source's order; one delivered type each, or an error naming the source
-    and the column. A column nullable in some sources only is delivered as nullable (all-True masks added where a
-    source has none). List columns of numbers take ``lists`` (``list_format``, ``list_shapes``) as one plan does,
-    their lengths learned over every source's rows."""
+def mixture_columns(plans: Sequence[ShardPlan], schema_fields, lists: ListOptions = PYTHON_LISTS
+                    ) -> tuple[list[Columns], list[tuple[str, ...]], list[ColumnSchema]]:
+    """(each source's columns, the masks each must add, the columns delivered): those named by ``schema_fields``
+    (every source must have them), else those all sources share, in the first source's order; one delivered type
+    each, or an error naming the source and the column. A column nullable in some sources only is delivered as
+    nullable (all-True masks added where a source has none). List columns of numbers take ``lists``
+    (``list_format``, ``list_shapes``) as one plan does, their lengths learned over every source's rows."""
     if schema_fields is None:
         each = [dataset_columns(plan) for plan in plans]
         shared = [n for n in each[0].names if all(n in c.names for c in each[1:])]
@@ -100,8 +89,7 @@ def mixture_columns(plans: Sequence[ShardPlan], schema_fields,
             if chosen.mask is not None and column.mask is None:
                 fills[index].append(name)
         schemas.append(chosen)
-    sources = [SourceColumns(c, tuple(f)) for c, f in zip(each, fills, strict=True)]
-    return sources, schemas
+    return each, [tuple(f) for f in fills], schemas
 
 
 def _shape_of(column: ColumnSchema) -> tuple:
@@ -117,11 +105,11 @@ def _describe(column: ColumnSchema) -> str:
 class SourceRows:
     """One source's rows on one rank, from ``counter`` on (rows of it this rank delivered since its first pass)."""
 
-    def __init__(self, columns: SourceColumns, layout: Layout, *, counter: int, backend: str, reader_options: dict,
+    def __init__(self, source: Source, layout: Layout, *, counter: int, backend: str, reader_options: dict,
                  keeper=None, head: Head | None = None, cuts: Callable[[int, int], np.ndarray] | None = None,
                  origin: int | None = None, place: int = 0, sources: int = 1,
                  placement: Callable[[], Placement | None] | None = None):
-        self.plan, self.columns, self.layout = layout.plan, columns, layout  # the plan at one row per batch
+        self.plan, self.source, self.layout = layout.plan, source, layout  # the plan at one row per batch
         self.place, self.sources = place, sources  # the source's index in plan=[...], and how many there are
         # a source balanced by cost: ``cuts(lo, hi)``, its batch boundaries on the timeline of ``origin``
         self.cuts, self.origin = cuts, origin
@@ -136,15 +124,15 @@ class SourceRows:
         self._buffered = 0
 
     def _open(self):
-        cost = self.columns.cost
-        layout = self.layout
+        source, layout = self.source, self.layout
+        cost = source.cost
         head = self.head if self.head is not None and self.head.pass_index == self.pass_index else None
         stages = () if head is None else head.stages
         # inside an elastic rest, the row counts from the rest's first row (its counter ``head.begin``)
         done = self.row if head is None else self.row - (head.begin - self.pass_index * self.rows_per_pass)
         epoch = plan_epoch(self.pass_index, self.place, self.sources)
         fragments = self.plan.assignment(layout.rank, **layout.pieces_args(epoch, 1, stages))
-        chunks = BACKENDS[self.backend].run(self.plan, self.columns.columns, self.reader_options, self.keeper)
+        chunks = BACKENDS[self.backend].run(self.plan, source.columns, self.reader_options, self.keeper)
         if cost is not None and self.cuts is not None:
             size = window_rows(1, layout.shuffle_window, layout.shuffle)
             base = self.pass_index * self.rows_per_pass if head is None else head.begin  # counter of slot row 0
@@ -158,7 +146,7 @@ class SourceRows:
         return stream.slot_runs(fragments, chunks, batch_size=1, shuffle=layout.shuffle,
                                 shuffle_window=layout.shuffle_window,
                                 key=layout.key(epoch, 0, len(stages)),
-                                batches_done=done, cost=cost, drop=self.columns.drop,
+                                batches_done=done, cost=cost, drop=source.drop, cost_lengths=source.cost_lengths,
                                 placement=None if self.placement is None else self.placement())
 
     def take(self, rows: int) -> dict:
@@ -174,7 +162,7 @@ class SourceRows:
                 continue
             n = len(run[stream.PADDING])
             self.row += n
-            for name in self.columns.fill_masks:
+            for name in self.source.fill_masks:
                 run[name + MASK_SUFFIX] = np.ones(n, dtype=bool)
             self._parts.append(run)
             self._buffered += n
@@ -249,8 +237,8 @@ def open_sources(settings, counters: Sequence[int], keepers=None, heads=None, ph
         origin = schedule.origin(i, phase, counter)
         return {"origin": origin, "cuts": lambda lo, hi: schedule.cuts(i, origin, lo, hi)}
 
-    return [SourceRows(columns, settings.layout(i), counter=counter, backend=settings.backend,
+    return [SourceRows(source, settings.layouts[i], counter=counter, backend=settings.backend,
                        reader_options=settings.reader_options, keeper=None if keepers is None else keepers[i],
                        head=head, place=i, sources=len(counters), placement=partial(settings.placement, i),
                        **timeline(i, counter))
-            for i, (columns, counter, head) in enumerate(zip(settings.sources, counters, heads, strict=True))]
+            for i, (source, counter, head) in enumerate(zip(settings.sources, counters, heads, strict=True))]

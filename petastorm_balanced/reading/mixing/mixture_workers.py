@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import numpy as np
-
 from ...errors import InvalidValueError
-from ..formats.tensors import TORCH, to_numpy, to_torch
-from ..rows.fragments import as_list
-from ..source import stream
-from .mixture import MixturePosition, numpy_runs
-from .mixture_rows import SOURCE
+from ..batches.batching import split_batches
+from ..formats import worker_packets
+from ..formats.tensors import format_batches
+from .mixture import WORKER_STATES, MixturePosition, numpy_runs
 
 
 def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy_out: bool,
@@ -32,8 +29,7 @@ def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy
     position.to_workers(num_workers)  # (a plain DataLoader's worker: its copy, in the workers' layout)
     if progress is not None:
         if worker_state:
-            raise InvalidValueError("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported "
-                                    "for a mixture; use ds.dataloader(num_workers=K) and its state_dict()")
+            raise InvalidValueError(WORKER_STATES)
         epoch, first = position.current()
         steps, run = position.steps(), None
         progress[:] = [epoch, first, 0]
@@ -45,18 +41,12 @@ def mixture_slot(position: MixturePosition, num_workers: int, worker: int, numpy
     slot = (first + worker - position.start) % num_workers
     count = len(range(first + worker, steps, num_workers))  # rank batches first + worker, + K, ... of the epoch
     settings = position.base.slots(num_workers, slot)
-    batch_size = settings.batch_size
+    batch_size, padding_mask = settings.batch_size, settings.padding_mask
+    cut = format_batches(settings.options.batch_format)  # (as the mixture's loader cuts its runs)
     for numpy_run in numpy_runs(settings, position.point(slot), count, heads=position.heads):
-        for begin in range(0, len(numpy_run[SOURCE]), batch_size):
-            one = {k: v[begin:begin + batch_size] for k, v in numpy_run.items()
-                   if k != stream.PADDING or settings.padding_mask}
-            if numpy_out:  # Arrow slices pickle their parent buffers: text and lists go as objects
-                batch = {k: v if isinstance(v, np.ndarray) else np.fromiter(as_list(v), dtype=object, count=len(v))
-                         for k, v in one.items()}
-            elif settings.options.batch_format == TORCH:
-                batch = to_torch(one, settings.padding_mask)
-            else:
-                batch = to_numpy(one, settings.padding_mask)
+        batches = split_batches(worker_packets.picklable(numpy_run, padding_mask), batch_size) if numpy_out \
+            else cut(numpy_run, batch_size, padding_mask)
+        for batch in batches:
             if run is not None:
                 run.delivered()
             elif progress is not None:

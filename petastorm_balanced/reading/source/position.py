@@ -55,6 +55,8 @@ class Position:
 
     STAGES, PARTITION_EPOCH = loader_state.STAGES, loader_state.PARTITION_EPOCH  # optional on load
 
+    counts_lists = True  # a run may count batches handed out a list at a time (``handing``)
+
     def __init__(self, settings: Settings, epoch: int):
         epoch = check_int("epoch", epoch, minimum=0)
         self.settings = settings
@@ -142,6 +144,13 @@ class Position:
         self.epoch, self.batches, self.stages = layout.restage(
             self.epoch, self.batches, self.stages, self.settings.world_size, workers, self.settings.partition_epoch)
 
+    def to_workers(self, workers: int, saved: int | None = None) -> None:
+        """The position for ``workers`` DataLoader workers (slots) per rank, as an iteration starts: one plan's
+        batches count alike for any slots, so only a loaded position saved with other slots (``saved``) moves,
+        elastically (``rebase``)."""
+        if saved is not None and self.resumed and saved != workers:
+            self.rebase(saved)
+
     def set_epoch(self, epoch: int) -> None:
         epoch = check_int("epoch", epoch, minimum=0)
         self._settle()
@@ -159,6 +168,12 @@ class Position:
 
     def state_dict(self, extra: dict | None = None) -> dict:
         return loader_state.nest(self.values(extra))
+
+    def worker_state(self, extra: dict, epoch: int, start: int, worker: int, batches: int) -> dict:
+        """A DataLoader worker's own state (torchdata's ``StatefulDataLoader`` asks each worker): where its
+        iteration started (``epoch``, batch ``start``), the worker, and the ``batches`` it delivered since."""
+        return loader_state.nest({**self.values(extra), self.EPOCH: epoch, self.BATCHES: start,
+                                  loader_state.WORKER: worker, loader_state.WORKER_BATCHES: batches})
 
     def load_state_dict(self, state: dict, extra: dict | None = None, *, workers: int = 1) -> None:
         """Strict about keys (``state.flat``) and settings, except the world size: a state saved at another one
