@@ -78,3 +78,11 @@ def test_batches_are_those_of_fresh_matrices_and_keep_their_values(tmp_path, row
         for name in ("id", "v", "x"):  # still as handed out, after every later window filled the same matrix
             assert np.array_equal(np.asarray(batch[name]), copy[name]) and np.array_equal(copy[name], want[name])
     assert matrices[0] == matrices[1] and len(matrices[0]) == 1  # one matrix, filled by every window of both epochs
+
+
+def test_a_closed_loader_holds_no_window_matrix(tmp_path, row_major):
+    plan = plan_shards(write_dataset(tmp_path / "ds"), 1, batch_size=50, engine="local")
+    loader = make_loader(0, 1, plan=plan, batch_size=50, shuffle_window=1000, workers_count=1, batch_format="numpy")
+    assert len(list(loader)) == 6000 // 50 and len(loader._spares) == 1
+    loader.close()
+    assert len(loader._spares) == 0

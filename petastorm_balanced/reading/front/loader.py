@@ -117,6 +117,7 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
 
     def _close_readers(self) -> None:
         self._reader.close()
+        self._spares.give([])  # a closed loader holds no window matrix
 
 
 Loader = BalancedLoader | MixtureLoader  # what make_loader returns: one plan's loader, or a mixture's
