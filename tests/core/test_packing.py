@@ -87,11 +87,23 @@ def test_the_same_window_gives_the_same_steps(lengths, key):
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 
 
-def test_steps_depend_on_the_rows_alone():
-    packing = Packing("tokens", 512, 16, 148.0)
-    assert packing.steps(0) == 0 and packing.steps(1) == 1
-    rows = 10_000
-    assert packing.steps(rows) == int(np.ceil(rows * 148.0 * (1 + PACK_SLACK) / (512 * 16)))
+@settings(max_examples=100, deadline=None)
+@given(rows=st.integers(0, 10**6), mean=st.floats(0.5, 4096), seq_len=st.sampled_from([16, 512, 4096]),
+       sequences=st.integers(1, 32), lengths=lengths_lists)
+def test_steps_depend_on_the_rows_alone(rows, mean, seq_len, sequences, lengths):
+    """The fewest steps that hold the window's expected tokens with ``PACK_SLACK`` to spare (at least one for a
+    window of rows, none for an empty one), whatever its documents' lengths: the same on every rank."""
+    packing = Packing("tokens", seq_len, sequences, mean)
+    steps, step = packing.steps(rows), seq_len * sequences
+    expected = rows * mean * (1 + PACK_SLACK)
+    if rows == 0:
+        assert steps == 0
+    else:
+        assert steps >= 1 and steps * step >= expected * (1 - 1e-12) and (steps - 1) * step < max(expected, step)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.minimum(lengths, step)
+    window = packing.arrange(lengths, (0, 0, 0, 0, 0))[1]
+    assert len(window) == packing.steps(len(lengths))  # the window's lengths never change its steps
 
 
 def test_a_document_longer_than_a_step_is_refused():
