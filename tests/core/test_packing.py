@@ -111,8 +111,13 @@ def test_a_document_longer_than_a_step_is_refused():
         pack_window(np.array([100, 5000]), steps=1, seq_len=512, sequences=4, key=(0,))
 
 
-def test_attention_cost_is_the_sum_of_squared_pieces():
-    assert attention_cost(np.array([0, 10, 512, 1030]), 512).tolist() == [0, 100, 512 ** 2, 2 * 512 ** 2 + 36]
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_lists, seq_len=st.sampled_from([1, 16, 64, 256, 512]))
+def test_attention_cost_is_the_sum_of_squared_pieces(lengths, seq_len):
+    """Against the pieces cut one by one: each document in pieces of ``seq_len`` tokens and a shorter last one."""
+    def by_pieces(n):
+        return sum(min(seq_len, n - start) ** 2 for start in range(0, n, seq_len))
+    assert attention_cost(np.array(lengths, dtype=np.int64), seq_len).tolist() == [by_pieces(n) for n in lengths]
 
 
 @settings(max_examples=80, deadline=None)
