@@ -87,11 +87,23 @@ def test_the_same_window_gives_the_same_steps(lengths, key):
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 
 
-def test_steps_depend_on_the_rows_alone():
-    packing = Packing("tokens", 512, 16, 148.0)
-    assert packing.steps(0) == 0 and packing.steps(1) == 1
-    rows = 10_000
-    assert packing.steps(rows) == int(np.ceil(rows * 148.0 * (1 + PACK_SLACK) / (512 * 16)))
+@settings(max_examples=100, deadline=None)
+@given(rows=st.integers(0, 10**6), mean=st.floats(0.5, 4096), seq_len=st.sampled_from([16, 512, 4096]),
+       sequences=st.integers(1, 32), lengths=lengths_lists)
+def test_steps_depend_on_the_rows_alone(rows, mean, seq_len, sequences, lengths):
+    """The fewest steps that hold the window's expected tokens with ``PACK_SLACK`` to spare (at least one for a
+    window of rows, none for an empty one), whatever its documents' lengths: the same on every rank."""
+    packing = Packing("tokens", seq_len, sequences, mean)
+    steps, step = packing.steps(rows), seq_len * sequences
+    expected = rows * mean * (1 + PACK_SLACK)
+    if rows == 0:
+        assert steps == 0
+    else:
+        assert steps >= 1 and steps * step >= expected * (1 - 1e-12) and (steps - 1) * step < max(expected, step)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.minimum(lengths, step)
+    window = packing.arrange(lengths, (0, 0, 0, 0, 0))[1]
+    assert len(window) == packing.steps(len(lengths))  # the window's lengths never change its steps
 
 
 def test_a_document_longer_than_a_step_is_refused():
@@ -99,8 +111,13 @@ def test_a_document_longer_than_a_step_is_refused():
         pack_window(np.array([100, 5000]), steps=1, seq_len=512, sequences=4, key=(0,))
 
 
-def test_attention_cost_is_the_sum_of_squared_pieces():
-    assert attention_cost(np.array([0, 10, 512, 1030]), 512).tolist() == [0, 100, 512 ** 2, 2 * 512 ** 2 + 36]
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_lists, seq_len=st.sampled_from([1, 16, 64, 256, 512]))
+def test_attention_cost_is_the_sum_of_squared_pieces(lengths, seq_len):
+    """Against the pieces cut one by one: each document in pieces of ``seq_len`` tokens and a shorter last one."""
+    def by_pieces(n):
+        return sum(min(seq_len, n - start) ** 2 for start in range(0, n, seq_len))
+    assert attention_cost(np.array(lengths, dtype=np.int64), seq_len).tolist() == [by_pieces(n) for n in lengths]
 
 
 @settings(max_examples=80, deadline=None)

@@ -103,7 +103,7 @@ def test_every_token_once_with_the_files_values_and_equal_steps(tokenized, plan,
                     first = int(piece[0]) - doc * SHIFT  # where the piece starts in its document
                     assert piece.tolist() == values[first:first + length].tolist()  # the files' values (G13)
                     delivered[doc][first:first + length] += 1
-    assert len(steps) == 1 and len({s for s, _ in steps}) == 1  # equal steps, len() is what comes
+    assert len(steps) == 1 and all(planned == came for planned, came in steps), steps  # equal steps, len() comes
     counts = np.concatenate(list(delivered.values()))
     assert counts.max() == 1  # no token twice
     for doc, seen in delivered.items():  # a document comes whole or not at all

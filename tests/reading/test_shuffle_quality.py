@@ -165,8 +165,18 @@ def test_sorted_storage_is_stated_once_where_it_changes_the_batches(sorted_small
         make_loader(1, 2, plan=plan, backend="arrow", shuffle_budget="64KiB").close()  # rank 1: rank 0 says it
         make_loader(0, 1, plan=plan, backend="arrow", shuffle_window=2_688).close()  # the window asked for
     assert shuffle_warnings(caught) == []
-    with pytest.warns(ShuffleQualityWarning, match='need [0-9]+ shuffle windows.*shuffle_budget="[0-9]+MiB"'):
-        make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget="64KiB").close()
+    with pytest.warns(ShuffleQualityWarning, match='need [0-9]+ shuffle windows.*shuffle_budget="[0-9]+MiB"') as w:
+        small = make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget="64KiB")
+    small.close()
+    # the figures are the loader's: the rank's rows (world 1: every row pyarrow.dataset counts) over its window; and
+    # the budget the warning names is the fewest MiB whose window holds them all
+    said = shuffle_warnings(w)[0]
+    rows, window = ds.dataset(sorted_small_groups).count_rows(), small.shuffle_window
+    assert f"{rows:,} rows need {-(-rows // window)} shuffle windows of {window:,} rows" in said, said
+    mib = int(said.split('shuffle_budget="')[1].split("MiB")[0])
+    for budget, holds in ((mib, True), (mib - 1, False)):
+        with make_loader(0, 1, plan=plan, backend="arrow", shuffle_budget=f"{budget}MiB") as advised:
+            assert (advised.shuffle_window >= rows) == holds, (budget, advised.shuffle_window, rows)
 
 
 def test_statistics_are_read_only_when_a_warning_may_be_due(sorted_small_groups, monkeypatch):
