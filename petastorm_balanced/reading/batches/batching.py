@@ -35,6 +35,7 @@ import pyarrow as pa
 from ...core.shuffle import StartPoint, row_order
 from ...errors import InvalidValueError
 from ..rows.convert import concat_arrays
+from .spare_matrices import SpareMatrices
 
 # The window shuffle rule (``row_order``, ``window_rows``) lives in the core (``core/shuffle.py``), which the
 # elastic arithmetic reads backwards; the readers import it from there.
@@ -71,7 +72,8 @@ class WindowBatcher:
     """
 
     def __init__(self, *, total_rows: int, batch_size: int, window_rows: int, start: StartPoint,
-                 key: Sequence[int] | None, arrange: Callable | None = None, filling: Callable | None = None):
+                 key: Sequence[int] | None, arrange: Callable | None = None, filling: Callable | None = None,
+                 spares: SpareMatrices | None = None):
         if window_rows % batch_size:
             raise InvalidValueError(f"window_rows={window_rows} must be a multiple of batch_size={batch_size}")
         self._total, self._batch, self._window_rows, self._key = total_rows, batch_size, window_rows, key
@@ -81,7 +83,9 @@ class WindowBatcher:
         self._arrange = arrange
         # filling(size, first chunk) -> a window being assembled (``Filling``, or ``spill_window.SpillFilling``,
         # which places rows in memory or on disk; the rows and their order are the same)
-        self._make_filling = filling or Filling
+        self._make_filling = filling or (Filling if spares is None else
+                                         lambda size, first: Filling(size, first, spares))
+        self._spares = spares  # window matrices kept for the next window (``spare_matrices.py``): given back here
         self._window = start.window
         self._row = start.row  # slot row where the window being filled starts
         self._skip = start.skip_rows
@@ -146,6 +150,8 @@ class WindowBatcher:
         release = getattr(window, "release", None)  # a window with files on disk deletes them once served
         if release is not None:
             release()
+        if self._spares is not None and type(window) is Window:  # served whole (a window in memory, no spill
+            self._spares.give(window.matrices)                    # files): its matrices for the next window
 
     def _unshuffled(self, columns: ColumnArrays, rows: int) -> Iterator[ColumnArrays]:
         """Runs in plan order, cut as soon as the chunks pushed hold whole batches: where a chunk holds them, the
@@ -205,7 +211,7 @@ class Filling:
     window is full, and are then concatenated, as every column of a smaller window is.
     """
 
-    def __init__(self, size: int, first: ColumnArrays):
+    def __init__(self, size: int, first: ColumnArrays, spares: SpareMatrices | None = None):
         self.rows = 0
         self._names = list(first)
         self._dtypes = {name: values.dtype for name, values in first.items() if isinstance(values, np.ndarray)}
@@ -214,7 +220,8 @@ class Filling:
             if dtype.kind in _GROUPED_KINDS and dtype.itemsize in (1, 2, 4, 8) and first[name].ndim == 1:
                 by_size.setdefault(dtype.itemsize, []).append(name)
         self.row_major = size * sum(itemsize * len(names) for itemsize, names in by_size.items()) >= ROW_MAJOR_BYTES
-        self._groups = [(names, np.empty((size, len(names)), dtype=f"u{itemsize}"))
+        make = np.empty if spares is None else spares.take  # a matrix's every row is written before it is read
+        self._groups = [(names, make((size, len(names)), f"u{itemsize}"))
                         for itemsize, names in by_size.items() if len(names) > 1 and self.row_major]
         grouped = {name for names, _ in self._groups for name in names}
         self._parts: dict[str, list] = {name: [] for name in self._names if name not in grouped}
@@ -256,6 +263,11 @@ class Window(Mapping):
         self._names, self._dtypes, self._groups, self._columns = names, dtypes, groups, columns
         self.row_major = row_major
         self._false = false  # boolean columns that hold no True: their gathers are zeros, not read
+
+    @property
+    def matrices(self) -> list[np.ndarray]:
+        """The row-major matrices the window holds (none where it is held column by column)."""
+        return [matrix for _, matrix in self._groups]
 
     def __getitem__(self, name: str):
         if name in self._columns:

@@ -22,6 +22,7 @@ from ..backends import BACKENDS
 from ..backends.reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
 from ..backends.reader_keeper import ReaderKeeper
 from ..batches import packing
+from ..batches.spare_matrices import SpareMatrices
 from ..formats.device import NO_FEED, Feed, check_feed, close_iterator, delivered
 from ..formats.tensors import TORCH, format_batches, format_groups
 from ..mixing.mixture import MixtureLoader
@@ -67,6 +68,7 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
         self._reader_options = dict(reader_options or {})
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
         self._reader = ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
+        self._spares = SpareMatrices()  # its last shuffle window's matrices, filled again by the next window
         self._finalizer = weakref.finalize(self, self._reader.close)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -87,7 +89,7 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
         self.recorder.begin(epoch)
         chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader,
                                             transform=settings.transform)
-        runs = settings.slot_runs(chunks, epoch, run.stages, batches_done=run.start)
+        runs = settings.slot_runs(chunks, epoch, run.stages, batches_done=run.start, spares=self._spares)
         if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/batches/packing.py)
             runs = packing.packed_runs(runs, settings.packing, settings.schema)
 
@@ -115,6 +117,7 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
 
     def _close_readers(self) -> None:
         self._reader.close()
+        self._spares.give([])  # a closed loader holds no window matrix
 
 
 Loader = BalancedLoader | MixtureLoader  # what make_loader returns: one plan's loader, or a mixture's

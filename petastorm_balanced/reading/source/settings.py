@@ -21,6 +21,7 @@ from ...plan.model import ShardPlan
 from ...world import World
 from .. import state as loader_state
 from ..batches import packing
+from ..batches.spare_matrices import SpareMatrices
 from ..fields.schema import batch_schema, extra_column
 from ..options import LoaderOptions
 from ..rows import transform
@@ -114,18 +115,19 @@ class Settings:
         return 0 if cost is None or cost.pack is None else sum(cost.pack.window_steps or ())
 
     def slot_runs(self, chunks: stream.Chunks, epoch: int, stages=(), *, batches_done: int, slot: int = 0,
-                  num_workers: int = 1):
+                  num_workers: int = 1, spares: SpareMatrices | None = None):
         """Runs of whole numpy batches of slot ``slot`` of ``num_workers`` on this rank in ``epoch`` (after
         ``stages``: an elastic resume's earlier worlds), from batch ``batches_done`` on, read by ``chunks`` (a
         backend's): ``stream.slot_runs`` with this loader's layout, cost and columns, and a new placement of the
-        slot's windows (``window_budget.placement``)."""
+        slot's windows (``window_budget.placement``); ``spares``: the caller's window matrices (``SpareMatrices``)."""
         fragments = [f for f in self.plan.assignment(self.rank, **self.layout.pieces_args(epoch, num_workers, stages))
                      if f.worker == slot]
         return stream.slot_runs(fragments, chunks, batch_size=self.batch_size, shuffle=self.shuffle,
                                 shuffle_window=self.shuffle_window, key=self.layout.key(epoch, slot, len(stages)),
                                 batches_done=batches_done, cost=self.cost_of(epoch, stages), drop=self.drop,
                                 cost_lengths=self.cost_lengths, placement=window_budget.placement(self.options,
-                                                                                                  num_workers))
+                                                                                                  num_workers),
+                                spares=spares)
 
     def identity(self) -> dict:
         """What a saved position is only valid for."""

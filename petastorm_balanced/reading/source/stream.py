@@ -18,6 +18,7 @@ from ...errors import InvalidValueError
 from ...plan.model import Fragment
 from ..batches.batching import WindowBatcher, start_point
 from ..batches.packing_check import warn_left_out
+from ..batches.spare_matrices import SpareMatrices
 from ..fields.schema import MASK_SUFFIX, PADDING
 from ..stats import current
 from ..windows.spill import Placement
@@ -30,7 +31,8 @@ Chunks = Callable[[list[Fragment]], Iterable[tuple[list[Fragment], dict]]]
 def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int | None, shuffle: bool,
               shuffle_window: int, key: Sequence[int], batches_done: int = 0,
               cost: CostOptions | None = None, drop: Sequence[str] = (),
-              cost_lengths: str | None = None, placement: Placement | None = None) -> Iterator[dict]:
+              cost_lengths: str | None = None, placement: Placement | None = None,
+              spares: SpareMatrices | None = None) -> Iterator[dict]:
     """Runs of whole numpy batches (with a ``PADDING`` column) of one slot, from batch ``batches_done`` on.
 
     Fragments wholly before the start are never read; the first one read may be cut at its head (only the rows
@@ -40,6 +42,7 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
     ``batch_size=None`` (token budgets) makes every batch its own run. ``cost_lengths``: the lengths column of a
     padded list cost column (``size()`` is its lengths, not the padded width). ``placement``: where windows hold
     their rows (memory up to a measured budget, then local disk: ``spill.py``); its files are gone when this ends.
+    ``spares``: window matrices kept from the caller's last window for its next (``spare_matrices.py``).
     """
     rows = np.fromiter((f.num_rows for f in fragments), dtype=np.int64, count=len(fragments))
     total = int(rows.sum())
@@ -68,9 +71,9 @@ def slot_runs(fragments: Sequence[Fragment], chunks: Chunks, *, batch_size: int 
             if cost.pack is not None:  # never silent: documents a packed window left out (reading/batches/packing.py)
                 warn_left_out(cost.pack, costs, arranged[0], window_key)
             return arranged
-    filling = None if placement is None else filling_for(placement)
-    batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size,
-                            start=start, key=tuple(key) if shuffle else None, arrange=arrange, filling=filling)
+    filling = None if placement is None else filling_for(placement, spares)
+    batcher = WindowBatcher(total_rows=total, batch_size=step, window_rows=size, start=start,
+                            key=tuple(key) if shuffle else None, arrange=arrange, filling=filling, spares=spares)
     spec = None if cost is None else CostSpec(cost.cost, cost.column, cost.function)
     recorder = current()  # loader.stats(): windows shuffled and cut into batches count to "batch"
     push = batcher.push if recorder is None else lambda columns: recorder.timed(batcher.push(columns), "batch")

@@ -25,19 +25,21 @@ from ..batches.batching import (
     _num_rows,
     grouped_views,
 )
+from ..batches.spare_matrices import SpareMatrices
 from .spill import BlockColumn, DiskArray, Placement, SpilledColumn, nbytes, spillable
 
 _BLOCK = 4096  # rows interleaved at a time into a row-major matrix (as ``batching.Filling``)
 
 
-def filling_for(placement: Placement):
+def filling_for(placement: Placement, spares: SpareMatrices | None = None):
     """``WindowBatcher``'s ``filling``: ``batching.Filling`` for a window of fixed-width columns that fits the
-    placement's memory (its bytes are exact: nothing to measure or place), else a ``SpillFilling``."""
+    placement's memory (its bytes are exact: nothing to measure or place; its matrices from ``spares``), else a
+    ``SpillFilling``."""
     def filling(size: int, first: ColumnArrays):
         fixed = all(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in first.values())
         row = sum(v.dtype.itemsize * math.prod(v.shape[1:]) for v in first.values()) if fixed else 0
         if fixed and size * row <= placement.memory:
-            return Filling(size, first)
+            return Filling(size, first, spares)
         return SpillFilling(size, first, placement)
     return filling
 
