@@ -47,7 +47,6 @@ class Settings:
         rank_rows = source.rank_rows(self.world_size, rows_batch)  # a rank's rows per pass, padding included
         self.shuffle_budget = int(options.shuffle_budget)  # bytes (parsed by LoaderOptions)
         self.shuffle_spill_budget = int(options.shuffle_spill_budget)
-        self.row_bytes = source.row_bytes  # decoded bytes per row (measured when sizing)
         shuffle_window = options.shuffle_window
         if shuffle_window is None:  # as many rows as the budget holds (G16); unshuffled, windows only group batches
             shuffle_window = window_budget.window_rows(options, self.row_bytes, rows_batch, rank_rows)
@@ -87,6 +86,7 @@ class Settings:
     columns = property(lambda self: self.source.columns, doc="the columns read (the cost's source column included)")
     drop = property(lambda self: self.source.drop, doc="columns read only to compute the cost")
     cost_lengths = property(lambda self: self.source.cost_lengths, doc="a padded list cost column's lengths column")
+    row_bytes = property(lambda self: self.source.row_bytes, doc="decoded bytes per row, as windows are sized")
 
     # the layout's answers, which the loaders and their position ask for
     batch_size = property(lambda self: self.layout.batch_size, doc="rows per batch; None: a token budget")
