@@ -36,7 +36,7 @@ from typing import Any
 
 from .errors import InvalidValueError, MissingDependencyError
 from .plan.model import ShardPlan
-from .reading.front.loader import Loader, make_loader
+from .reading.front.loader import BalancedLoader, make_loader
 
 
 def _lightning_module() -> Any:
@@ -86,7 +86,7 @@ class BalancedDataModule(pl.LightningDataModule):
         self.plan, self.val_plan, self.batch_size = plan, val_plan, batch_size
         self.make_loader_kwargs = dict(make_loader_kwargs)
 
-    def _loader(self, plan: ShardPlan | str) -> Loader:
+    def _loader(self, plan: ShardPlan | str) -> BalancedLoader:
         trainer = self.trainer
         rank, world = (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
         kwargs = dict(self.make_loader_kwargs)
@@ -97,7 +97,7 @@ class BalancedDataModule(pl.LightningDataModule):
             kwargs["device"] = trainer.strategy.root_device
         return make_loader(rank, world, plan=plan, batch_size=self.batch_size, **kwargs)
 
-    def train_dataloader(self) -> Loader:
+    def train_dataloader(self) -> BalancedLoader:
         return self._loader(self.plan)  # its sampler.set_epoch is its set_epoch: Lightning's epoch reaches it
 
     def val_dataloader(self) -> FixedEpochLoader | list:
@@ -109,7 +109,7 @@ class BalancedDataModule(pl.LightningDataModule):
 class FixedEpochLoader:
     """The same epoch at every ``iter()`` (validation); no state is saved, since every run starts afresh."""
 
-    def __init__(self, loader: Loader, epoch: int):
+    def __init__(self, loader: BalancedLoader, epoch: int):
         self.loader, self.epoch = loader, epoch
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

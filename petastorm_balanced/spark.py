@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from os import PathLike
 
     from .reading.front.iterable import BalancedIterableDataset
-    from .reading.front.loader import Loader
+    from .reading.front.loader import BalancedLoader
 
 PARENT_CACHE_DIR_URL_CONF = "petastorm.spark.converter.parentCacheDirUrl"  # Petastorm's conf name, kept
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024  # Petastorm's default
@@ -133,7 +133,7 @@ class BalancedConverter:
 
     @contextlib.contextmanager
     def make_torch_dataloader(self, rank: int | None = None, world: int | None = None,
-                              **make_loader_kwargs: Any) -> Iterator[Loader]:
+                              **make_loader_kwargs: Any) -> Iterator[BalancedLoader]:
         """A ``BalancedLoader`` over this rank's rows, closed on exit (``with ... as loader``), as Petastorm's.
 
         ``batch_size`` defaults to the converter's, else 32 (Petastorm's default); ``rank``/``world`` default to

@@ -1,10 +1,9 @@
-"""``PlannedView``: what both loaders say about themselves (plan, world, batch size, schema, ``len``), read from
-their settings and position; ``PlannedLoader``: what both loaders do the same way (iterations, epochs, states,
-closing); ``EpochSampler``: the ``loader.sampler`` frameworks tell the epoch."""
+"""``PlannedView``: what ``BalancedLoader`` and ``BalancedIterableDataset`` say about themselves (plan, world, batch
+size, schema, ``len``, figures), read from their settings and position; ``EpochSampler``: the ``loader.sampler``
+frameworks tell the epoch."""
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .stats import Recorder
 from .worker_stats import drain
@@ -51,7 +50,7 @@ class EpochSampler:
 
 
 class PlannedView(Generic[S, P]):
-    """What both loaders say about themselves, read from their settings and position."""
+    """What both front doors say about themselves, read from their settings and position."""
 
     _settings: S  # set by the loader's __init__
     _position: P
@@ -107,53 +106,3 @@ class PlannedView(Generic[S, P]):
         if queue is not None:
             drain(queue, self.recorder)
         return self.recorder.stats({"rank": self.rank, "world_size": self.world_size})
-
-
-class PlannedLoader(PlannedView[S, P]):
-    """What one plan's loader and a mixture's do the same way; each gives its ``_run`` (one iteration's batches,
-    taking the position at its first ``next()``) and ``_close_readers``."""
-
-    _iterator: Any = None  # the iteration in progress (a generator, or a chain of lists: Recorder.grouped)
-
-    def _run(self) -> Generator[Any, None, None]:
-        raise NotImplementedError
-
-    def _close_readers(self) -> None:
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        if self._iterator is not None:
-            self._iterator.close()  # one reader pool at a time
-        # starts (and takes the position) at its first next(): a probe consumes nothing
-        iterator = self._iterator = self.recorder.measured(self._run())  # loader.stats(): the loop's waits
-        return iterator
-
-    def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by
-        ``load_state_dict`` is kept, so calling ``set_epoch`` at the top of every epoch is safe after resuming."""
-        self._position.set_epoch(epoch)
-
-    def state_dict(self) -> dict:
-        """The epoch and batch the next iteration serves (a mixture's: each source's ``[pass, row]`` and the
-        schedule's phase, ``state["mixture"]``), and the settings they are valid for; the end of an epoch is saved
-        as the start of the next one."""
-        return self._position.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """The next ``iter()`` continues exactly where ``state`` was saved; a state saved at another world size
-        continues that epoch with the rows no rank had consumed, split evenly over this world (G10); a mixture's
-        saved with other weights continues every source where it stood."""
-        self._position.load_state_dict(state)
-
-    def close(self) -> None:
-        """Stop the readers' workers now (otherwise they wait for the next epoch, until the loader is collected)."""
-        if self._iterator is not None:
-            self._iterator.close()
-            self._iterator = None
-        self._close_readers()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -20,6 +20,7 @@ from petastorm_balanced.core.mixture import MAX_PERIOD, Mixture, Point, Schedule
 torch = pytest.importorskip("torch")
 
 from petastorm_balanced import BalancedIterableDataset, make_loader  # noqa: E402
+from petastorm_balanced.errors import InvalidValueError  # noqa: E402
 from petastorm_balanced.reading.state import flat, nest  # noqa: E402
 from tests.support.resume_contract import check_resume_contract  # noqa: E402
 
@@ -289,6 +290,23 @@ def test_one_schema_for_every_source_and_batch(plans):
         loader.schema.check(batch)
         assert not batch["_padding"].any()
     assert len(loader.plan) == 3
+
+
+def test_a_mixture_is_read_by_the_one_loader_class_and_one_plan_has_the_weight_one(plans):
+    """``make_loader`` gives a ``BalancedLoader`` for any number of plans (its documented return type), a mixture's
+    batches counted into the same ``state_dict`` the loop saves; one plan reads as a mixture of one, weight 1."""
+    import petastorm_balanced as pb
+
+    mixture = make_loader(0, 2, plan=plans[:2], weights=[3, 1], batch_size=8, backend="arrow", batch_format="numpy")
+    one = make_loader(0, 2, plan=plans[0], batch_size=8, backend="arrow", batch_format="numpy")
+    assert isinstance(mixture, pb.BalancedLoader) and isinstance(one, pb.BalancedLoader)
+    assert mixture.weights == (Fraction(3, 4), Fraction(1, 4)) and one.weights == (Fraction(1),)
+    taken = list(islice(iter(mixture), 3))
+    assert [int((b["_source"] == 0).sum()) for b in taken] == [6, 6, 6]
+    assert flat(mixture.state_dict())["batches"] == 3
+    with pytest.raises(InvalidValueError, match="steps_of"):
+        mixture.steps_of(0)
+    assert one.steps_of(0) == len(one)
 
 
 @pytest.fixture(scope="module")

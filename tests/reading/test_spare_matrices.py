@@ -46,6 +46,13 @@ def test_a_window_left_before_its_last_run_gives_nothing_back(row_major):
     assert sorted(np.concatenate([run["a"] for run in out]).tolist()) == list(range(96))
 
 
+class Unkept(SpareMatrices):
+    """Keeps nothing: every window takes a new matrix."""
+
+    def give(self, matrices):
+        pass
+
+
 def write_dataset(folder, rows=6000):
     folder.mkdir()
     ids = np.arange(rows, dtype=np.int64)
@@ -62,7 +69,7 @@ def test_batches_are_those_of_fresh_matrices_and_keep_their_values(tmp_path, row
     plan = plan_shards(write_dataset(tmp_path / "ds"), 1, batch_size=50, engine="local")
     options = dict(plan=plan, batch_size=50, shuffle_window=1000, workers_count=1, batch_format=batch_format)
     loader, fresh = make_loader(0, 1, **options), make_loader(0, 1, **options)
-    fresh._spares = None  # every window in a matrix of its own, as before spares
+    fresh._reads.spares = Unkept()  # every window in a matrix of its own, as before spares
     kept, copies, expected, matrices = [], [], [], []
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -71,7 +78,7 @@ def test_batches_are_those_of_fresh_matrices_and_keep_their_values(tmp_path, row
             kept.append(batch)
             copies.append({name: np.array(values, copy=True) for name, values in batch.items()})
         expected += [{name: np.array(values, copy=True) for name, values in b.items()} for b in fresh]
-        matrices.append([id(m) for m in loader._spares._spare])
+        matrices.append([id(m) for m in loader._reads.spares._spare])
     assert len(kept) == len(expected) == 2 * 6000 // 50
     for batch, copy, want in zip(kept, copies, expected, strict=True):
         assert np.array_equal(batch["v"], batch["id"] * 3 - 7)
@@ -83,6 +90,6 @@ def test_batches_are_those_of_fresh_matrices_and_keep_their_values(tmp_path, row
 def test_a_closed_loader_holds_no_window_matrix(tmp_path, row_major):
     plan = plan_shards(write_dataset(tmp_path / "ds"), 1, batch_size=50, engine="local")
     loader = make_loader(0, 1, plan=plan, batch_size=50, shuffle_window=1000, workers_count=1, batch_format="numpy")
-    assert len(list(loader)) == 6000 // 50 and len(loader._spares) == 1
+    assert len(list(loader)) == 6000 // 50 and len(loader._reads.spares) == 1
     loader.close()
-    assert len(loader._spares) == 0
+    assert len(loader._reads.spares) == 0

@@ -39,7 +39,7 @@ from ..options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from ..planned_view import EpochSampler, PlannedView
 from ..source.position import Position, Run
 from ..source.settings import Settings
-from .request import mixture_settings, resolve_request
+from .request import pipeline, resolve_request
 
 try:
     torch: Any = importlib.import_module("torch")
@@ -96,15 +96,10 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         request = resolve_request(plan, rank, world, options, weights=weights, epoch_steps=epoch_steps,
                                   backend=backend)
         self.backend = request.backend
-        if request.mixture:  # plan=[...]: a mixture (reading/mixing/mixture.py), its slots mixed by its workers
-            settings = mixture_settings(request, reader_pool_type="dummy")
-            self._settings = settings
-            self._position = MixturePosition(settings, epoch)
-            self._read_slot = self._mixture_slot
-        else:
-            self._settings = Settings(request.plan, request.world, options)
-            self._position = Position(self._settings, epoch)
-            self._read_slot = self._slot
+        # plan=[...]: a mixture (reading/mixing/mixture.py), its slots mixed by its workers
+        stages = pipeline(request, epoch, reader_pool_type="dummy")
+        self._settings, self._position = stages.settings, stages.position
+        self._read_slot = self._mixture_slot if request.mixture else self._slot
         self._num_workers = 1  # slots of the tracked iteration (set by BalancedDataLoader)
         self._numpy_out = False  # yield numpy batches (BalancedDataLoader's workers; see there)
         self._in_worker: list[int] | None = None  # inside a DataLoader worker: [epoch, start, batches delivered]

@@ -13,25 +13,21 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any
+from fractions import Fraction
+from typing import Any, Self
 
 from ...errors import InvalidValueError
 from ...plan.model import ShardPlan
-from ...world import World
-from ..backends import BACKENDS
 from ..backends.reader_arguments import check_petastorm_kwargs, petastorm_only, reader_options
-from ..backends.reader_keeper import ReaderKeeper
-from ..batches import packing
-from ..batches.spare_matrices import SpareMatrices
 from ..formats.device import NO_FEED, Feed, check_feed, close_iterator, delivered
 from ..formats.tensors import TORCH, format_batches, format_groups
-from ..mixing.mixture import MixtureLoader
+from ..mixing.mixture import MixturePosition, MixtureSettings
 from ..options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
-from ..planned_view import PlannedLoader
+from ..planned_view import PlannedView
 from ..source import stream
-from ..source.position import Position
+from ..source.position import Position, Run
 from ..source.settings import Settings
-from .request import mixture_settings, resolve_request
+from .request import LoaderRequest, pipeline, resolve_request
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
 LOADER_REFUSED = {
@@ -40,7 +36,7 @@ LOADER_REFUSED = {
 }
 
 
-class BalancedLoader(PlannedLoader[Settings, Position]):
+class BalancedLoader(PlannedView[Settings | MixtureSettings, Position | MixturePosition]):
     """Batches of one rank: ``for batch in loader`` is one epoch; the next ``iter()`` serves the next one.
 
     Only delivered batches and ``set_epoch`` move the position (``position.Position``): an ``iter()`` abandoned
@@ -49,57 +45,47 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
     Batches are dicts of column name to tensor (strings as lists of str), plus a boolean ``_padding`` tensor with
     ``padding_mask=True``; with ``batch_format="numpy"`` numpy arrays instead of tensors (same keys, dtypes,
     shapes and lists: ``loader.schema``), and torch is never imported. ``state_dict()`` is the same on every rank
-    (all ranks take the same steps), so a checkpoint written by rank 0 resumes every rank. Made by ``make_loader``,
-    which checks its arguments once into a ``LoaderOptions`` (``options.py``), resolves the plan and the backend once,
-    and hands them down.
+    (all ranks take the same steps), so a checkpoint written by rank 0 resumes every rank. Made by ``make_loader``
+    from one ``LoaderRequest`` (``request.py``): one plan, or a mixture of plans (``loader.plan`` is then their
+    tuple; its readers are ``mixture.MixtureReads``, a reader per source).
     """
 
     # state_dict keys
     EPOCH, BATCHES, IDENTITY_KEYS = Position.EPOCH, Position.BATCHES, Position.IDENTITY_KEYS
+    _iterator: Any = None  # the iteration in progress (a generator, or a chain of lists: Recorder.grouped)
 
-    def __init__(self, plan: ShardPlan, world: World, options: LoaderOptions, *, backend: str, epoch: int = 0,
-                 reader_options: dict | None = None, feeding: Feed = NO_FEED):
-        """``plan`` and ``backend`` as ``make_loader`` resolved them (a ShardPlan; ``"arrow"`` or ``"petastorm"``)."""
-        self._cut = format_batches(options.batch_format)  # refuses "torch" without torch, before any reading
-        self._groups = format_groups(options.batch_format)
-        self._settings = Settings(plan, world, options)
-        self._position = Position(self._settings, epoch)
-        self.backend = backend
-        self._reader_options = dict(reader_options or {})
+    def __init__(self, request: LoaderRequest, epoch: int = 0, feeding: Feed = NO_FEED):
+        self._cut = format_batches(request.options.batch_format)  # refuses "torch" without torch, before any reading
+        self._groups = format_groups(request.options.batch_format)
+        stages = pipeline(request, epoch)
+        self._settings, self._position = stages.settings, stages.position
+        self.backend = request.backend
         self._feed = feeding  # pinned / copied ahead to a device (device.py); counted when delivered
-        self._reader = ReaderKeeper()  # the pool lives from epoch to epoch; stopped when the loader goes
-        self._spares = SpareMatrices()  # its last shuffle window's matrices, filled again by the next window
-        self._finalizer = weakref.finalize(self, self._reader.close)
+        self._reads = stages.reads  # they live from epoch to epoch; stopped when the loader goes
+        self._finalizer = weakref.finalize(self, self._reads.close)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._iterator is not None:
             self._iterator.close()  # one pool at a time
         # starts (and takes the position) at its first next(): a probe consumes nothing
         iterator: Iterator[dict[str, Any]]
-        if self._feed.active:  # one batch held ahead: counted as handed on, the loop timed per batch
+        if self._feed.active or not self._position.counts_lists:  # one batch at a time, the loop timed per batch
             iterator = self._iterator = self.recorder.measured(self._run())  # loader.stats(): the loop's waits
         else:  # lists of batches handed out in C, timed and counted per list (reading/stats.py)
             iterator = self._iterator = self.recorder.grouped(self._run(grouped=True))
         return iterator
 
     def _run(self, grouped: bool = False) -> Generator[Any, None, None]:
-        settings = self._settings
-        run = self._position.begin()
-        epoch = run.epoch
-        self.recorder.begin(epoch)
-        chunks = BACKENDS[self.backend].run(settings.plan, settings.columns, self._reader_options, self._reader,
-                                            transform=settings.transform)
-        runs = settings.slot_runs(chunks, epoch, run.stages, batches_done=run.start, spares=self._spares)
-        if settings.packing is not None:  # each step's documents as (S, L) sequences (reading/batches/packing.py)
-            runs = packing.packed_runs(runs, settings.packing, settings.schema)
-
-        if grouped:
+        settings, position = self._settings, self._position
+        run, runs = self._reads.begin()  # takes the position
+        self.recorder.begin(run.epoch)
+        if grouped and isinstance(position, Position) and isinstance(run, Run):
             try:
                 for batch_run in runs:
                     for group in self._groups(batch_run, settings.batch_size or len(batch_run[stream.PADDING]),
                                               settings.padding_mask):
                         batches = iter(group)
-                        self._position.handing(run, batches, len(group))  # counted as they leave `batches`
+                        position.handing(run, batches, len(group))  # counted as they leave `batches`
                         yield batches
             finally:
                 close_iterator(runs)
@@ -110,17 +96,48 @@ class BalancedLoader(PlannedLoader[Settings, Position]):
             batch_run[stream.PADDING]), settings.padding_mask) for batch_run in runs)
         yield from delivered(tensors, self._feed, run, runs)  # a batch held ahead counts once handed on
 
+    @property
+    def weights(self) -> tuple[Fraction, ...]:
+        """The weights as read: fractions summing to 1 (one plan: ``(1,)``)."""
+        return self._settings.weights
+
     def steps_of(self, epoch: int, stages=()) -> int:
         """Steps of ``epoch`` on this loader's world (after ``stages``: an elastic resume's earlier worlds), which an
-        adapter that counts consumed batches across epochs (``petastorm_balanced.tf``) needs."""
+        adapter that counts consumed batches across epochs (``petastorm_balanced.tf``) needs; one plan's only."""
+        if not isinstance(self._settings, Settings):
+            raise InvalidValueError("steps_of(epoch) counts one plan's epochs; a mixture's epoch is len(loader) "
+                                    "(set by epoch_steps= or its scarcest source)")
         return int(self._settings.steps_of(epoch, stages))
 
-    def _close_readers(self) -> None:
-        self._reader.close()
-        self._spares.give([])  # a closed loader holds no window matrix
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` next (like ``DistributedSampler.set_epoch``); a position loaded for that same epoch by
+        ``load_state_dict`` is kept, so calling ``set_epoch`` at the top of every epoch is safe after resuming."""
+        self._position.set_epoch(epoch)
 
+    def state_dict(self) -> dict:
+        """The epoch and batch the next iteration serves (a mixture's: each source's ``[pass, row]`` and the
+        schedule's phase, ``state["mixture"]``), and the settings they are valid for; the end of an epoch is saved
+        as the start of the next one."""
+        return self._position.state_dict()
 
-Loader = BalancedLoader | MixtureLoader  # what make_loader returns: one plan's loader, or a mixture's
+    def load_state_dict(self, state: dict) -> None:
+        """The next ``iter()`` continues exactly where ``state`` was saved; a state saved at another world size
+        continues that epoch with the rows no rank had consumed, split evenly over this world (G10); a mixture's
+        saved with other weights continues every source where it stood."""
+        self._position.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the readers' workers now (otherwise they wait for the next epoch, until the loader is collected)."""
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+        self._reads.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def numpy_loader(framework: str, rank, world, plan, batch_size, kwargs: dict, places: str,
@@ -134,9 +151,7 @@ def numpy_loader(framework: str, rank, world, plan, batch_size, kwargs: dict, pl
             raise InvalidValueError(f"{name}={kwargs[name]!r} is not accepted here: {why}")
     if isinstance(plan, (list, tuple)):
         raise InvalidValueError(f"plan=[...] (a mixture) is served to torch and numpy loops (make_loader); {one_plan}")
-    loader = make_loader(rank, world, plan=plan, batch_size=batch_size, batch_format="numpy", **kwargs)
-    assert isinstance(loader, BalancedLoader)
-    return loader
+    return make_loader(rank, world, plan=plan, batch_size=batch_size, batch_format="numpy", **kwargs)
 
 
 def make_loader(rank: int | None = None, world: int | None = None, *, plan: ShardPlan | str | Sequence[Any],
@@ -150,7 +165,7 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                 weights: Sequence[float] | None = None, epoch_steps: int | None = None,
                 list_format: Any = "auto", list_shapes: Any = None, batch_format: str = TORCH,
                 pack: str | None = None, seq_len: int | None = None, long_documents: str = "split",
-                **petastorm_kwargs: Any) -> Loader:
+                **petastorm_kwargs: Any) -> BalancedLoader:
     """A ``BalancedLoader`` for rank ``rank`` of ``world`` (both default to ``World.detect()``).
 
     ``plan`` is a ShardPlan or a plan URL (loaded and checked against its dataset). A plan made for W ranks
@@ -238,7 +253,4 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
                               backend=backend, petastorm_arguments=petastorm_only(petastorm_kwargs, reader_pool_type),
                               reader_options=lambda chosen: reader_options(chosen, workers_count, reader_pool_type,
                                                                            petastorm_kwargs))
-    if request.mixture:
-        return MixtureLoader(mixture_settings(request), epoch, fed)
-    return BalancedLoader(request.plan, request.world, options, backend=request.backend, epoch=epoch,
-                          reader_options=dict(request.reader_options), feeding=fed)
+    return BalancedLoader(request, epoch, fed)

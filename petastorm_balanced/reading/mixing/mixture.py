@@ -29,11 +29,8 @@ What a mixture does not take, refused when it is built: ``partition_epoch`` (use
 from __future__ import annotations
 
 import copy as _copy
-import weakref
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import replace
-from fractions import Fraction
-from typing import Any
 
 from ...core import shuffle as shuffle_rule
 from ...core.cost.spec import COST_COLUMN
@@ -43,11 +40,9 @@ from ...errors import InvalidTypeError, InvalidValueError
 from ...plan.model import ShardPlan
 from ...world import World
 from .. import state as loader_state
+from ..backends.reader_keeper import ReaderKeeper
 from ..fields.schema import batch_schema, extra_column
-from ..formats.device import NO_FEED, Feed, delivered
-from ..formats.tensors import format_batches
 from ..options import LoaderOptions
-from ..planned_view import PlannedLoader
 from ..rows.columns import Columns
 from ..source import stream
 from ..source.position import check_arrangement
@@ -88,7 +83,7 @@ class MixtureSettings:
 
     def __init__(self, plans: Sequence[ShardPlan], weights, world: World, options: LoaderOptions, *,
                  epoch_steps: int | None = None, backend: str = "arrow", reader_options: Mapping | None = None):
-        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``request.mixture_settings``)."""
+        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``request.pipeline``)."""
         self.plans = tuple(plans)
         mixture_elastic.refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
@@ -429,6 +424,10 @@ class MixtureRun:
     def __init__(self, position: MixturePosition, point: Point, steps: int, heads: tuple):
         self.position, self.point, self.steps, self.heads = position, point, steps, heads
 
+    @property
+    def epoch(self) -> int:
+        return self.point.epoch
+
     def delivered(self) -> None:
         self.position.delivered(self)
 
@@ -455,52 +454,30 @@ def numpy_runs(settings: MixtureSettings, point: Point, count: int, sources=None
                 source.close()
 
 
-class MixtureLoader(PlannedLoader[MixtureSettings, MixturePosition]):
-    """Batches of one rank over a mixture of plans; made by ``make_loader(plan=[...], weights=[...])``.
+class MixtureReads:
+    """A mixture's readers for ``BalancedLoader``: a reader per source (the backend's threads or pool, so the
+    loader's memory is about one shuffle window and the prefetch per source), and the sources' streams, which live
+    from epoch to epoch: an epoch that ends inside a source's shuffle window hands the window, already read, to
+    the next one (reopened only where an iteration was left mid-way)."""
 
-    The loader's interface is ``BalancedLoader``'s (``len``, ``set_epoch``, ``state_dict``, ``load_state_dict``,
-    ``schema``, ``close``); ``loader.plan`` is the tuple of plans. Each source is read by its own reader (the
-    backend's threads or pool), so the loader's memory is about one shuffle window and the prefetch per source.
-    """
+    def __init__(self, settings: MixtureSettings, position: MixturePosition):
+        self.settings, self.position = settings, position
+        self.keepers = [ReaderKeeper() for _ in settings.plans]
+        self.sources: list = []
 
-    def __init__(self, settings: MixtureSettings, epoch: int = 0, feeding: Feed = NO_FEED):
-        self._cut = format_batches(settings.options.batch_format)  # imports torch for torch batches
-        self._settings = settings
-        self._position = MixturePosition(settings, epoch)
-        self.backend = settings.backend
-        self._feed = feeding
-        from ..backends.reader_keeper import ReaderKeeper
-        self._keepers = [ReaderKeeper() for _ in settings.plans]
-        # the sources' streams live from epoch to epoch: an epoch that ends inside a source's shuffle window hands
-        # the window, already read, to the next one (reopened only where an iteration was left mid-way)
-        self._sources: list = []
-        self._finalizer = weakref.finalize(self, _close_all, self._keepers, self._sources)
-
-    def _run(self) -> Generator[dict[str, Any], None, None]:
-        settings = self._settings
-        run = self._position.begin()
+    def begin(self) -> tuple[MixtureRun, Generator[dict, None, None]]:
+        """An iteration from the position on, and its runs of numpy batches."""
+        settings, run = self.settings, self.position.begin()
         schedule, point = settings.mixture.schedule, run.point
-        self.recorder.begin(point.epoch)
         wanted = [(c, h, None if s.cost is None else schedule.origin(i, point.phase, c))
                   for i, (c, h, s) in enumerate(zip(point.counters, run.heads, settings.sources, strict=True))]
-        if [(s.counter, s.head, s.origin) for s in self._sources] != wanted:
-            _close_all([], self._sources)
-            self._sources[:] = open_sources(settings, point.counters, self._keepers, run.heads, point.phase)
-        runs = numpy_runs(settings, run.point, run.steps - run.point.batch, self._sources)
+        if [(s.counter, s.head, s.origin) for s in self.sources] != wanted:
+            _close_all([], self.sources)
+            self.sources[:] = open_sources(settings, point.counters, self.keepers, run.heads, point.phase)
+        return run, numpy_runs(settings, point, run.steps - point.batch, self.sources)
 
-        def tensors():
-            for numpy_run in runs:
-                yield from self._cut(numpy_run, settings.batch_size, settings.padding_mask)
-
-        yield from delivered(tensors(), self._feed, run, runs)
-
-    @property
-    def weights(self) -> tuple[Fraction, ...]:
-        """The weights as read: fractions summing to 1."""
-        return self._settings.weights
-
-    def _close_readers(self) -> None:
-        _close_all(self._keepers, self._sources)
+    def close(self) -> None:
+        _close_all(self.keepers, self.sources)
 
 
 def _close_all(keepers, sources) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
+from fractions import Fraction
 
 from ...core import shuffle as shuffle_rule
 from ...core.cost.options import CostOptions
@@ -79,6 +80,8 @@ class Settings:
             self.schema = packing.packed_schema(self.packing, self.schema, None if target is None or self.packing.column
                                                 not in target.names else target.field(self.packing.column).type)
         self._checksum: str | None = None
+
+    weights = (Fraction(1),)  # one plan is a mixture of one source (``loader.weights``)
 
     # the source's answers (``resolve.Source``)
     cost = property(lambda self: self.source.cost, doc="the cost arrangement; None: balanced by rows")
