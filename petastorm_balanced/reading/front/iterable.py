@@ -257,7 +257,7 @@ class BalancedIterableDataset(PlannedView[Settings | MixtureSettings, Position |
         """Take the position for an iteration counted in this process (the DataLoader's main process), and start
         the epoch's figures (``stats()``)."""
         run = self._position.begin()
-        self.recorder.begin(self.epoch)  # the run's epoch (a mixture's run keeps it in its point)
+        self.recorder.begin(run.epoch)
         return run
 
     @property
@@ -315,8 +315,7 @@ class BalancedDataLoader(_Loader):
         object.__setattr__(self, "sampler", _EpochSampler(dataset))  # DataLoader forbids setting it normally
 
     def __iter__(self):
-        lists = self.dataset._position.counts_lists  # (a mixture's runs count batch by batch)
-        if self._tensors_here and self.num_workers > 0 and not self._feed.active and lists:
+        if self._tensors_here and self.num_workers > 0 and not self._feed.active:
             # lists of batches handed out in C, timed and counted per list (Recorder.grouped, Position.handing)
             return self.dataset.recorder.grouped(self._groups(), length=lambda: len(self))
         return _Counted(self)
@@ -325,8 +324,6 @@ class BalancedDataLoader(_Loader):
         """The workers' packets as lists of batches in the round robin's order, each counted as its batches leave
         it (started at the first ``next()``, like ``_Counted``)."""
         batches, run = self._start()
-        if not isinstance(run, Run):
-            raise TypeError("a mixture's batches are counted one at a time (_Counted)")  # __iter__ sends them there
         cut = format_batches(self.dataset.batch_format)
         position = run.position
         for group in worker_packets.interleaved_groups(batches, self.num_workers,

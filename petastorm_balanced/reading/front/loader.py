@@ -25,7 +25,7 @@ from ..mixing.mixture import MixturePosition, MixtureSettings
 from ..options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from ..planned_view import PlannedView
 from ..source import stream
-from ..source.position import Position, Run
+from ..source.position import Position
 from ..source.settings import Settings
 from .request import LoaderRequest, pipeline, resolve_request
 
@@ -69,7 +69,7 @@ class BalancedLoader(PlannedView[Settings | MixtureSettings, Position | MixtureP
             self._iterator.close()  # one pool at a time
         # starts (and takes the position) at its first next(): a probe consumes nothing
         iterator: Iterator[dict[str, Any]]
-        if self._feed.active or not self._position.counts_lists:  # one batch at a time, the loop timed per batch
+        if self._feed.active:  # one batch held ahead: counted as handed on, the loop timed per batch
             iterator = self._iterator = self.recorder.measured(self._run())  # loader.stats(): the loop's waits
         else:  # lists of batches handed out in C, timed and counted per list (reading/stats.py)
             iterator = self._iterator = self.recorder.grouped(self._run(grouped=True))
@@ -79,7 +79,7 @@ class BalancedLoader(PlannedView[Settings | MixtureSettings, Position | MixtureP
         settings, position = self._settings, self._position
         run, runs = self._reads.begin()  # takes the position
         self.recorder.begin(run.epoch)
-        if grouped and isinstance(position, Position) and isinstance(run, Run):
+        if grouped:
             try:
                 for batch_run in runs:
                     for group in self._groups(batch_run, settings.batch_size or len(batch_run[stream.PADDING]),

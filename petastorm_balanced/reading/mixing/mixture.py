@@ -45,7 +45,7 @@ from ..fields.schema import batch_schema, extra_column
 from ..options import LoaderOptions
 from ..rows.columns import Columns
 from ..source import stream
-from ..source.position import check_arrangement
+from ..source.position import Counting, check_arrangement
 from ..source.resolve import Source, resolve_source
 from ..state import (
     BALANCE,
@@ -208,7 +208,7 @@ def _refuse(options: LoaderOptions) -> None:
                                 "in the training loop")
 
 
-class MixturePosition:
+class MixturePosition(Counting):
     """Where the next batch comes from: a point of the mixture (``core/mixture.Point``) in the current epoch, and
     batches delivered since. The epoch rules are ``position.Position``'s: only delivered batches and ``set_epoch``
     move it; ``set_epoch(e)`` keeps a position just loaded for epoch ``e``.
@@ -216,8 +216,6 @@ class MixturePosition:
     With ``workers`` DataLoader workers (``MixtureSettings.slots``) the rank's batch ``b`` of an epoch is slot
     ``b % workers``'s batch ``b // workers``: ``anchor`` is where every slot stood at rank batch ``start`` (all
     slots alike), ``batches`` the rank's batches of the epoch; a state names the point of the slots behind."""
-
-    counts_lists = False  # a run counts its batches one at a time (``Position.counts_lists``)
 
     def __init__(self, settings: MixtureSettings, epoch: int, workers: int = 1):
         self.base = settings  # the rank's settings (what a state is valid for)
@@ -247,6 +245,7 @@ class MixturePosition:
         return self.mixture.advance(self.anchor, local)
 
     def _roll(self) -> None:
+        self._settle()  # batches handed out of a list so far
         if self.batches >= self._steps:  # the epoch is over: its end is the next one's start
             end = self.point()
             self.anchor = replace(end, epoch=end.epoch + 1, batch=0)
@@ -259,11 +258,11 @@ class MixturePosition:
         self._owner = run
         return run
 
-    def delivered(self, run: MixtureRun) -> None:
+    def _count(self, run: MixtureRun, count: int) -> None:
         if self._owner is not run:
             return
         self.resumed = self.fresh = False
-        self.batches += 1
+        self.batches += count
         self._roll()
 
     def current(self) -> tuple[int, int]:
@@ -279,6 +278,7 @@ class MixturePosition:
         """The position for ``workers`` DataLoader workers (slots; ``saved`` is not needed: the position knows its
         own): a fresh one starts their timeline at its epoch, else it continues elastically (the slots are the
         ranks of a larger world)."""
+        self._settle()
         if workers == self.workers:
             return
         resumed = self.resumed
@@ -329,6 +329,7 @@ class MixturePosition:
         (``workers`` unless given, else this position's)."""
         if not isinstance(state, dict):
             raise InvalidTypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        self._settle()
         state = loader_state.flat(state)
         settings = self.base
         expected = {**settings.identity(), **(extra or {})}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from operator import length_hint
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...core.elastic import Stage
 from ...core.params import check_int
@@ -26,7 +26,42 @@ if TYPE_CHECKING:
 _SETTLING = threading.RLock()
 
 
-class Position:
+class Counting:
+    """How an iteration's batches count into a position (one plan's ``Position``, a mixture's ``MixturePosition``):
+    one at a time (``delivered``), or a list at a time (``handing``: a list's iterator consumed in C with no Python
+    per batch, each batch counted once it left the list, settled whenever the position is read). ``_count`` moves
+    the position, for the iteration that owns it only."""
+
+    _handing: tuple | None = None  # (run, batches, size, counted)
+
+    def _count(self, run: Any, count: int) -> None:
+        raise NotImplementedError
+
+    def delivered(self, run: Any) -> None:
+        """``run`` handed out one more batch."""
+        self._settle()
+        self._count(run, 1)
+
+    def handing(self, run: Any, batches: Iterator, size: int) -> None:
+        """``run`` hands out ``size`` batches from ``batches``: each counts as delivered once it left ``batches``."""
+        self._settle()
+        self._handing = (run, batches, size, 0)
+
+    def _settle(self) -> None:
+        if self._handing is None:
+            return
+        with _SETTLING:  # a state_dict() in another thread must not count the same batches twice
+            handing = self._handing
+            if handing is None:
+                return
+            run, batches, size, counted = handing
+            handed = size - length_hint(batches)
+            if handed > counted:
+                self._handing = (run, batches, size, handed) if handed < size else None
+                self._count(run, handed - counted)
+
+
+class Position(Counting):
     """Where the next batch comes from: the epoch, and batches of it already delivered.
 
     Shared by both loaders: ``state_dict`` and ``load_state_dict`` are strict (every key must be there, and the
@@ -55,8 +90,6 @@ class Position:
 
     STAGES, PARTITION_EPOCH = loader_state.STAGES, loader_state.PARTITION_EPOCH  # optional on load
 
-    counts_lists = True  # a run may count batches handed out a list at a time (``handing``)
-
     def __init__(self, settings: Settings, epoch: int):
         epoch = check_int("epoch", epoch, minimum=0)
         self.settings = settings
@@ -66,7 +99,6 @@ class Position:
         self._owner: Run | None = None  # the iteration allowed to move the position
         self._steps_key: tuple | None = None  # (epoch, stages) whose steps _steps holds (``delivered``)
         self._steps = 0
-        self._handing: tuple | None = None  # (run, batches, size, counted): see ``handing``
 
     def begin(self) -> Run:
         """An iteration starting at the position now (call it when its first batch is about to be read).
@@ -84,31 +116,7 @@ class Position:
         self._owner = run
         return run
 
-    def delivered(self, run: Run) -> None:
-        """``run`` handed out one more batch."""
-        self._settle()
-        self._count(run, 1)
-
-    def handing(self, run: Run, batches: Iterator, size: int) -> None:
-        """``run`` hands out ``size`` batches from ``batches`` (a list's iterator, consumed in C with no Python per
-        batch): each counts as delivered once it left ``batches``, settled whenever the position is read."""
-        self._settle()
-        self._handing = (run, batches, size, 0)
-
-    def _settle(self) -> None:
-        if self._handing is None:
-            return
-        with _SETTLING:  # a state_dict() in another thread must not count the same batches twice
-            handing = self._handing
-            if handing is None:
-                return
-            run, batches, size, counted = handing
-            handed = size - length_hint(batches)
-            if handed > counted:
-                self._handing = (run, batches, size, handed) if handed < size else None
-                self._count(run, handed - counted)
-
-    def _count(self, run: Run, count: int) -> None:
+    def _count(self, run: Any, count: int) -> None:
         if self._owner is not run:
             return
         self.resumed = False
