@@ -3,9 +3,9 @@
 A source is one plan read by one slot: its cost arrangement (``resolve_cost``: None balances rows; with ``pack=``
 its packing), the columns read (the requested ones plus the cost's source column, dropped after use) and the
 ``transform_spec`` bound to them, the lengths column a padded list cost is sized by, its decoded bytes per row
-(what sizes its windows), and the ``Layout`` its slots follow. One plan's ``Settings`` holds one source; a mixture's ``MixtureSettings`` holds one per plan, each
-resolved here the same way, plus the schedule that mixes them, so every concern of reading a plan has one
-implementation.
+(what sizes its windows), and the ``Layout`` its slots follow. One plan's ``Settings`` holds one source; a
+mixture's ``MixtureSettings`` holds one per plan, each resolved here the same way, plus the schedule that mixes
+them, so every concern of reading a plan has one implementation.
 """
 from __future__ import annotations
 
