@@ -44,6 +44,7 @@ def write(root, index, n):
         "text": [f"row-{first + i}-{'x' * (i % 5)}" for i in range(n)],
         "vec": pa.array([[float(i), i + 0.5, -float(i)] for i in range(n)], pa.list_(pa.float32())),
         "cut": pa.array(np.arange(n) % 11, pa.int32() if index == 0 else pa.int64()),
+        "tok": pa.array([list(range(i % (4 + 3 * index) + 1 + index)) for i in range(n)], pa.list_(pa.int64())),
     })
     root.mkdir()
     half = n // 2 + 7  # files, and row groups, of uneven sizes
@@ -110,7 +111,7 @@ def test_the_schema_and_tensors_are_what_one_plan_gives(plans):
     mixture = make_loader(0, 2, plan=plans, weights=WEIGHTS, backend="arrow", transform_spec=spec())
     columns = [c for c in mixture.schema.columns if c.name != "_source"]
     names = [c.name for c in columns]
-    assert names == ["id", "label", "label__valid", "text", "vec", "score", "value"]  # edited ones last, cut gone
+    assert names == ["id", "label", "label__valid", "text", "vec", "tok", "score", "value"]  # edited last, cut gone
     one = [make_loader(0, 2, plan=p, backend="arrow", transform_spec=spec()) for p in plans]
     assert tuple(columns) == one[0].schema.columns  # source 0 has label's nulls: its schema is the mixture's
     loose = {"label", "label__valid"}  # source 1 alone: label without nulls, so no mask
@@ -169,12 +170,26 @@ def test_a_source_balanced_by_cost_with_a_transform_is_refused_naming_it(urls, p
     assert "score" in next(iter(loader))
 
 
+def test_list_columns_take_list_format_through_the_transform(plans):
+    """``tok`` has 1 to 4 tokens in source 0, 2 to 8 in source 1: padded to the longest of every source."""
+    kwargs = dict(weights=WEIGHTS, backend="arrow", batch_format="numpy", list_format="padded", shuffle_window=20)
+    through = make_loader(0, 2, plan=plans, transform_spec=TransformSpec(None, removed_fields=["cut"]), **kwargs)
+    plain = make_loader(0, 2, plan=plans, schema_fields=["id", "label", "value", "text", "vec", "tok"], **kwargs)
+    assert through.schema == plain.schema and through.schema["tok"].shape == (8,)
+    batches = list(through)
+    assert {n for b in batches for n in b["tok__lengths"].tolist()} == set(range(1, 9))
+    equal_batches(batches, list(plain))
+
+
 def equal_batches(got, want):
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert set(a) == set(b)
         for key in b:
-            assert np.array_equal(as_numpy(a[key]), as_numpy(b[key])) if key != "text" else a[key] == b[key], key
+            if isinstance(b[key], torch.Tensor) or (isinstance(b[key], np.ndarray) and b[key].dtype != object):
+                assert np.array_equal(as_numpy(a[key]), as_numpy(b[key])), key
+            else:  # one value per row: text, lists
+                assert [np.asarray(v).tolist() for v in a[key]] == [np.asarray(v).tolist() for v in b[key]], key
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
