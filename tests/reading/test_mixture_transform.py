@@ -7,7 +7,6 @@ refuses it unless the transform drops or declares it)."""
 import multiprocessing
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -227,5 +226,3 @@ def test_a_function_that_does_not_pickle_is_refused_for_spawned_workers(plans):
     with pytest.raises(InvalidValueError, match=r"transform_spec.func=<function .*<lambda>.* cannot be pickled"):
         dataset.dataloader(num_workers=2, multiprocessing_context=multiprocessing.get_context("spawn"))
 
-
-_ = pd  # pandas: the function's frames
