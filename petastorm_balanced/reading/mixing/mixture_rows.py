@@ -84,15 +84,11 @@ def delivered_columns(sources: Sequence[Source]) -> tuple[list[Source], list[Col
     each = [{c.name: c for c in source.delivered} for source in sources]
     transformed = sources[0].transform is not None
     fix = ("declare the column's type in transform_spec's edit_fields and convert it in func, cast one of the "
-           "datasets, or leave the column out" if transformed else
+           "datasets, or leave the column out (removed_fields, schema_fields=)" if transformed else
            "cast one of the datasets to the other's type, or leave the column out with schema_fields=")
     schemas: list[ColumnSchema] = []
     fills: list[list[str]] = [[] for _ in sources]
-    for name in each[0]:
-        missing = next((i for i, columns in enumerate(each) if name not in columns), None)
-        if missing is not None:
-            raise InvalidValueError(f"column {name!r} is not delivered by source {missing} "
-                                    f"({sources[missing].plan.dataset_url}) but is by source 0: {fix}")
+    for name in each[0]:  # every source has the same names: the same spec over the same names read
         per_source = [columns[name] for columns in each]
         chosen = next((s for s in per_source if s.nullable), per_source[0])
         for index, column in enumerate(per_source):
