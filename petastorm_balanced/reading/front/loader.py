@@ -221,7 +221,8 @@ def make_loader(rank: int | None = None, world: int | None = None, *, plan: Shar
     ``transform_spec`` (a ``TransformSpec``, ours or Petastorm's; ``reading/rows/transform.py``): ``func`` gets each
     bundle's rows as a pandas DataFrame (Unischema cells decoded) in the reading threads or Petastorm's workers, and
     must return the same rows in the same order (checked: a typed error at that batch); ``edit_fields``,
-    ``removed_fields`` and ``selected_fields`` shape ``loader.schema`` and the batches. Not with ``balance="cost"``.
+    ``removed_fields`` and ``selected_fields`` shape ``loader.schema`` and the batches (a mixture's: every source's
+    rows transformed alike). Not with ``balance="cost"``.
 
     A mixture (``reading/mixing/mixture.py``, G17): ``plan=[plan_a, plan_b, ...]`` with ``weights=[w_a, w_b, ...]``;
     every batch holds each source's share of ``batch_size`` rows and a ``_source`` tensor; ``epoch_steps`` sets the

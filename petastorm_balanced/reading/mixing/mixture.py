@@ -23,8 +23,11 @@ cost-dealt row group order and arranges each shuffle window into the pieces its 
 budget holds it (``window_budget.mixture_windows``), its rows beyond its part of the memory budget on local disk.
 Without one, as for one plan, rows beyond that part (larger than the footers said) wait in the system temp folder.
 
+**A transform** (``transform_spec``) is bound to each source's columns and applied where its rows are decoded, as
+for one plan (``resolve.Source.transform``); the sources' outputs are the mixture's columns.
+
 What a mixture does not take, refused when it is built: ``partition_epoch`` (use ``epoch_steps``), token budgets
-(``max_batch_cost``: a batch's rows are decided by the weights), ``transform_spec``.
+(``max_batch_cost``: a batch's rows are decided by the weights).
 """
 from __future__ import annotations
 
@@ -69,7 +72,7 @@ from ..state import (
 from ..windows import window_budget
 from . import mixture_elastic
 from .mixture_elastic import Head
-from .mixture_rows import SOURCE, mixed_run, mixture_columns, open_sources
+from .mixture_rows import SOURCE, delivered_columns, mixed_run, mixture_columns, open_sources
 
 RUN_BATCHES = 32  # batches assembled at a time: one gather per column per run
 WORKER_STATES = ("a DataLoader worker's own state (torchdata StatefulDataLoader) is not supported for a mixture; "
@@ -101,8 +104,9 @@ class MixtureSettings:
         self.workers = 1  # DataLoader workers this rank's batches are split over (``slots``)
         schedule = make_schedule(self.weights, self.batch_size)
         # every source read as one plan is (``resolve.Source``), its columns those every source delivers
-        each, fills, schemas = mixture_columns(self.plans, options.schema_fields, options.lists)
-        self.sources = [self._source(i, c, f) for i, (c, f) in enumerate(zip(each, fills, strict=True))]
+        each = mixture_columns(self.plans, options.schema_fields, options.lists)
+        self.sources, schemas = delivered_columns([self._source(i, c) for i, c in enumerate(each)])
+        self.transform = self.sources[0].transform  # every source's transform_spec (what a spawned worker pickles)
         self.mixture = Mixture(schedule, tuple(s.rank_rows(self.world_size, 1) for s in self.sources),
                                self.epoch_steps)
         self.balanced_cost = [s.cost for s in self.sources if s.cost is not None]
@@ -149,14 +153,13 @@ class MixtureSettings:
         copy.layouts = [layout.moved(copy.world_size, copy.rank) for layout in self.layouts]
         return copy
 
-    def _source(self, index: int, columns: Columns, fill_masks: Sequence[str]) -> Source:
+    def _source(self, index: int, columns: Columns) -> Source:
         """Source ``index`` read as one plan is, at one row per batch: a source balanced by cost (``balance="auto"``
         and a plan with a cost, or ``"cost"``) reads its cost's source column along, each window arranged into the
         pieces its batches take."""
         plan = self.plans[index]
         try:
-            return resolve_source(plan, self.options, batch_size=self.batch_size, columns=columns,
-                                  fill_masks=fill_masks)
+            return resolve_source(plan, self.options, batch_size=self.batch_size, columns=columns)
         except InvalidValueError as exc:
             raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
 
@@ -203,9 +206,6 @@ def _refuse(options: LoaderOptions) -> None:
         raise InvalidValueError(f"pack={options.pack!r} with a mixture (plan=[...]) is not supported: each source's "
                                 "share would have to be counted in tokens, which a step's documents decide; pack "
                                 "one plan (a plan over all sources' files, mixed when writing them)")
-    if options.transform_spec is not None:
-        raise InvalidValueError("transform_spec with a mixture is not supported; apply the function to the batches "
-                                "in the training loop")
 
 
 class MixturePosition(Counting):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -51,13 +51,10 @@ class PieceCost(CostOptions):
         return arrange_pieces(costs, self.pieces(int(key[-1]), len(costs)), self.reduce, key), None
 
 
-def mixture_columns(plans: Sequence[ShardPlan], schema_fields, lists: ListOptions = PYTHON_LISTS
-                    ) -> tuple[list[Columns], list[tuple[str, ...]], list[ColumnSchema]]:
-    """(each source's columns, the masks each must add, the columns delivered): those named by ``schema_fields``
-    (every source must have them), else those all sources share, in the first source's order; one delivered type
-    each, or an error naming the source and the column. A column nullable in some sources only is delivered as
-    nullable (all-True masks added where a source has none). List columns of numbers take ``lists``
-    (``list_format``, ``list_shapes``) as one plan does, their lengths learned over every source's rows."""
+def mixture_columns(plans: Sequence[ShardPlan], schema_fields, lists: ListOptions = PYTHON_LISTS) -> list[Columns]:
+    """Each source's columns read: those named by ``schema_fields`` (every source must have them), else those all
+    sources share. List columns of numbers take ``lists`` (``list_format``, ``list_shapes``) as one plan does, their
+    lengths learned over every source's rows."""
     if schema_fields is None:
         each = [dataset_columns(plan) for plan in plans]
         shared = [n for n in each[0].names if all(n in c.names for c in each[1:])]
@@ -75,21 +72,34 @@ def mixture_columns(plans: Sequence[ShardPlan], schema_fields, lists: ListOption
             each.append(dataset_columns(plan, picked, lists, [*plans[:index], *plans[index + 1:]]))
         except InvalidValueError as exc:
             raise InvalidValueError(f"source {index} ({plan.dataset_url}): {exc}") from None
+    return each
+
+
+def delivered_columns(sources: Sequence[Source]) -> tuple[list[Source], list[ColumnSchema]]:
+    """(the sources with the masks each must add, the columns delivered): the columns each source's rows arrive
+    with (``Source.delivered``: after its ``transform_spec``, bound to its own columns as one plan's is), in the
+    first source's order; one delivered type each, or an error naming the source and the column. A column nullable
+    in some sources only is delivered as nullable (all-True masks added where a source has none), decided after
+    the transform, so a column it drops or declares needs none."""
+    each = [{c.name: c for c in source.delivered} for source in sources]
+    transformed = sources[0].transform is not None
+    fix = ("declare the column's type in transform_spec's edit_fields and convert it in func, cast one of the "
+           "datasets, or leave the column out (removed_fields, schema_fields=)" if transformed else
+           "cast one of the datasets to the other's type, or leave the column out with schema_fields=")
     schemas: list[ColumnSchema] = []
-    fills: list[list[str]] = [[] for _ in plans]
-    for name in names:
-        per_source = [dict(zip(c.names, c.schemas, strict=True))[name] for c in each]
+    fills: list[list[str]] = [[] for _ in sources]
+    for name in each[0]:  # every source has the same names: the same spec over the same names read
+        per_source = [columns[name] for columns in each]
         chosen = next((s for s in per_source if s.nullable), per_source[0])
         for index, column in enumerate(per_source):
             if _shape_of(column) != _shape_of(chosen):
                 raise InvalidValueError(
-                    f"column {name!r} is {_describe(column)} in source {index} ({plans[index].dataset_url}) but "
-                    f"{_describe(chosen)} in source {per_source.index(chosen)}: cast one of the datasets to the "
-                    "other's type, or leave the column out with schema_fields=")
+                    f"column {name!r} is {_describe(column)} in source {index} ({sources[index].plan.dataset_url}) "
+                    f"but {_describe(chosen)} in source {per_source.index(chosen)}: {fix}")
             if chosen.mask is not None and column.mask is None:
                 fills[index].append(name)
         schemas.append(chosen)
-    return each, [tuple(f) for f in fills], schemas
+    return [replace(s, fill_masks=tuple(f)) for s, f in zip(sources, fills, strict=True)], schemas
 
 
 def _shape_of(column: ColumnSchema) -> tuple:
@@ -132,7 +142,8 @@ class SourceRows:
         done = self.row if head is None else self.row - (head.begin - self.pass_index * self.rows_per_pass)
         epoch = plan_epoch(self.pass_index, self.place, self.sources)
         fragments = self.plan.assignment(layout.rank, **layout.pieces_args(epoch, 1, stages))
-        chunks = BACKENDS[self.backend].run(self.plan, source.columns, self.reader_options, self.keeper)
+        chunks = BACKENDS[self.backend].run(self.plan, source.columns, self.reader_options, self.keeper,
+                                            transform=source.transform)
         if cost is not None and self.cuts is not None:
             size = window_rows(1, layout.shuffle_window, layout.shuffle)
             base = self.pass_index * self.rows_per_pass if head is None else head.begin  # counter of slot row 0

@@ -1,15 +1,15 @@
 """``Source``: what one plan's rows are read with, resolved once from the loader's options.
 
 A source is one plan read by one slot: its cost arrangement (``resolve_cost``: None balances rows; with ``pack=``
-its packing), the columns read (the requested ones plus the cost's source column, dropped after use), the lengths
-column a padded list cost is sized by, its decoded bytes per row (what sizes its windows), and the ``Layout`` its
-slots follow. One plan's ``Settings`` holds one source; a mixture's ``MixtureSettings`` holds one per plan, each
-resolved here the same way, plus the schedule that mixes them, so every concern of reading a plan has one
-implementation.
+its packing), the columns read (the requested ones plus the cost's source column, dropped after use) and the
+``transform_spec`` bound to them, the lengths column a padded list cost is sized by, its decoded bytes per row
+(what sizes its windows), and the ``Layout`` its slots follow. One plan's ``Settings`` holds one source; a
+mixture's ``MixtureSettings`` holds one per plan, each resolved here the same way, plus the schedule that mixes
+them, so every concern of reading a plan has one implementation.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ...core import balance
@@ -23,15 +23,18 @@ from ...core.shuffle import EXTRA_ROW_BYTES
 from ...errors import InvalidValueError
 from ...plan.model import ShardPlan
 from ..batches import packing
+from ..fields.schema import ColumnSchema
 from ..options import LoaderOptions
+from ..rows import transform as transforms
 from ..rows.columns import Columns, dataset_columns, with_cost_source
 from .layout import Layout
 
 
 @dataclass(frozen=True)
 class Source:
-    """One plan as a loader reads it (``resolve_source``). ``fill_masks``: columns a mixture delivers as nullable
-    that this source stores without nulls (all-True masks are added to its rows)."""
+    """One plan as a loader reads it (``resolve_source``). ``transform``: ``transform_spec`` bound to the columns
+    read, applied where its rows are decoded. ``fill_masks``: columns a mixture delivers as nullable that this
+    source delivers without nulls (all-True masks are added to its rows)."""
 
     plan: ShardPlan
     options: LoaderOptions
@@ -41,6 +44,14 @@ class Source:
     cost_lengths: str | None = None  # a padded list as the cost column: size() is its lengths column
     packing: Packing | None = None  # pack=: (S, L) sequences of each window's documents
     fill_masks: tuple[str, ...] = ()
+    transform: transforms.Transform | None = None
+
+    @property
+    def delivered(self) -> tuple[ColumnSchema, ...]:
+        """The columns its rows arrive with: the transform's outputs, else those read less the cost's own."""
+        if self.transform is not None:
+            return self.transform.outputs
+        return tuple(c for c in self.columns.schemas if c.name not in self.drop)
 
     @property
     def row_bytes(self) -> float:
@@ -64,10 +75,11 @@ class Source:
                       steps=steps, epoch_steps=epoch_steps)
 
 
-def resolve_source(plan: ShardPlan, options: LoaderOptions, *, batch_size: int | None, columns: Columns | None = None,
-                   fill_masks: Sequence[str] = ()) -> Source:
+def resolve_source(plan: ShardPlan, options: LoaderOptions, *, batch_size: int | None, columns: Columns | None = None
+                   ) -> Source:
     """``plan`` read with ``options``: its cost (``batch_size``: the rows of a batch, None under a token budget or
-    packing), its packing, and ``columns`` (default: those ``options`` request) with the cost's source column."""
+    packing), its packing, ``columns`` (default: those ``options`` request) with the cost's source column, and
+    ``transform_spec`` bound to them (``transform.bind``; refused with a cost, which comes from the columns read)."""
     cost = resolve_cost(plan, balance=options.balance, cost_reduce=options.cost_reduce,
                         max_batch_cost=options.max_batch_cost, batch_size=batch_size, shuffle=options.shuffle)
     packed = None if options.pack is None else packing.resolve(plan, options, cost)
@@ -77,7 +89,12 @@ def resolve_source(plan: ShardPlan, options: LoaderOptions, *, batch_size: int |
         columns = dataset_columns(plan, options.schema_fields, options.lists)
     columns, drop = with_cost_source(columns, plan, cost)
     lengths = next((c.lengths for c in columns.schemas if cost is not None and c.name == cost.column), None)
-    return Source(plan, options, columns, cost, tuple(drop), lengths, packed, tuple(fill_masks))
+    transform = transforms.bind(options.transform_spec, columns.schemas, columns.fields)
+    if transform is not None and cost is not None:
+        raise InvalidValueError("transform_spec with a cost plan balanced by cost: the per-row costs come from the "
+                                "columns read, before any transform; pass balance='rows', or apply the function "
+                                "to the batches in the training loop")
+    return Source(plan, options, columns, cost, tuple(drop), lengths, packed, transform=transform)
 
 
 def resolve_cost(plan, *, balance: str, cost_reduce: str, max_batch_cost, batch_size, shuffle: bool

@@ -25,7 +25,6 @@ from ..batches import packing
 from ..batches.spare_matrices import SpareMatrices
 from ..fields.schema import batch_schema, extra_column
 from ..options import LoaderOptions
-from ..rows import transform
 from ..windows import window_budget
 from . import stream
 from .resolve import resolve_source
@@ -66,11 +65,7 @@ class Settings:
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
-        self.transform = transform.bind(options.transform_spec, self.columns.schemas, self.columns.fields)
-        if self.transform is not None and self.cost is not None:
-            raise InvalidValueError("transform_spec with a cost plan balanced by cost: the per-row costs come from the "
-                                    "columns read, before any transform; pass balance='rows', or apply the function "
-                                    "to the batches in the training loop")
+        self.transform = source.transform
         if self.transform is not None:
             self.schema = batch_schema(self.transform.outputs, extras)
         else:
