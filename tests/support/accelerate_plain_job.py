@@ -29,13 +29,18 @@ def main(plan, record, batch, workers, dispatch):
     except Exception as exc:  # noqa: BLE001 - recorded for the test, which says which errors are right
         out["error"], out["type"] = str(exc), type(exc).__name__
     os.makedirs(record, exist_ok=True)
-    with open(os.path.join(record, f"rank{accelerator.process_index}.json"), "w") as handle:
+    # written whole, then renamed: another rank counts the files to know when to end the job, and must not end it
+    # while this one is half-written (torchrun would kill this rank with an empty file)
+    path = os.path.join(record, f"rank{accelerator.process_index}.json")
+    with open(path + ".part", "w") as handle:
         json.dump(out, handle)
+    os.replace(path + ".part", path)
     if out["error"] is not None:
         # Before ending the job, give the other ranks up to 30 s to record theirs: a rank that fails first (rank 1
         # seeing the broadcast connection drop) must not make torchrun kill rank 0 before rank 0 has recorded.
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(os.listdir(record)) < accelerator.num_processes:
+        while time.monotonic() < deadline and len([n for n in os.listdir(record) if n.endswith(".json")]) < \
+                accelerator.num_processes:
             time.sleep(0.2)
         sys.stdout.flush()
         os._exit(3)
