@@ -39,7 +39,8 @@ from ..options import SHUFFLE_BUDGET, SPILL_BUDGET, LoaderOptions
 from ..planned_view import EpochSampler, PlannedView
 from ..source.position import Position, Run
 from ..source.settings import Settings
-from .request import pipeline, resolve_request
+from .pipeline import pipeline
+from .request import resolve_request
 
 try:
     torch: Any = importlib.import_module("torch")

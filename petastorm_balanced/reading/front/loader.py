@@ -27,7 +27,8 @@ from ..planned_view import PlannedView
 from ..source import stream
 from ..source.position import Position
 from ..source.settings import Settings
-from .request import LoaderRequest, pipeline, resolve_request
+from .pipeline import pipeline
+from .request import LoaderRequest, resolve_request
 
 # What the loader owns on top of the reader's owned arguments, and what to do instead.
 LOADER_REFUSED = {

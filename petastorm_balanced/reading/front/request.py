@@ -9,18 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, Literal, cast
 
 from ...errors import InvalidTypeError, InvalidValueError
 from ...plan.load import resolve_plan
 from ...plan.model import ShardPlan
 from ...world import World, resolve_world
 from ..backends import resolve_backend
-from ..mixing.mixture import MixturePosition, MixtureReads, MixtureSettings
 from ..options import LoaderOptions
-from ..source.position import Position
-from ..source.settings import Settings
-from .reads import PlanReads
 
 Backend = Literal["arrow", "petastorm"]  # a backend as resolved ("auto" is decided here)
 
@@ -67,28 +63,6 @@ def resolve_request(plan: Any, rank: int | None, world: int | None, options: Loa
     given = dict(reader_options(chosen)) if reader_options is not None else {}
     return LoaderRequest(plans, mixture, resolve_world(rank, world), options, cast(Backend, chosen), given, weights,
                          epoch_steps)
-
-
-class Pipeline(NamedTuple):
-    """What a loader runs: its settings, its position (the whole state) and, for ``BalancedLoader``, its readers."""
-
-    settings: Settings | MixtureSettings
-    position: Position | MixturePosition
-    reads: PlanReads | MixtureReads
-
-
-def pipeline(request: LoaderRequest, epoch: int, **reader_options: Any) -> Pipeline:
-    """The pipeline ``request`` asks for: one plan's, or a mixture's (its sources read with ``reader_options``
-    where given, else the request's reader arguments)."""
-    if not request.mixture:
-        settings = Settings(request.plan, request.world, request.options)
-        position = Position(settings, epoch)
-        return Pipeline(settings, position, PlanReads(settings, position, request.backend, request.reader_options))
-    mixture = MixtureSettings(request.plans, request.weights, request.world, request.options,
-                              epoch_steps=request.epoch_steps, backend=request.backend,
-                              reader_options=reader_options or request.reader_options)
-    mixed = MixturePosition(mixture, epoch)
-    return Pipeline(mixture, mixed, MixtureReads(mixture, mixed))
 
 
 def check_single_plan(weights, epoch_steps) -> None:

@@ -86,7 +86,7 @@ class MixtureSettings:
 
     def __init__(self, plans: Sequence[ShardPlan], weights, world: World, options: LoaderOptions, *,
                  epoch_steps: int | None = None, backend: str = "arrow", reader_options: Mapping | None = None):
-        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``request.pipeline``)."""
+        """``plans`` and ``backend`` as ``request.resolve_request`` resolved them (``pipeline.pipeline``)."""
         self.plans = tuple(plans)
         mixture_elastic.refuse_twice(self.plans, options.shuffle)
         self.plan = self.plans  # what ``loader.plan`` shows
