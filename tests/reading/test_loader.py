@@ -81,10 +81,10 @@ def test_process_pool_gives_the_same_batches_and_lives_across_epochs(plans):
     thread = [[fingerprint(b) for b in make_loader(1, 2, plan=plan, epoch=e, workers_count=2)] for e in (2, 3)]
     loader = make_loader(1, 2, plan=plan, epoch=2, workers_count=2, reader_pool_type="process")
     process = [fingerprint(b) for b in loader]
-    reader = loader._reader.reader
+    reader = loader._reads.keeper.reader
     process = [process, [fingerprint(b) for b in loader]]
     assert process == thread
-    assert loader._reader.reader is reader, "a finished epoch's pool serves the next epoch"
+    assert loader._reads.keeper.reader is reader, "a finished epoch's pool serves the next epoch"
     loader.close()
     assert reader.stopped
 
