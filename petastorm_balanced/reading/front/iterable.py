@@ -366,7 +366,7 @@ def _check_picklable_transform(dataset, context) -> None:
     DataLoader."""
     import multiprocessing
     import pickle
-    transform = getattr(dataset._settings, "transform", None)
+    transform = dataset._settings.transform
     if transform is None:
         return
     method = context.get_start_method() if context is not None else multiprocessing.get_start_method()

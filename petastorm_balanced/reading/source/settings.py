@@ -65,7 +65,6 @@ class Settings:
         extras = ([extra_column(stream.PADDING, "bool")] if self.padding_mask else []) + \
             ([extra_column(COST_COLUMN, "int64")] if self.cost is not None else [])
         # transform_spec (transform.py): applied where the rows are decoded; its declared columns are the schema's
-        self.transform = source.transform
         if self.transform is not None:
             self.schema = batch_schema(self.transform.outputs, extras)
         else:
@@ -85,6 +84,7 @@ class Settings:
     drop = property(lambda self: self.source.drop, doc="columns read only to compute the cost")
     cost_lengths = property(lambda self: self.source.cost_lengths, doc="a padded list cost column's lengths column")
     row_bytes = property(lambda self: self.source.row_bytes, doc="decoded bytes per row, as windows are sized")
+    transform = property(lambda self: self.source.transform, doc="transform_spec bound to the columns read")
 
     # the layout's answers, which the loaders and their position ask for
     batch_size = property(lambda self: self.layout.batch_size, doc="rows per batch; None: a token budget")
